@@ -1,0 +1,69 @@
+"""`sp_attention`: exact softmax attention over a sequence split across ranks, by any of the five methods.
+
+Every method is the same three steps on the mesh (torus T, intra-Ulysses U', ring R):
+scatter heads over the intra-Ulysses group, run the Torus schedule (a single ring pass when T = 1),
+gather heads back. ulysses = (1, P, 1), ring = (1, 1, P), usp/tas = (1, U, R), torus = (T, U/T, R).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor
+
+from ..context import ParallelContext
+from .joint import gather_joint, joint_shard
+from .torus import TorusSchedule
+from .ulysses import gather_heads, scatter_heads
+
+__all__ = ["sp_attention"]
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, joint: tuple[Tensor | None, ...]) -> None:
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v must share one [B, L_local, H, D] shape; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    given = [x is not None for x in joint]
+    if any(given) and not all(given):
+        raise ValueError("pass joint_q, joint_k and joint_v together (or none of them)")
+    if all(given):
+        jq, jk, jv = joint
+        b, _, h, d = q.shape
+        if jq.shape != jk.shape or jq.shape != jv.shape or (jq.shape[0], jq.shape[2], jq.shape[3]) != (b, h, d):
+            raise ValueError(f"joint tokens must be [B, L_joint, H, D] = [{b}, L, {h}, {d}] like q; got "
+                             f"{tuple(jq.shape)}, {tuple(jk.shape)}, {tuple(jv.shape)}")
+
+
+def _check_seq_lens(seq_lens: Sequence[int] | None, local: int, rank: int, world: int) -> list[int]:
+    if seq_lens is None:
+        return [local] * world
+    lens = list(seq_lens)
+    if len(lens) != world or any(n < 0 for n in lens):
+        raise ValueError(f"seq_lens must list {world} non-negative slice lengths, one per rank; got {lens}")
+    if lens[rank] != local:
+        raise ValueError(f"rank {rank} holds {local} tokens but seq_lens[{rank}] = {lens[rank]}; shard the sequence "
+                         f"with streamfusion_diffusers.sequence.shard and pass split_sizes(L, {world})")
+    return lens
+
+
+def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q: Tensor | None = None,
+                 joint_k: Tensor | None = None, joint_v: Tensor | None = None,
+                 seq_lens: Sequence[int] | None = None, scale: float | None = None
+                 ) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention of this rank's query rows over the whole sequence [joint tokens ; slice 0 ; ... ; slice P-1].
+
+    q, k, v: [B, L_local, H, D], rank i holding the i-th slice. seq_lens: every rank's slice length when they
+    differ (None: all equal). joint_q/k/v: [B, L_joint, H, D], the same on every rank. scale: default
+    1/sqrt(D). Returns the output for the local rows, and with joint tokens also the joint rows' output.
+    """
+    joint = (joint_q, joint_k, joint_v)
+    _check_inputs(q, k, v, joint)
+    mesh = ctx.mesh(q.shape[2])
+    lens = _check_seq_lens(seq_lens, q.shape[1], ctx.rank, ctx.world_size)
+    transport, kernel = ctx.transport, ctx.config.kernel
+    xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
+    shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
+    out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel).run()
+    out = gather_heads(out, mesh, transport, lens)
+    if shard is None:
+        return out
+    return out, gather_joint(shard, joint_q, mesh, transport)

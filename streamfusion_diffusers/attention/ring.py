@@ -1,0 +1,58 @@
+"""Ring attention inside one stage: every ring peer's copy of a key/value set, streamed past local queries.
+
+As in Algorithm 1's RINGATTN, step i takes the block of peer (r + i) % R directly (no forwarding of received
+blocks), so each step's transfer is posted while the previous block computes. The blocks are returned, so a
+later stage that needs the same set attends to them again without moving them twice.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ..backends import Handle, Transport
+from ..kernels import Partial, attend_chunks
+from ..mesh import Group
+
+KVBlock = tuple[Tensor, Tensor]
+
+
+@dataclass
+class Queries:
+    """Query chunks that attend together, each with its running Partial."""
+
+    chunks: list[Tensor]
+    partials: list[Partial]
+
+    def attend(self, blocks: Sequence[KVBlock], scale: float | None, kernel: str) -> None:
+        attend_chunks(self.partials, self.chunks, blocks, scale, kernel)
+
+
+def _post_step(kv: KVBlock, step: int, peer_lens: Sequence[int], ring: Group, transport: Transport
+               ) -> tuple[KVBlock, Handle]:
+    size, me = ring.size, ring.index
+    src, dst = (me + step) % size, (me - step) % size
+    k, v = kv
+    shape = (k.shape[0], peer_lens[src], *k.shape[2:])
+    k_buf, v_buf = k.new_empty(shape), v.new_empty(shape)
+    handle = transport.exchange([(k, dst), (v, dst)], [(k_buf, src), (v_buf, src)], ring)
+    return (k_buf, v_buf), handle
+
+
+def ring_attend(queries: Queries, kv: KVBlock, peer_lens: Sequence[int], ring: Group, transport: Transport,
+                scale: float | None, kernel: str, extra: Sequence[KVBlock] = ()) -> list[KVBlock]:
+    """Attend `queries` to the union of every ring peer's `kv` (peer j holds peer_lens[j] tokens) plus `extra`.
+
+    Returns all blocks of the set, this rank's own first, for reuse.
+    """
+    blocks = [kv]
+    pending = _post_step(kv, 1, peer_lens, ring, transport) if ring.size > 1 else None
+    queries.attend([*extra, kv], scale, kernel)
+    for step in range(1, ring.size):
+        block, handle = pending
+        pending = _post_step(kv, step + 1, peer_lens, ring, transport) if step + 1 < ring.size else None
+        handle.wait()
+        queries.attend([block], scale, kernel)
+        blocks.append(block)
+    return blocks

@@ -1,0 +1,57 @@
+"""Ulysses all-to-all: trade a sequence slice with all heads for a longer sequence with fewer heads.
+
+Heads are grouped as [T, U', h] (torus part, intra-Ulysses part, heads per rank). `scatter_heads` runs the
+intra-Ulysses part of the all-to-all in one piece and leaves the torus part for Torus stages; its output is
+head-part-major, [T, B, L_part, h, D], so each torus chunk Q_{l,tau} is one contiguous tensor.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..backends import Transport
+from ..mesh import Mesh
+
+
+def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
+    lay = mesh.layout
+    return [seq_lens[lay.rank(mesh.t, u, mesh.r)] for u in range(lay.ulysses_intra)]
+
+
+def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> list[Tensor]:
+    """[B, L_rank, H, D] tensors -> [T, B, L_part, h, D]: this rank's heads over its intra-Ulysses peers' slices."""
+    lay = mesh.layout
+    n_t, n_u = lay.torus, lay.ulysses_intra
+    b, length, heads, d = xs[0].shape
+    h = heads // (n_t * n_u)
+    if n_u == 1:
+        return [x.view(b, length, n_t, h, d).permute(2, 0, 1, 3, 4).contiguous() for x in xs]
+    stacked = torch.stack([x.view(b, length, n_t, n_u, h, d) for x in xs])  # [n, B, L, T, U', h, D]
+    send = stacked.permute(4, 0, 1, 2, 3, 5, 6).contiguous()  # peer-major: [U', n, B, L, T, h, D]
+    lens = _peer_lens(mesh, seq_lens)
+    per_token = len(xs) * b * n_t * h * d
+    recv = send.new_empty(per_token * sum(lens))
+    transport.all_to_all(recv, send.view(-1), [per_token * n for n in lens], [per_token * length] * n_u,
+                         mesh.ulysses).wait()
+    pieces = [p.view(len(xs), b, n, n_t, h, d) for p, n in zip(recv.split([per_token * n for n in lens]), lens)]
+    gathered = torch.cat(pieces, dim=2).permute(0, 3, 1, 2, 4, 5).contiguous()  # [n, T, B, L_part, h, D]
+    return list(gathered.unbind(0))
+
+
+def gather_heads(out: Tensor, mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> Tensor:
+    """The inverse of `scatter_heads` for one tensor: [T, B, L_part, h, D] -> [B, L_rank, H, D]."""
+    lay = mesh.layout
+    n_t, n_u = lay.torus, lay.ulysses_intra
+    _, b, _, h, d = out.shape
+    if n_u == 1:
+        return out.permute(1, 2, 0, 3, 4).reshape(b, -1, n_t * h, d)
+    lens = _peer_lens(mesh, seq_lens)
+    length = lens[mesh.u]
+    send = torch.cat([p.permute(1, 2, 0, 3, 4).reshape(-1) for p in out.split(lens, dim=2)])  # peer-major
+    per_token = b * n_t * h * d
+    recv = out.new_empty(n_u * per_token * length)
+    transport.all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in lens], mesh.ulysses).wait()
+    # recv: [U', B, L, T, h, D] -> [B, L, T, U', h, D] -> [B, L, H, D]
+    return recv.view(n_u, b, length, n_t, h, d).permute(1, 2, 3, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)

@@ -1,0 +1,51 @@
+"""Two-sided transport over torch.distributed: NCCL on GPUs, gloo on the CPU.
+
+Every transfer is posted with async_op=True; NCCL runs it on its own stream, so attention queued on the
+compute stream overlaps it until `wait()` adds the stream dependency. Hangs are bounded by the timeout the
+mesh's process groups were created with.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.distributed as dist
+from torch import Tensor
+
+from ..mesh import Group
+from .base import Done, Handle, Handles
+
+# torch >= 2.13 renames all_gather_into_tensor; the old name still works on 2.9 - 2.12
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class TorchTransport:
+    name = "torch"
+
+    def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
+                 group: Group) -> Handle:
+        ops = []
+        for tensor, peer in sends:
+            if peer == group.index:
+                raise ValueError("a rank does not send to itself; copy locally instead")
+            if tensor.numel():
+                ops.append(dist.P2POp(dist.isend, tensor.contiguous(), group=group.pg, group_peer=peer))
+        for buffer, peer in recvs:
+            if buffer.numel():
+                ops.append(dist.P2POp(dist.irecv, buffer, group=group.pg, group_peer=peer))
+        return Handles(dist.batch_isend_irecv(ops)) if ops else Done()
+
+    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
+                   input_splits: Sequence[int], group: Group) -> Handle:
+        if group.size == 1:
+            output.copy_(input)
+            return Done()
+        work = dist.all_to_all_single(output, input, list(output_splits), list(input_splits),
+                                      group=group.pg, async_op=True)
+        return work
+
+    def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
+        if group.size == 1:
+            output[0].copy_(input)
+            return Done()
+        flat = output.view(-1, *input.shape[1:])  # gloo wants the peers concatenated along dim 0, not stacked
+        return _all_gather_single(flat, input.contiguous(), group=group.pg, async_op=True)

@@ -1,0 +1,167 @@
+"""What the user asks for (ParallelConfig) and the validated layout it resolves to for a given head count."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Method = Literal["ulysses", "ring", "usp", "tas", "torus"]
+METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
+BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo")
+KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """A sequence-parallel layout request: N machines x M GPUs, Ulysses degree U x Ring degree R, a method.
+
+    machines: N. gpus_per_machine: M (None: world size / N). ulysses: U (None: gcd(P, heads) at the first call,
+    or P / ring when ring is given). ring: R (None: P / U). torus: T, the part of the Ulysses all-to-all run as
+    Torus stages (None: N when N > 1 and N divides U, else gcd(N, U); on one machine, U: Torus inside the
+    machine). method: ulysses | ring | usp (Ulysses inside a machine, Ring across) | tas (Ulysses across
+    machines, Ring inside) | torus (TAS with Pull Q / Pull KV / Push O stages). backend: how bytes move
+    ("torch": torch.distributed's NCCL or gloo). kernel: local attention ("auto", "reference", "sdpa").
+    timeout_s: the longest any collective may wait before it fails instead of hanging.
+    """
+
+    machines: int = 1
+    gpus_per_machine: int | None = None
+    ulysses: int | None = None
+    ring: int | None = None
+    torus: int | None = None
+    method: Method = "torus"
+    backend: str = "torch"
+    kernel: str = "auto"
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
+        for name in ("machines", "gpus_per_machine", "ulysses", "ring", "torus"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+    @property
+    def label(self) -> str:
+        """Short name such as 'torus U8R1' once both degrees are known, else the method alone."""
+        if self.ulysses and self.ring:
+            return f"{self.method} U{self.ulysses}R{self.ring}"
+        return self.method
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A resolved layout: P = machines * gpus_per_machine = torus * ulysses_intra * ring, ulysses = T * U'."""
+
+    method: str
+    machines: int
+    gpus_per_machine: int
+    ulysses: int
+    ring: int
+    torus: int
+
+    @property
+    def world_size(self) -> int:
+        return self.machines * self.gpus_per_machine
+
+    @property
+    def ulysses_intra(self) -> int:
+        """U' = U / T: the Ulysses degree whose all-to-all runs in one piece (inside a machine for Torus)."""
+        return self.ulysses // self.torus
+
+    @property
+    def ring_inner(self) -> bool:
+        """TAS placement (ring peers adjacent, Ulysses strided) rather than USP's (Ulysses peers adjacent)."""
+        return self.method in ("tas", "torus")
+
+    def rank(self, t: int, u: int, r: int) -> int:
+        """Global rank of mesh coordinates (torus t, intra-Ulysses u, ring r)."""
+        ulysses_index = t * self.ulysses_intra + u
+        if self.ring_inner:
+            return ulysses_index * self.ring + r
+        return r * self.ulysses + ulysses_index
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(t, u, r) of a global rank; the inverse of `rank`."""
+        if self.ring_inner:
+            ulysses_index, r = divmod(rank, self.ring)
+        else:
+            r, ulysses_index = divmod(rank, self.ulysses)
+        t, u = divmod(ulysses_index, self.ulysses_intra)
+        return t, u, r
+
+    def __str__(self) -> str:
+        torus = f"T{self.torus}" if self.method == "torus" else ""
+        return f"{self.method} {self.machines}x{self.gpus_per_machine} U{self.ulysses}R{self.ring}{torus}"
+
+
+def machine_shape(config: ParallelConfig, world_size: int) -> tuple[int, int]:
+    """(N, M) for a world of this size, or a ValueError that says how to make them agree."""
+    n = config.machines
+    m = config.gpus_per_machine if config.gpus_per_machine is not None else world_size // n
+    if n * m != world_size:
+        raise ValueError(
+            f"world size {world_size} is not machines x gpus_per_machine = {n} x {m} = {n * m}; "
+            f"launch {n * m} processes or set machines and gpus_per_machine so their product is {world_size}"
+        )
+    return n, m
+
+
+def resolve_layout(config: ParallelConfig, world_size: int, heads: int | None) -> Layout:
+    """Check the request against the world and the head count, filling in defaults; errors name the fix."""
+    n, m = machine_shape(config, world_size)
+    p = world_size
+    method = config.method
+    if method == "ulysses":
+        u_req, r_req = config.ulysses or p, config.ring or 1
+        if (u_req, r_req) != (p, 1):
+            raise ValueError(f"method 'ulysses' uses ulysses={p}, ring=1 on {p} ranks (got ulysses={config.ulysses},"
+                             f" ring={config.ring}); use method 'usp', 'tas' or 'torus' to mix Ulysses and Ring")
+    elif method == "ring":
+        u_req, r_req = config.ulysses or 1, config.ring or p
+        if (u_req, r_req) != (1, p):
+            raise ValueError(f"method 'ring' uses ulysses=1, ring={p} on {p} ranks (got ulysses={config.ulysses},"
+                             f" ring={config.ring}); use method 'usp', 'tas' or 'torus' to mix Ulysses and Ring")
+    else:
+        u_req = config.ulysses
+        if u_req is None:
+            if config.ring is not None:
+                if p % config.ring:
+                    raise ValueError(f"ring={config.ring} does not divide {p} ranks; valid ring degrees: {divisors(p)}")
+                u_req = p // config.ring
+            elif heads is None:
+                raise ValueError("ulysses=None is resolved from the head count; pass heads or set ulysses")
+            else:
+                u_req = math.gcd(p, heads)
+        r_req = config.ring if config.ring is not None else (p // u_req if p % u_req == 0 else 0)
+        if u_req * r_req != p:
+            raise ValueError(f"ulysses x ring = {u_req} x {config.ring} != {p} ranks; choose ulysses from "
+                             f"{divisors(p)} and ring = {p} / ulysses")
+    if heads is not None and heads % u_req:
+        valid = [d for d in divisors(p) if heads % d == 0]
+        hint = (f"method 'ulysses' needs the heads divisible by all {p} ranks: use 'usp', 'tas' or 'torus' with "
+                f"ulysses in {valid}" if method == "ulysses" else f"valid ulysses degrees for {p} ranks: {valid}")
+        raise ValueError(f"ulysses degree {u_req} does not divide the {heads} heads; {hint}")
+    torus = 1
+    if method == "torus":
+        if config.torus is not None:
+            torus = config.torus
+            if u_req % torus:
+                raise ValueError(f"torus degree {torus} does not divide ulysses degree {u_req}; "
+                                 f"valid torus degrees: {divisors(u_req)}")
+        else:
+            torus = math.gcd(n, u_req) if n > 1 else u_req
+    elif config.torus not in (None, 1):
+        raise ValueError(f"torus={config.torus} only applies to method 'torus' (got method {method!r})")
+    return Layout(method=method, machines=n, gpus_per_machine=m, ulysses=u_req, ring=r_req, torus=torus)

@@ -1,0 +1,43 @@
+"""GPU attention with log-sum-exp through PyTorch's fused SDPA kernels (cuDNN, then flash, then efficient)."""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+_BACKENDS = ("cudnn", "flash", "efficient")
+_failed: set[str] = set()
+
+
+def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    aten = torch.ops.aten
+    if backend == "cudnn":
+        res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)
+    elif backend == "flash":
+        res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
+    else:
+        res = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
+    return res[0], res[1]
+
+
+def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """q [B, Lq, H, D], k, v [B, Lk, H, D] on CUDA -> (out [B, Lq, H, D] in q.dtype, lse [B, H, Lq] float32).
+
+    Tries the fastest backend first; a backend that rejects a shape or dtype is skipped from then on (said once).
+    """
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    for backend in _BACKENDS:
+        if backend in _failed:
+            continue
+        try:
+            out, lse = _call(backend, qt, kt, vt, scale)
+        except RuntimeError as err:
+            _failed.add(backend)
+            logger.warning("SDPA backend %s unavailable (%s); falling back to the next one", backend, err)
+            continue
+        lq = q.shape[1]
+        return out.transpose(1, 2), lse[..., :lq].reshape(q.shape[0], q.shape[2], lq).float()
+    raise RuntimeError("no SDPA backend returned the log-sum-exp for this input; use kernel='reference'")
