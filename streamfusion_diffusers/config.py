@@ -144,9 +144,11 @@ def resolve_layout(config: ParallelConfig, world_size: int, heads: int | None) -
                 raise ValueError("ulysses=None is resolved from the head count; pass heads or set ulysses")
             else:
                 u_req = math.gcd(p, heads)
-        r_req = config.ring if config.ring is not None else (p // u_req if p % u_req == 0 else 0)
+        if p % u_req:
+            raise ValueError(f"ulysses degree {u_req} does not divide {p} ranks; valid ulysses degrees: {divisors(p)}")
+        r_req = config.ring if config.ring is not None else p // u_req
         if u_req * r_req != p:
-            raise ValueError(f"ulysses x ring = {u_req} x {config.ring} != {p} ranks; choose ulysses from "
+            raise ValueError(f"ulysses x ring = {u_req} x {r_req} != {p} ranks; choose ulysses from "
                              f"{divisors(p)} and ring = {p} / ulysses")
     if heads is not None and heads % u_req:
         valid = [d for d in divisors(p) if heads % d == 0]

@@ -1,7 +1,9 @@
 """Attention kernels: attention with log-sum-exp on local chunks, and the merge of partial results.
 
-Algorithms only call `attend_chunks`, so a fused multi-chunk kernel (paper Algorithm 2) can replace the
-launch-then-merge loop without touching any schedule.
+Algorithms only call `Partial`, `Partial.result` and `attend_chunks`, so the kernel behind them is chosen
+here: "reference" (float32 torch, any device), "sdpa" (PyTorch's cuDNN/flash SDPA + a one-pass merge per
+chunk pair), "fused" (one Triton launch for all chunks, merge in the kernel: paper Algorithm 2) or "auto"
+(reference off CUDA, else the faster of sdpa and fused for the call's shape, measured once and cached).
 """
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import dispatch
 from .merge import merge_into
+from .optional import has_triton
 from .reference import attention_with_lse_reference
 from .sdpa import attention_with_lse_sdpa
 
 __all__ = ["Partial", "attention_with_lse", "attend_chunks", "merge_into"]
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def attention_with_lse(
@@ -27,29 +33,52 @@ def attention_with_lse(
     kernel "auto" takes PyTorch's fused SDPA for half precision on CUDA and the float32 reference otherwise.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if kernel == "sdpa" or (kernel == "auto" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
+    if kernel == "fused":
+        partial = Partial()
+        _attend_fused([(partial, q)], [(k, v)], scale, finalize=True)
+        return partial.out, partial.lse
+    if kernel == "sdpa" or (kernel == "auto" and q.is_cuda and q.dtype in _HALF):
         return attention_with_lse_sdpa(q, k, v, scale)
     return attention_with_lse_reference(q, k, v, scale)
 
 
 @dataclass
 class Partial:
-    """Running attention state of one block of query rows: output normalised so far, and its LSE."""
+    """Running attention state of one block of query rows: the paper's (O', l, m) kept normalised, as
+    out = O'/l (float32, contiguous [B, Lq, H, D]) and lse = m + ln l (float32 [B, H, Lq]).
+
+    Once finalized, `out` holds the final output in the query dtype and no more chunks can be added.
+    """
 
     out: Tensor | None = None
     lse: Tensor | None = None
+    final: bool = False
 
     def add(self, out: Tensor, lse: Tensor) -> None:
+        """Merge one chunk pair's (out, lse) into the state."""
+        if self.final:
+            raise RuntimeError("this attention state was finalized; no more key/value chunks can be merged")
         if self.out is None:
             acc = torch.float64 if out.dtype == torch.float64 else torch.float32
-            self.out, self.lse = out.to(acc), lse.to(acc)
+            self.out = torch.empty(out.shape, dtype=acc, device=out.device).copy_(out)
+            self.lse = torch.empty(lse.shape, dtype=acc, device=lse.device).copy_(lse)
         else:
             merge_into(self.out, self.lse, out, lse)
+
+    def finalize(self, dtype: torch.dtype) -> None:
+        """Keep only the output, cast to dtype."""
+        if self.out is not None:
+            self.out = self.out.to(dtype)
+            self.final = True
 
     def result(self, dtype: torch.dtype) -> Tensor:
         if self.out is None:
             raise RuntimeError("attention state was never updated: no key/value block reached these queries")
         return self.out.to(dtype)
+
+    def clone(self) -> Partial:
+        return Partial(None if self.out is None else self.out.clone(),
+                       None if self.lse is None else self.lse.clone(), self.final)
 
 
 def attend_chunks(
@@ -58,12 +87,103 @@ def attend_chunks(
     kv_chunks: Sequence[tuple[Tensor, Tensor]],
     scale: float | None = None,
     kernel: str = "auto",
+    finalize: bool = False,
 ) -> None:
-    """Attend every query chunk to every key/value chunk and merge into its Partial (Algorithm 2's contract)."""
-    for partial, q in zip(partials, q_chunks, strict=True):
-        if q.shape[1] == 0:
+    """Attend every query chunk to every key/value chunk and merge into its Partial (Algorithm 2's contract).
+
+    finalize: these are the last key/value chunks for these queries, so each Partial keeps only its output
+    in the query dtype (the fused kernel writes it directly instead of a float32 state).
+    """
+    pairs = [(p, q) for p, q in zip(partials, q_chunks, strict=True) if q.shape[1] > 0]
+    kv = [(k, v) for k, v in kv_chunks if k.shape[1] > 0]
+    if not pairs:
+        return
+    if not kv:
+        if finalize:
+            for p, q in pairs:
+                p.finalize(q.dtype)
+        return
+    scale = 1.0 / math.sqrt(pairs[0][1].shape[-1]) if scale is None else scale
+    path = _choose_path(kernel, pairs, kv, scale, finalize)
+    if path == "fused":
+        _attend_fused(pairs, kv, scale, finalize)
+    else:
+        _attend_unfused(pairs, kv, scale, finalize, path)
+
+
+Pairs = Sequence[tuple[Partial, Tensor]]
+KV = Sequence[tuple[Tensor, Tensor]]
+
+
+def _attend_unfused(pairs: Pairs, kv: KV, scale: float, finalize: bool, kernel: str) -> None:
+    """One attention launch per (Q, KV) chunk pair, each merged into the state by a one-pass merge."""
+    for p, q in pairs:
+        if finalize and p.out is None and len(kv) == 1:
+            # A single chunk pair needs no merge: keep the kernel's output as it is.
+            p.out, p.lse = attention_with_lse(q, *kv[0], scale, kernel)
+            p.out, p.final = p.out.to(q.dtype), True
             continue
-        for k, v in kv_chunks:
-            if k.shape[1] == 0:
-                continue
-            partial.add(*attention_with_lse(q, k, v, scale, kernel))
+        for k, v in kv:
+            p.add(*attention_with_lse(q, k, v, scale, kernel))
+        if finalize:
+            p.finalize(q.dtype)
+
+
+def _attend_fused(pairs: Pairs, kv: KV, scale: float, finalize: bool) -> None:
+    """All chunk pairs in one Triton launch; earlier state is loaded and merged in the kernel."""
+    from .triton_attention import multi_chunk_attention
+
+    load_state = any(p.out is not None for p, _ in pairs)
+    states, outs = [], []
+    for p, q in pairs:
+        if p.final:
+            raise RuntimeError("this attention state was finalized; no more key/value chunks can be merged")
+        if p.out is None:
+            b, length, h, d = q.shape
+            p.lse = torch.empty((b, h, length), dtype=torch.float32, device=q.device)
+            if load_state:  # mixed with partials that have state: an empty state merges as a no-op
+                p.out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+                p.lse.fill_(float("-inf"))
+            elif not finalize:
+                p.out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        elif p.out.dtype != torch.float32 or not p.out.is_contiguous():
+            raise ValueError("fused attention needs a float32 contiguous state; do not mix with float64 partials")
+        states.append((p.out if load_state else None, p.lse))
+        outs.append(q.new_empty(q.shape) if finalize else p.out)
+    multi_chunk_attention([q for _, q in pairs], kv, states, outs, scale, finalize)
+    if finalize:
+        for (p, _), out in zip(pairs, outs):
+            p.out, p.final = out, True
+
+
+def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool) -> str:
+    """Resolve "auto" to reference, sdpa or fused; a forced kernel is checked and kept."""
+    q = pairs[0][1]
+    fused_ok = q.is_cuda and has_triton() and _fused_supports(q)
+    if kernel == "fused":
+        if not (has_triton() and _fused_supports(q)):
+            raise ValueError(f"kernel 'fused' needs triton and float16/bfloat16 inputs with head dim 64 or 128 "
+                             f"(got {q.dtype}, head dim {q.shape[-1]})")
+        return "fused"
+    if kernel != "auto":
+        return kernel
+    if not (q.is_cuda and q.dtype in _HALF):
+        return "reference"
+    if not fused_ok:
+        return "sdpa"
+    load_state = any(p.out is not None for p, _ in pairs)
+    b, _, h, d = q.shape
+    key = (q.device, q.dtype, b, h, d, tuple(x.shape[1] for _, x in pairs),
+           tuple(k.shape[1] for k, _ in kv), load_state, finalize)
+
+    def prepare() -> list[tuple[Partial, Tensor]]:
+        return [(p.clone(), x) for p, x in pairs]
+
+    return dispatch.choose(key, {
+        "sdpa": (prepare, lambda s: _attend_unfused(s, kv, scale, finalize, "sdpa")),
+        "fused": (prepare, lambda s: _attend_fused(s, kv, scale, finalize)),
+    })
+
+
+def _fused_supports(q: Tensor) -> bool:
+    return q.dtype in _HALF and q.shape[-1] in (64, 128)

@@ -1,18 +1,24 @@
-"""GPU attention with log-sum-exp through PyTorch's fused SDPA kernels (cuDNN, then flash, then efficient)."""
+"""GPU attention with log-sum-exp through PyTorch's fused SDPA kernels (cuDNN, then flash, then efficient).
+
+Each aten op returns the natural-log LSE as float32 [B, H, Lq] (the efficient kernel pads Lq to a multiple
+of 32, older cuDNN builds add a trailing dim of 1): the result is cut back to [B, H, Lq].
+"""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-_BACKENDS = ("cudnn", "flash", "efficient")
+BACKENDS = ("cudnn", "flash", "efficient")
 _failed: set[str] = set()
 
 
 def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """q, k, v in [B, H, L, D]; returns the op's raw (out, lse)."""
     aten = torch.ops.aten
     if backend == "cudnn":
         res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)
@@ -23,13 +29,14 @@ def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[
     return res[0], res[1]
 
 
-def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                            backends: Sequence[str] = BACKENDS) -> tuple[Tensor, Tensor]:
     """q [B, Lq, H, D], k, v [B, Lk, H, D] on CUDA -> (out [B, Lq, H, D] in q.dtype, lse [B, H, Lq] float32).
 
-    Tries the fastest backend first; a backend that rejects a shape or dtype is skipped from then on (said once).
+    Tries the given backends in order; one that rejects a shape or dtype is skipped from then on (said once).
     """
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    for backend in _BACKENDS:
+    for backend in backends:
         if backend in _failed:
             continue
         try:
@@ -38,6 +45,8 @@ def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tu
             _failed.add(backend)
             logger.warning("SDPA backend %s unavailable (%s); falling back to the next one", backend, err)
             continue
-        lq = q.shape[1]
-        return out.transpose(1, 2), lse[..., :lq].reshape(q.shape[0], q.shape[2], lq).float()
-    raise RuntimeError("no SDPA backend returned the log-sum-exp for this input; use kernel='reference'")
+        if lse.dim() == 4:
+            lse = lse.squeeze(-1)
+        return out.transpose(1, 2), lse[..., : q.shape[1]].float()
+    raise RuntimeError(f"no SDPA backend of {list(backends)} returned the log-sum-exp for this input; "
+                       "use kernel='reference'")

@@ -1,0 +1,31 @@
+"""The `streamfusion` command: one subcommand per job."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import verify
+
+COMMANDS = {
+    "verify": (verify, "check every method against single-process attention on this cluster, with timings"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="streamfusion", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        module.add_arguments(sub.add_parser(name, help=help_text, description=module.__doc__))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command][0].main(args)
+    except ValueError as err:  # configuration errors already say what to change
+        parser.exit(2, f"streamfusion {args.command}: error: {err}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

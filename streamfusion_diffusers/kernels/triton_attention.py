@@ -1,0 +1,199 @@
+"""Fused multi-chunk attention in Triton (paper Appendix C, Algorithm 2).
+
+One launch attends several query chunks to several key/value chunks of any lengths and strides, loads the
+running state of each query row, merges in registers and stores the state back, or finalizes the output.
+Chunks are passed as tables of raw addresses and strides, so views (head slices, received buffers) need no
+copies. The state is kept normalised, (O, lse) with O = O'/l and lse = m + ln l, which is the paper's
+(O', l, m) with l = 1 and m = lse: loading it costs no division, and storing it costs one per row.
+
+Grid: (sum of query tiles over all chunks, B * H). A program finds its query chunk by scanning the
+prefix sums of tile counts (Algorithm 2, line 7), then streams every tile of every key/value chunk.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+LOG2E = 1.4426950408889634
+
+# The chunk tables have 9 int64 columns per chunk. Query table: q address, q strides (batch, row, head), rows,
+# first tile, state address, output address, lse address. Key/value table: k address, k strides, v address,
+# v strides, rows.
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Launch shape: query rows per program, key rows per step, warps, software-pipeline depth."""
+
+    block_m: int = 128
+    block_n: int = 128
+    num_warps: int = 8
+    num_stages: int = 2
+    use_tma: bool = False
+
+
+# Chosen by benchmarks/kernels_bench.py on an H100 (see BENCHMARKS.md).
+DEFAULT_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3),
+    128: TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=2),
+}
+
+
+@triton.jit
+def _softmax_step(acc, m_i, l_i, q, k, v, offs_n, kv_len, qk_scale, DTYPE: tl.constexpr, MASK: tl.constexpr):
+    """One key/value tile: online softmax update of (acc, m, l) in base 2 (Algorithm 2, lines 20-25)."""
+    qk = tl.dot(q, tl.trans(k))
+    if MASK:
+        qk = tl.where((offs_n < kv_len)[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(DTYPE), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _multi_chunk_attention(
+    q_table, kv_table, n_q, n_kv, heads, qk_scale,
+    DTYPE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    LOAD_STATE: tl.constexpr, FINALIZE: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+
+    # Algorithm 2 line 7: the query chunk whose tile range holds this program.
+    chunk = 0
+    for c in range(1, n_q):
+        chunk += (tile >= tl.load(q_table + c * 9 + 5)).to(tl.int32)
+    row = q_table + chunk * 9
+    q_len = tl.load(row + 4)
+    q_len32 = q_len.to(tl.int32)
+    offs_m = (tile - tl.load(row + 5).to(tl.int32)) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < q_len32
+
+    q_base = tl.load(row).to(tl.pointer_type(DTYPE)) + b * tl.load(row + 1) + h * tl.load(row + 3)
+    q = tl.load(q_base + offs_m[:, None] * tl.load(row + 2) + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    # State tensors are contiguous: out [B, Lq, H, D], lse [B, H, Lq]. Lines 10-15: load the running state.
+    out_offs = ((b * q_len + offs_m[:, None]) * heads + h) * HEAD_DIM + offs_d[None, :]
+    lse_ptrs = tl.load(row + 8).to(tl.pointer_type(tl.float32)) + (b * heads + h) * q_len + offs_m
+    if LOAD_STATE:
+        state = tl.load(row + 6).to(tl.pointer_type(tl.float32))
+        acc = tl.load(state + out_offs, mask=row_ok[:, None], other=0.0)
+        m_i = tl.load(lse_ptrs, mask=row_ok, other=0.0) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+
+    # Lines 16-25: every tile of every key/value chunk; full tiles unmasked, the last partial tile masked.
+    for j in range(n_kv):
+        kv = kv_table + j * 9
+        kv_len = tl.load(kv + 8).to(tl.int32)
+        k_base = tl.load(kv).to(tl.pointer_type(DTYPE)) + b * tl.load(kv + 1) + h * tl.load(kv + 3)
+        v_base = tl.load(kv + 4).to(tl.pointer_type(DTYPE)) + b * tl.load(kv + 5) + h * tl.load(kv + 7)
+        k_row = tl.load(kv + 2)
+        v_row = tl.load(kv + 6)
+        full = (kv_len // BLOCK_N) * BLOCK_N
+        if USE_TMA:  # Hopper's bulk tensor copies; rows past the chunk's end read as zeros
+            k_desc = tl.make_tensor_descriptor(k_base, [kv_len, HEAD_DIM], [k_row, 1], [BLOCK_N, HEAD_DIM])
+            v_desc = tl.make_tensor_descriptor(v_base, [kv_len, HEAD_DIM], [v_row, 1], [BLOCK_N, HEAD_DIM])
+            for start in range(0, full, BLOCK_N):
+                acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([start, 0]), v_desc.load([start, 0]),
+                                              offs_n, kv_len, qk_scale, DTYPE, False)
+            if full < kv_len:
+                acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([full, 0]), v_desc.load([full, 0]),
+                                              offs_n + full, kv_len, qk_scale, DTYPE, True)
+        else:
+            k_ptrs = k_base + offs_n[:, None] * k_row + offs_d[None, :]
+            v_ptrs = v_base + offs_n[:, None] * v_row + offs_d[None, :]
+            for start in range(0, full, BLOCK_N):
+                acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, tl.load(k_ptrs), tl.load(v_ptrs),
+                                              offs_n, kv_len, qk_scale, DTYPE, False)
+                k_ptrs += BLOCK_N * k_row
+                v_ptrs += BLOCK_N * v_row
+            if full < kv_len:
+                tail = (offs_n + full < kv_len)[:, None]
+                acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, tl.load(k_ptrs, mask=tail, other=0.0),
+                                              tl.load(v_ptrs, mask=tail, other=0.0), offs_n + full, kv_len,
+                                              qk_scale, DTYPE, True)
+
+    # Lines 27-32, normalised: one division per row, lse back to natural log; finalize writes the query dtype.
+    acc = acc / l_i[:, None]
+    tl.store(lse_ptrs, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=row_ok)
+    if FINALIZE:
+        dst = tl.load(row + 7).to(tl.pointer_type(DTYPE))
+        tl.store(dst + out_offs, acc.to(DTYPE), mask=row_ok[:, None])
+    else:
+        dst = tl.load(row + 7).to(tl.pointer_type(tl.float32))
+        tl.store(dst + out_offs, acc, mask=row_ok[:, None])
+
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def multi_chunk_attention(
+    q_chunks: Sequence[Tensor],
+    kv_chunks: Sequence[tuple[Tensor, Tensor]],
+    states: Sequence[tuple[Tensor | None, Tensor]],
+    outs: Sequence[Tensor],
+    scale: float,
+    finalize: bool,
+    config: TileConfig | None = None,
+) -> None:
+    """One launch of Algorithm 2.
+
+    q_chunks[i] [B, Lq_i, H, D] and each (k, v) [B, Lk_j, H, D] may be strided views (last dim contiguous).
+    states[i] = (out, lse): float32 contiguous [B, Lq_i, H, D] and [B, H, Lq_i]; out None for all i means
+    "no earlier state" (the state is not read). outs[i] receives the result: the float32 state (may be the
+    state tensor itself) or, with finalize, the output in the query dtype. lse is updated in place.
+    """
+    q0 = q_chunks[0]
+    batch, _, heads, dim = q0.shape
+    cfg = config or DEFAULT_CONFIGS[dim]
+    load_state = states[0][0] is not None
+    q_rows, tiles = [], 0
+    for q, (state, lse), out in zip(q_chunks, states, outs, strict=True):
+        _check(q, batch, heads, dim)
+        sb, sl, sh, _ = q.stride()
+        q_rows.append([q.data_ptr(), sb, sl, sh, q.shape[1], tiles,
+                       state.data_ptr() if load_state else 0, out.data_ptr(), lse.data_ptr()])
+        tiles += triton.cdiv(q.shape[1], cfg.block_m)
+    kv_rows = []
+    for k, v in kv_chunks:
+        _check(k, batch, heads, dim)
+        _check(v, batch, heads, dim)
+        kv_rows.append([k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3], k.shape[1]])
+    if cfg.use_tma:
+        _set_tma_allocator()
+    q_table = torch.tensor(q_rows, dtype=torch.int64).to(q0.device, non_blocking=True)
+    kv_table = torch.tensor(kv_rows, dtype=torch.int64).to(q0.device, non_blocking=True)
+    _multi_chunk_attention[(tiles, batch * heads)](
+        q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
+        DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:
+    if x.dtype not in _TL_DTYPES or x.stride(-1) != 1 or x.shape[0] != batch or x.shape[2:] != (heads, dim):
+        raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L, H={heads}, D={dim}] chunks "
+                         f"with a contiguous last dim, got {tuple(x.shape)} {x.dtype} strides {x.stride()}")
+
+
+
+@cache
+def _set_tma_allocator() -> None:
+    """Tensor descriptors made inside a kernel need global scratch memory, taken from PyTorch's allocator."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

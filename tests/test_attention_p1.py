@@ -1,0 +1,84 @@
+"""One process (mesh 1x1) for every method; several layouts in one job; errors raised at run time (4 ranks)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from attention_suite import METHODS, problems
+from sp_cases import Problem, check, context, even, reference, run_rank
+
+from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
+from streamfusion_diffusers.spawn import ProcessPool
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(1) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def pool4():
+    with ProcessPool(4) as p:
+        yield p
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_single_rank(pool, method):
+    for problem, pass_lens in problems(method, 1):
+        check(pool, ParallelConfig(method=method), problem, pass_lens)
+
+
+def _all_methods_in_one_job(problem: Problem) -> dict[str, torch.Tensor]:
+    """Five contexts live side by side, called interleaved, as a comparison run would use them."""
+    configs = {m: ParallelConfig(machines=2, gpus_per_machine=2, method=m) for m in METHODS}
+    return {m: run_rank(c, problem)[0] for m, c in configs.items()}
+
+
+def test_several_contexts_in_one_job(pool4):
+    problem = Problem(8, 16, 1, even(5, 4))
+    ref, _ = reference(problem)
+    results = pool4.run(_all_methods_in_one_job, problem)
+    for method in METHODS:
+        got = torch.cat([r[method] for r in results], dim=1).double()
+        assert (got - ref).abs().max().item() <= 1e-5, method
+
+
+def _error(kind: str) -> str:
+    """Trigger one misuse on every rank and return the message it raised."""
+    x = torch.randn(1, 3, 6, 8)
+    try:
+        if kind == "world":
+            init_parallel(ParallelConfig(machines=2, gpus_per_machine=4))
+        elif kind == "heads":
+            sp_attention(x, x, x, context(ParallelConfig(method="ulysses")))
+        elif kind == "torus":
+            sp_attention(x, x, x, context(ParallelConfig(machines=2, gpus_per_machine=2, ulysses=2, torus=4)))
+        elif kind == "seq_lens":
+            sp_attention(x, x, x, context(ParallelConfig(method="ring")), seq_lens=[3, 3, 3])
+        elif kind == "slice":
+            sp_attention(x, x, x, context(ParallelConfig(method="ring")), seq_lens=[4, 4, 4, 4])
+        elif kind == "joint":
+            sp_attention(x, x, x, context(ParallelConfig(method="ring")), joint_q=x)
+        elif kind == "backend":
+            init_parallel(ParallelConfig(backend="nccl"))
+    except ValueError as err:
+        return str(err)
+    finally:
+        dist.barrier()
+    return "no error"
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("world", ["world size 4", "2 x 4"]),
+    ("heads", ["does not divide the 6 heads", "[1, 2]", "'usp', 'tas' or 'torus'"]),
+    ("torus", ["torus degree 4 does not divide ulysses degree 2", "[1, 2]"]),
+    ("seq_lens", ["4 non-negative slice lengths"]),
+    ("slice", ["holds 3 tokens but seq_lens"]),
+    ("joint", ["joint_q, joint_k and joint_v together"]),
+    ("backend", ["runs 'gloo'"]),
+])
+def test_errors_name_the_fix(pool4, kind, words):
+    for message in pool4.run(_error, kind):
+        for word in words:
+            assert word in message, message

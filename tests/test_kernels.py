@@ -1,0 +1,161 @@
+"""CPU tests of the attention kernels: the LSE merge, the chunked API, and (with triton installed) the fused
+and merge Triton kernels run by Triton's CPU interpreter. Inputs are fresh random draws on every run."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from streamfusion_diffusers.kernels import Partial, attend_chunks, attention_with_lse
+from streamfusion_diffusers.kernels.merge import merge_into_reference
+from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
+
+
+def _rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype)
+
+
+def _chunks(total: int, cuts: list[int]) -> list[slice]:
+    edges = [0, *cuts, total]
+    return [slice(a, b) for a, b in zip(edges, edges[1:])]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_merge_reference_equals_attention_over_the_union(dtype: torch.dtype, tol: float) -> None:
+    b, h, d, lq, lk = 2, 3, 16, 9, 40
+    q, k, v = _rand(b, lq, h, d, dtype=dtype), _rand(b, lk, h, d, dtype=dtype), _rand(b, lk, h, d, dtype=dtype)
+    scale = d ** -0.5
+    parts = [attention_with_lse_reference(q, k[:, s], v[:, s], scale) for s in _chunks(lk, [7, 8, 31])]
+    out, lse = parts[0][0].clone(), parts[0][1].clone()
+    for new_out, new_lse in parts[1:]:
+        merge_into_reference(out, lse, new_out, new_lse)
+    ref_out, ref_lse = attention_with_lse_reference(q, k, v, scale)
+    assert (out - ref_out).abs().max() < tol
+    assert (lse - ref_lse).abs().max() < tol
+
+
+def test_merge_reference_with_empty_state_is_a_copy() -> None:
+    out, lse = torch.zeros(1, 5, 2, 8), torch.full((1, 2, 5), float("-inf"))
+    new_out, new_lse = _rand(1, 5, 2, 8), _rand(1, 2, 5)
+    merge_into_reference(out, lse, new_out, new_lse)
+    assert torch.equal(out, new_out) and torch.equal(lse, new_lse)
+
+
+def _attend_in_steps(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_cuts: list[int],
+                     kv_cuts: list[int], steps: list[int]) -> list[torch.Tensor]:
+    """Query chunks (head-sliced views) attend to key/value chunks, steps[i] of them in call i, the last
+    call finalizing."""
+    heads = slice(1, 1 + q.shape[2] // 2)
+    q_views = [q[:, s, heads] for s in _chunks(q.shape[1], q_cuts)]
+    kv = [(k[:, s, heads], v[:, s, heads]) for s in _chunks(k.shape[1], kv_cuts)]
+    assert sum(steps) == len(kv)
+    partials = [Partial() for _ in q_views]
+    for i, n in enumerate(steps):
+        start = sum(steps[:i])
+        attend_chunks(partials, q_views, kv[start:start + n], kernel=kernel, finalize=i == len(steps) - 1)
+    return [p.result(q.dtype) for p in partials]
+
+
+def _check_chunked(kernel: str, dtype: torch.dtype, tol: float) -> None:
+    b, h, d, lq, lk = 2, 4, 64, 77, 150
+    q, k, v = _rand(b, lq, h, d).to(dtype), _rand(b, lk, h, d).to(dtype), _rand(b, lk, h, d).to(dtype)
+    outs = _attend_in_steps(kernel, q, k, v, q_cuts=[5, 40], kv_cuts=[33, 34, 101, 149], steps=[1, 3, 1])
+    heads = slice(1, 1 + h // 2)
+    ref, _ = attention_with_lse_reference(q[:, :, heads], k[:, :, heads], v[:, :, heads], d ** -0.5)
+    got = torch.cat(outs, dim=1).float()
+    assert got.dtype == torch.float32 and outs[0].dtype == dtype
+    assert (got - ref).abs().max() < tol
+
+
+def test_attend_chunks_reference_is_exact() -> None:
+    _check_chunked("reference", torch.float32, 2e-6)
+
+
+def test_partial_rejects_chunks_after_finalize_and_results_before_any() -> None:
+    q, k = _rand(1, 4, 2, 8), _rand(1, 6, 2, 8)
+    p = Partial()
+    with pytest.raises(RuntimeError):
+        p.result(torch.float32)
+    attend_chunks([p], [q], [(k, k)], kernel="reference", finalize=True)
+    with pytest.raises(RuntimeError):
+        attend_chunks([p], [q], [(k, k)], kernel="reference")
+
+
+def test_empty_chunks_are_skipped() -> None:
+    q, k, v = _rand(1, 6, 2, 8), _rand(1, 5, 2, 8), _rand(1, 5, 2, 8)
+    p, empty = Partial(), Partial()
+    attend_chunks([p, empty], [q, q[:, :0]], [(k[:, :0], v[:, :0]), (k, v)], kernel="reference")
+    assert empty.out is None
+    assert (p.result(torch.float32) - attention_with_lse_reference(q, k, v, 8 ** -0.5)[0]).abs().max() < 2e-6
+
+
+# --- Triton kernels in Triton's CPU interpreter -------------------------------------------------------------
+# The interpreter must be chosen before triton is imported, so the tests below run in a child pytest with
+# TRITON_INTERPRET=1, started by test_triton_kernels_in_the_interpreter (skipped only without triton).
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+interpreter_only = pytest.mark.skipif(not INTERPRETING, reason="run by test_triton_kernels_in_the_interpreter")
+
+
+def test_triton_kernels_in_the_interpreter() -> None:
+    pytest.importorskip("triton")
+    if INTERPRETING:
+        pytest.skip("already in the interpreter")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "interpreted"], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-4000:]
+
+
+@pytest.fixture
+def interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work around triton 3.6's interpreter calling int() on 1-element arrays, which numpy >= 2.4 rejects."""
+    import triton.runtime.interpreter as interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
+
+
+@interpreter_only
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_fused_kernel_interpreted(interpreted: None, use_tma: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # float16 only: the interpreter reads bfloat16 through raw addresses wrongly (bfloat16 runs in the GPU tests).
+    from streamfusion_diffusers.kernels import triton_attention
+
+    # Small tiles, so chunk lengths are not multiples of them and several tiles and chunks are crossed.
+    small = triton_attention.TileConfig(block_m=32, block_n=16, num_warps=4, num_stages=1, use_tma=use_tma)
+    monkeypatch.setitem(triton_attention.DEFAULT_CONFIGS, 64, small)
+    _check_chunked("fused", torch.float16, 3e-3)
+
+
+@interpreter_only
+def test_fused_single_chunk_lse_interpreted(interpreted: None) -> None:
+    q, k, v = (_rand(1, n, 2, 128).to(torch.float16) for n in (70, 90, 90))
+    out, lse = attention_with_lse(q, k, v, kernel="fused")
+    ref_out, ref_lse = attention_with_lse_reference(q, k, v, 128 ** -0.5)
+    assert out.dtype == torch.float16 and (out.float() - ref_out).abs().max() < 3e-3
+    assert (lse - ref_lse).abs().max() < 1e-3
+
+
+@interpreter_only
+def test_triton_merge_interpreted(interpreted: None) -> None:
+    from streamfusion_diffusers.kernels.triton_merge import merge_into_triton
+
+    b, lq, h, d = 2, 70, 3, 64
+    out, lse = _rand(b, lq, h, d), _rand(b, h, lq)
+    new_out = _rand(b, h, lq, d).to(torch.bfloat16).transpose(1, 2)  # strided, as SDPA returns it
+    new_lse = _rand(b, h, lq + 10)[..., :lq]
+    want_out, want_lse = out.clone(), lse.clone()
+    merge_into_reference(want_out, want_lse, new_out, new_lse)
+    merge_into_triton(out, lse, new_out, new_lse)
+    assert (out - want_out).abs().max() < 1e-5 and (lse - want_lse).abs().max() < 1e-5
+    assert math.isfinite(out.sum().item())

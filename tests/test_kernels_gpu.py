@@ -1,0 +1,98 @@
+"""GPU tests of the attention kernels against float32 attention, on fresh random inputs every run (chunk
+lengths drawn at random, so almost never multiples of a tile)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamfusion_diffusers.kernels import Partial, attend_chunks, dispatch
+from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
+from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
+from streamfusion_diffusers.kernels.sdpa import attention_with_lse_sdpa
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert torch.isfinite(got).all()
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def _lengths(n: int, low: int, high: int) -> list[int]:
+    return torch.randint(low, high, (n,)).tolist()
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "flash", "efficient"])
+def test_sdpa_backend_lse(backend: str) -> None:
+    lq, lk = _lengths(2, 200, 1200)
+    q, k, v = (torch.randn(2, n, 4, 128, device="cuda", dtype=torch.bfloat16) for n in (lq, lk, lk))
+    out, lse = attention_with_lse_sdpa(q, k, v, 0.1, backends=[backend])
+    ref_out, ref_lse = attention_with_lse_reference(q, k, v, 0.1)
+    assert lse.shape == (2, 4, lq) and lse.dtype == torch.float32
+    assert _rel(out, ref_out) < 1e-2
+    assert (lse - ref_lse).abs().max() < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("kernel", ["fused", "fused-tma", "sdpa", "auto"])
+def test_chunks_match_float32_attention(dtype: torch.dtype, dim: int, kernel: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uneven head-sliced query chunks over three calls (fresh state, loaded state, finalize)."""
+    from streamfusion_diffusers.kernels import triton_attention
+
+    if kernel == "fused-tma":
+        cfg = triton_attention.DEFAULT_CONFIGS[dim]
+        monkeypatch.setitem(triton_attention.DEFAULT_CONFIGS, dim,
+                            triton_attention.TileConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, True))
+        kernel = "fused"
+    dispatch.clear()
+    b, h = 2, 6
+    q_lens, kv_lens = _lengths(3, 1, 700), _lengths(5, 1, 900)
+    q = torch.randn(b, sum(q_lens), 2 * h, dim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, sum(kv_lens), 2 * h, dim, device="cuda", dtype=dtype) for _ in range(2))
+    heads = slice(h // 2, h // 2 + h)
+    q_chunks = list(q[:, :, heads].split(q_lens, dim=1))
+    kv_chunks = list(zip(k[:, :, heads].split(kv_lens, dim=1), v[:, :, heads].split(kv_lens, dim=1)))
+    partials = [Partial() for _ in q_chunks]
+    attend_chunks(partials, q_chunks, kv_chunks[:1], kernel=kernel)
+    attend_chunks(partials[:2], q_chunks[:2], kv_chunks[1:4], kernel=kernel)  # the third Q chunk skips these
+    attend_chunks(partials, q_chunks, kv_chunks[4:], kernel=kernel, finalize=True)
+    for i, (p, qc) in enumerate(zip(partials, q_chunks)):
+        kv = kv_chunks if i < 2 else [kv_chunks[0], kv_chunks[4]]
+        ref, ref_lse = attention_with_lse_reference(qc, torch.cat([c[0] for c in kv], 1),
+                                                    torch.cat([c[1] for c in kv], 1), dim ** -0.5)
+        assert p.final and p.out.dtype == dtype
+        assert _rel(p.result(dtype), ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+        assert (p.lse - ref_lse).abs().max() < 1e-2
+
+
+def test_fused_kernel_writes_every_element() -> None:
+    from streamfusion_diffusers.kernels.triton_attention import multi_chunk_attention
+
+    q_lens, kv_lens = _lengths(2, 1, 500), _lengths(2, 1, 500)
+    qs = [torch.randn(1, n, 3, 128, device="cuda", dtype=torch.bfloat16) for n in q_lens]
+    kvs = [tuple(torch.randn(1, n, 3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)) for n in kv_lens]
+    outs = [torch.full(x.shape, float("nan"), device="cuda", dtype=torch.bfloat16) for x in qs]
+    lses = [torch.full((1, 3, n), float("nan"), device="cuda") for n in q_lens]
+    multi_chunk_attention(qs, kvs, [(None, lse) for lse in lses], outs, 0.1, finalize=True)
+    assert all(torch.isfinite(o).all() and torch.isfinite(lse).all() for o, lse in zip(outs, lses))
+
+
+def test_one_pass_merge_matches_reference() -> None:
+    b, lq, h, d = 2, int(_lengths(1, 100, 3000)[0]), 5, 128
+    out, lse = torch.randn(b, lq, h, d, device="cuda"), torch.randn(b, h, lq, device="cuda")
+    new_out = torch.randn(b, h, lq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    new_lse = torch.randn(b, h, lq + 31, device="cuda")[..., :lq]
+    want_out, want_lse = out.clone(), lse.clone()
+    merge_into_reference(want_out, want_lse, new_out, new_lse)
+    merge_into(out, lse, new_out, new_lse)
+    assert _rel(out, want_out) < 1e-6 and (lse - want_lse).abs().max() < 1e-5
+
+
+def test_auto_caches_one_choice_per_signature() -> None:
+    dispatch.clear()
+    q, k, v = (torch.randn(1, 1000, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(2):
+        attend_chunks([Partial()], [q], [(k, v)], kernel="auto", finalize=True)
+    assert list(dispatch._choices.values()) in (["sdpa"], ["fused"])
