@@ -62,9 +62,10 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads_per_call: int = 4) -> torch.Tensor:
-    """float32 (float64 for float32 inputs) attention, a few heads at a time to bound memory."""
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget_bytes: int = 2**31) -> torch.Tensor:
+    """float32 (float64 for float32 inputs) attention, a few heads at a time to bound the score matrix."""
     dtype = torch.float64 if q.dtype == torch.float32 else torch.float32
+    heads_per_call = max(1, budget_bytes // (q.shape[0] * q.shape[1] * k.shape[1] * 8))
     outs = [attention_with_lse_reference(q[:, :, h:h + heads_per_call].to(dtype),
                                          k[:, :, h:h + heads_per_call].to(dtype),
                                          v[:, :, h:h + heads_per_call].to(dtype), q.shape[-1] ** -0.5)[0]
