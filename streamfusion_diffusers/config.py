@@ -8,7 +8,7 @@ from typing import Literal
 Method = Literal["ulysses", "ring", "usp", "tas", "torus"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
 BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo")
-KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa")
+KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
 
 
 def divisors(n: int) -> list[int]:
@@ -24,7 +24,7 @@ class ParallelConfig:
     Torus stages (None: N when N > 1 and N divides U, else gcd(N, U); on one machine, U: Torus inside the
     machine). method: ulysses | ring | usp (Ulysses inside a machine, Ring across) | tas (Ulysses across
     machines, Ring inside) | torus (TAS with Pull Q / Pull KV / Push O stages). backend: how bytes move
-    ("torch": torch.distributed's NCCL or gloo). kernel: local attention ("auto", "reference", "sdpa").
+    ("torch": torch.distributed's NCCL or gloo). kernel: local attention ("auto", "reference", "sdpa", "fused").
     timeout_s: the longest any collective may wait before it fails instead of hanging.
     """
 

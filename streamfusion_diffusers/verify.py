@@ -156,7 +156,8 @@ def main(args: argparse.Namespace) -> int:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=300))
         table = _verify_rank(configs, w)
-        if dist.get_rank() != 0:
+        dist.destroy_process_group()
+        if int(os.environ["RANK"]) != 0:
             return 0 if all(row["ok"] for row in table) else 1
     else:
         table = run_local(_verify_rank, world, configs, w, backend="nccl" if gpu else "gloo")[0]

@@ -46,6 +46,12 @@ DEFAULT_CONFIGS: dict[int, TileConfig] = {
 
 
 @triton.jit
+def _address(entry, b, h, DTYPE: tl.constexpr):
+    """Address of row 0 of batch b, head h of the chunk whose table entry is (address, strides b, l, h)."""
+    return tl.load(entry).to(tl.pointer_type(DTYPE)) + b * tl.load(entry + 1) + h * tl.load(entry + 3)
+
+
+@triton.jit
 def _softmax_step(acc, m_i, l_i, q, k, v, offs_n, kv_len, qk_scale, DTYPE: tl.constexpr, MASK: tl.constexpr):
     """One key/value tile: online softmax update of (acc, m, l) in base 2 (Algorithm 2, lines 20-25)."""
     qk = tl.dot(q, tl.trans(k))
@@ -81,8 +87,11 @@ def _multi_chunk_attention(
     offs_n = tl.arange(0, BLOCK_N)
     row_ok = offs_m < q_len32
 
-    q_base = tl.load(row).to(tl.pointer_type(DTYPE)) + b * tl.load(row + 1) + h * tl.load(row + 3)
-    q = tl.load(q_base + offs_m[:, None] * tl.load(row + 2) + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    # Addresses and strides come from tables, so the compiler cannot see their alignment: the launcher checks
+    # 16-byte addresses and strides of multiples of 8 elements, and the hints allow 16-byte vector loads.
+    q_base = tl.multiple_of(_address(row, b, h, DTYPE), 16)
+    q_row = tl.multiple_of(tl.load(row + 2), 8)
+    q = tl.load(q_base + offs_m[:, None] * q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0)
 
     # State tensors are contiguous: out [B, Lq, H, D], lse [B, H, Lq]. Lines 10-15: load the running state.
     out_offs = ((b * q_len + offs_m[:, None]) * heads + h) * HEAD_DIM + offs_d[None, :]
@@ -101,10 +110,10 @@ def _multi_chunk_attention(
     for j in range(n_kv):
         kv = kv_table + j * 9
         kv_len = tl.load(kv + 8).to(tl.int32)
-        k_base = tl.load(kv).to(tl.pointer_type(DTYPE)) + b * tl.load(kv + 1) + h * tl.load(kv + 3)
-        v_base = tl.load(kv + 4).to(tl.pointer_type(DTYPE)) + b * tl.load(kv + 5) + h * tl.load(kv + 7)
-        k_row = tl.load(kv + 2)
-        v_row = tl.load(kv + 6)
+        k_base = tl.multiple_of(_address(kv, b, h, DTYPE), 16)
+        v_base = tl.multiple_of(_address(kv + 4, b, h, DTYPE), 16)
+        k_row = tl.multiple_of(tl.load(kv + 2), 8)
+        v_row = tl.multiple_of(tl.load(kv + 6), 8)
         full = (kv_len // BLOCK_N) * BLOCK_N
         if USE_TMA:  # Hopper's bulk tensor copies; rows past the chunk's end read as zeros
             k_desc = tl.make_tensor_descriptor(k_base, [kv_len, HEAD_DIM], [k_row, 1], [BLOCK_N, HEAD_DIM])
@@ -186,10 +195,16 @@ def multi_chunk_attention(
     )
 
 
+def aligned(x: Tensor) -> bool:
+    """The kernel's alignment contract: 16-byte address, contiguous last dim, other strides multiples of 8."""
+    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
+
+
 def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:
-    if x.dtype not in _TL_DTYPES or x.stride(-1) != 1 or x.shape[0] != batch or x.shape[2:] != (heads, dim):
-        raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L, H={heads}, D={dim}] chunks "
-                         f"with a contiguous last dim, got {tuple(x.shape)} {x.dtype} strides {x.stride()}")
+    if x.dtype not in _TL_DTYPES or not aligned(x) or x.shape[0] != batch or x.shape[2:] != (heads, dim):
+        raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L, H={heads}, D={dim}] chunks, "
+                         f"16-byte aligned with strides (but the last, 1) multiples of 8; got {tuple(x.shape)} "
+                         f"{x.dtype} strides {x.stride()}")
 
 
 
