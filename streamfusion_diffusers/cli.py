@@ -5,10 +5,11 @@ import argparse
 import logging
 import sys
 
-from . import verify
+from . import plan, verify
 
 COMMANDS = {
     "verify": (verify, "check every method against single-process attention on this cluster, with timings"),
+    "plan": (plan, "predict each method and layout on a cluster shape from the cost model, and recommend one"),
 }
 
 

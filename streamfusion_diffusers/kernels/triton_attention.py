@@ -22,8 +22,9 @@ from torch import Tensor
 
 LOG2E = 1.4426950408889634
 
-# The chunk tables have 9 int64 columns per chunk. Query table: q address, q strides (batch, row, head), rows,
-# first tile, state address, output address, lse address. Key/value table: k address, k strides, v address,
+# The chunk tables have 9 int64 columns per chunk, addresses given as element offsets from one base tensor
+# per dtype (x_base: the query dtype, f_base: float32). Query table: q offset, q strides (batch, row, head),
+# rows, first tile, state offset, output offset, lse offset. Key/value table: k offset, k strides, v offset,
 # v strides, rows.
 
 
@@ -46,9 +47,14 @@ DEFAULT_CONFIGS: dict[int, TileConfig] = {
 
 
 @triton.jit
-def _address(entry, b, h, DTYPE: tl.constexpr):
-    """Address of row 0 of batch b, head h of the chunk whose table entry is (address, strides b, l, h)."""
-    return tl.load(entry).to(tl.pointer_type(DTYPE)) + b * tl.load(entry + 1) + h * tl.load(entry + 3)
+def _address(base, entry, b, h):
+    """Row 0 of batch b, head h of the chunk whose table entry is (offset from base, strides b, l, h).
+
+    The launcher checks that offsets and strides are multiples of 8 elements (16 bytes); the hint lets the
+    compiler use 16-byte loads, which it cannot prove for offsets read from a table.
+    """
+    offset = tl.multiple_of(tl.load(entry), 8)
+    return base + offset + b * tl.multiple_of(tl.load(entry + 1), 8) + h * tl.multiple_of(tl.load(entry + 3), 8)
 
 
 @triton.jit
@@ -67,7 +73,7 @@ def _softmax_step(acc, m_i, l_i, q, k, v, offs_n, kv_len, qk_scale, DTYPE: tl.co
 
 @triton.jit
 def _multi_chunk_attention(
-    q_table, kv_table, n_q, n_kv, heads, qk_scale,
+    x_base, f_base, q_table, kv_table, n_q, n_kv, heads, qk_scale,
     DTYPE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     LOAD_STATE: tl.constexpr, FINALIZE: tl.constexpr, USE_TMA: tl.constexpr,
 ):
@@ -87,18 +93,15 @@ def _multi_chunk_attention(
     offs_n = tl.arange(0, BLOCK_N)
     row_ok = offs_m < q_len32
 
-    # Addresses and strides come from tables, so the compiler cannot see their alignment: the launcher checks
-    # 16-byte addresses and strides of multiples of 8 elements, and the hints allow 16-byte vector loads.
-    q_base = tl.multiple_of(_address(row, b, h, DTYPE), 16)
+    q_base = _address(x_base, row, b, h)
     q_row = tl.multiple_of(tl.load(row + 2), 8)
     q = tl.load(q_base + offs_m[:, None] * q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0)
 
     # State tensors are contiguous: out [B, Lq, H, D], lse [B, H, Lq]. Lines 10-15: load the running state.
     out_offs = ((b * q_len + offs_m[:, None]) * heads + h) * HEAD_DIM + offs_d[None, :]
-    lse_ptrs = tl.load(row + 8).to(tl.pointer_type(tl.float32)) + (b * heads + h) * q_len + offs_m
+    lse_ptrs = f_base + tl.load(row + 8) + (b * heads + h) * q_len + offs_m
     if LOAD_STATE:
-        state = tl.load(row + 6).to(tl.pointer_type(tl.float32))
-        acc = tl.load(state + out_offs, mask=row_ok[:, None], other=0.0)
+        acc = tl.load(f_base + tl.multiple_of(tl.load(row + 6), 8) + out_offs, mask=row_ok[:, None], other=0.0)
         m_i = tl.load(lse_ptrs, mask=row_ok, other=0.0) * 1.4426950408889634
         l_i = tl.full([BLOCK_M], 1.0, tl.float32)
     else:
@@ -110,8 +113,8 @@ def _multi_chunk_attention(
     for j in range(n_kv):
         kv = kv_table + j * 9
         kv_len = tl.load(kv + 8).to(tl.int32)
-        k_base = tl.multiple_of(_address(kv, b, h, DTYPE), 16)
-        v_base = tl.multiple_of(_address(kv + 4, b, h, DTYPE), 16)
+        k_base = _address(x_base, kv, b, h)
+        v_base = _address(x_base, kv + 4, b, h)
         k_row = tl.multiple_of(tl.load(kv + 2), 8)
         v_row = tl.multiple_of(tl.load(kv + 6), 8)
         full = (kv_len // BLOCK_N) * BLOCK_N
@@ -142,11 +145,9 @@ def _multi_chunk_attention(
     acc = acc / l_i[:, None]
     tl.store(lse_ptrs, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=row_ok)
     if FINALIZE:
-        dst = tl.load(row + 7).to(tl.pointer_type(DTYPE))
-        tl.store(dst + out_offs, acc.to(DTYPE), mask=row_ok[:, None])
+        tl.store(x_base + tl.multiple_of(tl.load(row + 7), 8) + out_offs, acc.to(DTYPE), mask=row_ok[:, None])
     else:
-        dst = tl.load(row + 7).to(tl.pointer_type(tl.float32))
-        tl.store(dst + out_offs, acc, mask=row_ok[:, None])
+        tl.store(f_base + tl.multiple_of(tl.load(row + 7), 8) + out_offs, acc, mask=row_ok[:, None])
 
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -172,27 +173,37 @@ def multi_chunk_attention(
     batch, _, heads, dim = q0.shape
     cfg = config or DEFAULT_CONFIGS[dim]
     load_state = states[0][0] is not None
+    x_base, f_base = q0, states[0][1]  # every address is passed as an element offset from one of these
     q_rows, tiles = [], 0
     for q, (state, lse), out in zip(q_chunks, states, outs, strict=True):
         _check(q, batch, heads, dim)
-        sb, sl, sh, _ = q.stride()
-        q_rows.append([q.data_ptr(), sb, sl, sh, q.shape[1], tiles,
-                       state.data_ptr() if load_state else 0, out.data_ptr(), lse.data_ptr()])
+        out_base = x_base if finalize else f_base
+        q_rows.append([_offset(q, x_base), *q.stride()[:3], q.shape[1], tiles,
+                       _offset(state, f_base) if load_state else 0, _offset(out, out_base), _offset(lse, f_base)])
         tiles += triton.cdiv(q.shape[1], cfg.block_m)
     kv_rows = []
     for k, v in kv_chunks:
         _check(k, batch, heads, dim)
         _check(v, batch, heads, dim)
-        kv_rows.append([k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3], k.shape[1]])
+        kv_rows.append([_offset(k, x_base), *k.stride()[:3], _offset(v, x_base), *v.stride()[:3], k.shape[1]])
     if cfg.use_tma:
         _set_tma_allocator()
     q_table = torch.tensor(q_rows, dtype=torch.int64).to(q0.device, non_blocking=True)
     kv_table = torch.tensor(kv_rows, dtype=torch.int64).to(q0.device, non_blocking=True)
     _multi_chunk_attention[(tiles, batch * heads)](
-        q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
+        x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
         DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+
+
+def _offset(x: Tensor, base: Tensor) -> int:
+    """x's address as an element offset from base's (same dtype); a multiple of 8 for aligned tensors."""
+    delta = x.data_ptr() - base.data_ptr()
+    if x.dtype != base.dtype or delta % (8 * x.element_size()):
+        raise ValueError("fused attention needs 16-byte (float32 state: 32-byte) aligned tensors of one dtype")
+    return delta // x.element_size()
 
 
 def aligned(x: Tensor) -> bool:

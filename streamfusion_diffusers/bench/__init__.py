@@ -1,0 +1,1 @@
+"""Benchmark support: workloads, link presets, the communication cost model."""

@@ -1,0 +1,156 @@
+"""A cost model of our schedules: per-rank transfers and attention work, turned into time.
+
+It walks the same schedule `sp_attention` runs (scatter heads, Pull Q / Pull KV / Push O stages with a ring
+pass inside each, gather heads) for every rank of a layout, classifies each transfer as intra- or
+inter-machine by the ranks' machines, and overlaps transfers with the attention they hide behind. Volumes are
+exact for even slices; times depend on the `Gpu` figures, which are calibrated from measurements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import Layout, ParallelConfig, divisors, resolve_layout
+from .links import NVLINK, Link
+from .workloads import Workload
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """Throughputs of one GPU (defaults: one H200, ../shared/device/FACTS.md) and its intra-machine link."""
+
+    attention_tflops: dict[int, float] = field(default_factory=lambda: {64: 488.0, 128: 685.0})
+    gemm_tflops: float = 700.0
+    hbm_gb_per_s: float = 4000.0
+    launch_us: float = 6.0
+    intra: Link = NVLINK
+
+    def attention_s(self, flops: float, head_dim: int) -> float:
+        tflops = self.attention_tflops.get(head_dim) or min(self.attention_tflops.values())
+        return flops / (tflops * 1e12)
+
+
+@dataclass
+class Prediction:
+    """Predicted cost of one layout on the busiest rank."""
+
+    layout: Layout
+    inter_machine_bytes_per_gpu: float
+    intra_machine_bytes_per_gpu: float
+    layer_ms: float
+    step_ms: float
+
+    def as_dict(self) -> dict:
+        lay = self.layout
+        return {"ulysses": lay.ulysses, "ring": lay.ring, "torus": lay.torus,
+                "inter_machine_bytes_per_gpu": round(self.inter_machine_bytes_per_gpu),
+                "intra_machine_bytes_per_gpu": round(self.intra_machine_bytes_per_gpu),
+                "layer_ms": round(self.layer_ms, 4), "step_ms": round(self.step_ms, 3)}
+
+
+class _Rank:
+    """One rank walking the schedule: accumulates its time and its bytes per link class."""
+
+    def __init__(self, rank: int, lay: Layout, w: Workload, gpu: Gpu, inter: Link, elem_bytes: int):
+        self.rank, self.lay, self.w, self.gpu, self.inter = rank, lay, w, gpu, inter
+        self.t, self.u, self.r = lay.coords(rank)
+        self.s = w.tokens / lay.world_size  # tokens per rank
+        self.lp = self.s * lay.ulysses_intra  # tokens of one sequence part after the intra-Ulysses all-to-all
+        self.h = w.heads // lay.ulysses
+        self.elem = elem_bytes
+        self.joint_rows = w.text_tokens / lay.ring
+        self.bytes = {"intra": 0.0, "inter": 0.0}
+
+    def _link(self, peer: int) -> tuple[str, Link]:
+        same = peer // self.lay.gpus_per_machine == self.rank // self.lay.gpus_per_machine
+        return ("intra", self.gpu.intra) if same else ("inter", self.inter)
+
+    def send(self, transfers: list[tuple[int, float]]) -> float:
+        """Transfers posted together (peer, elements): time until the last lands, links used in parallel."""
+        per_link: dict[str, list[float]] = {}
+        for peer, elements in transfers:
+            kind, _ = self._link(peer)
+            self.bytes[kind] += elements * self.elem
+            per_link.setdefault(kind, []).append(elements * self.elem)
+        return max((({"intra": self.gpu.intra, "inter": self.inter})[k].seconds(sum(v), len(v))
+                    for k, v in per_link.items()), default=0.0)
+
+    def attend(self, rows: float, key_blocks: list[float]) -> float:
+        """Launch-and-merge attention of `rows` queries over K/V blocks (the unfused kernel path)."""
+        w, gpu = self.w, self.gpu
+        total = 0.0
+        for i, keys in enumerate(key_blocks):
+            flops = 4.0 * w.batch * rows * keys * self.h * w.head_dim
+            merge = 0.0 if i == 0 else 3 * 4 * w.batch * rows * self.h * w.head_dim / (gpu.hbm_gb_per_s * 1e9)
+            total += gpu.attention_s(flops, w.head_dim) + merge + gpu.launch_us * 1e-6
+        return total
+
+    def ring_pass(self, rows: float, extra_keys: float = 0.0) -> float:
+        """Rows against every ring peer's block of lp keys; block i+1 travels while block i computes."""
+        lay, r = self.lay, self.r
+        kv = 2 * self.w.batch * self.lp * self.h * self.w.head_dim
+        computes = [self.attend(rows, [extra_keys, self.lp] if extra_keys else [self.lp])]
+        computes += [self.attend(rows, [self.lp]) for _ in range(1, lay.ring)]
+        total = 0.0
+        for step in range(1, lay.ring):
+            peer = lay.rank(self.t, self.u, (r + step) % lay.ring)
+            total += max(computes[step - 1], self.send([(peer, kv)]))
+        return total + computes[-1]
+
+    def layer(self) -> float:
+        lay, w, t = self.lay, self.w, self.t
+        n = lay.torus
+        chunk = w.batch * self.lp * self.h * w.head_dim  # elements of one torus chunk T_{l,h}
+        peers_u = [lay.rank(t, u, self.r) for u in range(lay.ulysses_intra) if u != self.u]
+        slice_heads = w.batch * self.s * n * self.h * w.head_dim  # one rank's slice, one peer's heads
+        torus_peer = [lay.rank((t + k) % n, self.u, self.r) for k in range(n)]
+        time = self.send([(p, 3 * slice_heads) for p in peers_u])  # scatter heads (q, k, v)
+        for k in range(1, n + 1):  # Pull Q
+            transfer = self.send([(torus_peer[k], chunk)]) if k < n else (
+                self.send([(torus_peer[1], 2 * chunk)]) if n > 1 else 0.0)
+            if k == 1:
+                compute = self.ring_pass(self.lp + self.joint_rows, extra_keys=w.text_tokens)
+            else:
+                compute = self.attend(self.lp, [w.text_tokens] + [self.lp] * lay.ring)
+            time += max(compute, transfer)
+        for k in range(1, n):  # Pull KV
+            transfer = self.send([(torus_peer[k + 1], 2 * chunk)]) if k + 1 < n else 0.0
+            time += max(self.ring_pass((n - 1) * self.lp + self.joint_rows), transfer)
+        if n > 1:  # Push O
+            transfer = self.send([(torus_peer[k], chunk) for k in range(1, n)])
+            time += max(self.attend(self.lp, [self.lp] * ((n - 1) * lay.ring)), transfer)
+        time += self.send([(p, slice_heads) for p in peers_u])  # gather heads (o)
+        if w.text_tokens:  # joint output all-gather over the world
+            share = w.batch * self.joint_rows * self.h * w.head_dim
+            time += self.send([(p, share) for p in range(lay.world_size) if p != self.rank])
+        return time
+
+
+def predict(lay: Layout, w: Workload, inter: Link, gpu: Gpu | None = None, elem_bytes: int = 2) -> Prediction:
+    """Predicted attention-layer and step time of one layout (the busiest rank's)."""
+    gpu = gpu or Gpu()
+    ranks = [_Rank(rank, lay, w, gpu, inter, elem_bytes) for rank in range(lay.world_size)]
+    layers = [r.layer() for r in ranks]
+    busiest = max(range(len(ranks)), key=lambda i: layers[i])
+    tokens = w.tokens / lay.world_size + w.text_tokens
+    gemm_s = w.batch * tokens * w.block_flops_per_token / (gpu.gemm_tflops * 1e12)
+    return Prediction(lay, max(r.bytes["inter"] for r in ranks), max(r.bytes["intra"] for r in ranks),
+                      layers[busiest] * 1e3, w.blocks * (layers[busiest] + gemm_s) * 1e3)
+
+
+def candidate_layouts(method: str, machines: int, gpus_per_machine: int, heads: int) -> list[Layout]:
+    """Every valid UxR (and Torus degree) of a method on N x M GPUs."""
+    p = machines * gpus_per_machine
+    if method in ("ulysses", "ring"):
+        configs = [ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine, method=method)]
+    else:
+        us = [u for u in divisors(p) if heads % u == 0]
+        configs = [ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine, method=method, ulysses=u,
+                                  torus=t if method == "torus" else None)
+                   for u in us for t in (divisors(u) if method == "torus" else [None])]
+    out = []
+    for config in configs:
+        try:
+            out.append(resolve_layout(config, p, heads))
+        except ValueError:
+            continue
+    return out

@@ -1,0 +1,85 @@
+"""What every sequence-parallel processor shares: the token layout of the current forward, and the attention call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..attention import sp_attention
+from ..context import ParallelContext
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """How one forward's tokens lie on the ranks: image/video tokens split, text split or replicated.
+
+    Text tokens come first in every attention call (Flux and CogVideoX both concatenate [text ; image]).
+    When their count divides the world size they are split like the image tokens (as diffusers' context
+    parallelism does); otherwise every rank keeps all of them and they enter `sp_attention` as joint tokens.
+    """
+
+    rank: int
+    text_total: int
+    text_sharded: bool
+    image_lens: tuple[int, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.image_lens)
+
+    @property
+    def joint(self) -> int:
+        """Leading tokens of each attention call that every rank holds in full."""
+        return 0 if self.text_sharded else self.text_total
+
+    @property
+    def text_range(self) -> tuple[int, int]:
+        """This rank's text tokens, as a [start, stop) range of the whole text."""
+        if not self.text_sharded:
+            return 0, self.text_total
+        per_rank = self.text_total // self.world_size
+        return self.rank * per_rank, (self.rank + 1) * per_rank
+
+    @property
+    def image_range(self) -> tuple[int, int]:
+        """This rank's image/video tokens, as a [start, stop) range of the whole image sequence."""
+        start = sum(self.image_lens[: self.rank])
+        return start, start + self.image_lens[self.rank]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        """Every rank's sharded (non-joint) token count in an attention call, for `sp_attention(seq_lens=...)`."""
+        text = self.text_total // self.world_size if self.text_sharded else 0
+        return [text + n for n in self.image_lens]
+
+
+@dataclass
+class ShardState:
+    """Shared by the sharding hook (which sets `layout` before each forward) and the processors (which read it).
+
+    With no layout (processors installed without `parallelize`), every rank is assumed to hold an equal slice
+    and no joint tokens: the caller shards the inputs itself.
+    """
+
+    layout: TokenLayout | None = field(default=None)
+
+
+def reject_mask(attention_mask: Tensor | None) -> None:
+    if attention_mask is not None:
+        raise ValueError("sequence-parallel attention computes unmasked softmax attention; call the transformer "
+                         "without attention_mask (diffusers' Flux and CogVideoX pipelines pass none)")
+
+
+def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState) -> Tensor:
+    """Attention of the local rows [joint ; sharded] of q, k, v ([B, L, H, D]) over the whole sequence."""
+    layout = state.layout
+    if layout is None:
+        return sp_attention(query, key, value, ctx)
+    joint = layout.joint
+    if joint == 0:
+        return sp_attention(query, key, value, ctx, seq_lens=layout.seq_lens)
+    out, joint_out = sp_attention(query[:, joint:], key[:, joint:], value[:, joint:], ctx,
+                                  joint_q=query[:, :joint], joint_k=key[:, :joint], joint_v=value[:, :joint],
+                                  seq_lens=layout.seq_lens)
+    return torch.cat([joint_out, out], dim=1)

@@ -1,0 +1,63 @@
+"""Sequence-parallel processor for diffusers' FluxAttention (the joint blocks and the single blocks)."""
+from __future__ import annotations
+
+import torch
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_flux import FluxAttention, _get_qkv_projections
+
+from ..context import ParallelContext
+from .base import ShardState, attend, reject_mask
+
+
+class FluxSPAttnProcessor:
+    """diffusers' FluxAttnProcessor step for step, with the attention itself run by `sp_attention`.
+
+    Joint blocks get text (`encoder_hidden_states`) and image tokens and return both; single blocks get the
+    already-concatenated [text ; image] tokens and return one tensor. The call signature is the stock one, so
+    FluxAttention passes the same arguments. `state` tells which leading tokens are replicated text.
+    """
+
+    def __init__(self, ctx: ParallelContext, state: ShardState | None = None):
+        self.ctx = ctx
+        self.state = state if state is not None else ShardState()
+
+    def __call__(
+        self,
+        attn: FluxAttention,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        reject_mask(attention_mask)
+        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states
+        )
+        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
+        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+
+        if attn.added_kv_proj_dim is not None:
+            encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
+            encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
+            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+
+        hidden_states = attend(query, key, value, self.ctx, self.state)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+
+        if encoder_hidden_states is None:
+            return hidden_states
+        text_len = encoder_hidden_states.shape[1]
+        encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+            [text_len, hidden_states.shape[1] - text_len], dim=1
+        )
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+        return hidden_states, encoder_hidden_states
