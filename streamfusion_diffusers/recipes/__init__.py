@@ -1,0 +1,65 @@
+"""Recipes: YAML tables that pin (model, size, cluster shape) to a parallel layout.
+
+A recipe file holds one model's entries; each entry names the cluster shape (machines, gpus_per_machine), the
+workload size (`resolution` for images, `frames` for video) and the layout (method, ulysses, ring, torus,
+backend), plus where the choice came from (`source`: a measurement or the cost model). Packaged recipes are
+found by model name (`flux-dev`); any other argument is read as a path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from ..config import ParallelConfig
+
+LAYOUT_KEYS = ("method", "ulysses", "ring", "torus", "backend")
+SIZE_KEYS = ("resolution", "frames")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: str
+    entries: tuple[dict, ...]
+    path: str
+
+    def entry(self, machines: int, gpus_per_machine: int, **size: int) -> dict:
+        """The entry for this cluster shape and size; the nearest size of the same shape when none is exact."""
+        given = {k: v for k, v in size.items() if k in SIZE_KEYS and v is not None}
+        same_shape = [e for e in self.entries
+                      if (e["machines"], e["gpus_per_machine"]) == (machines, gpus_per_machine)]
+        if not same_shape:
+            shapes = sorted({(e["machines"], e["gpus_per_machine"]) for e in self.entries})
+            raise ValueError(f"recipe {self.path} has no entry for {machines} x {gpus_per_machine} GPUs; it covers "
+                             f"{', '.join(f'{n} x {m}' for n, m in shapes)}: pick one of those or pass the layout "
+                             f"(--method/--ulysses/--ring) yourself")
+        return min(same_shape, key=lambda e: sum(abs(e.get(k, 0) - v) for k, v in given.items()))
+
+    def config(self, machines: int, gpus_per_machine: int, **size: int) -> ParallelConfig:
+        e = self.entry(machines, gpus_per_machine, **size)
+        return ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine,
+                              **{k: e[k] for k in LAYOUT_KEYS if e.get(k) is not None})
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    """A packaged recipe by model name, or a YAML file by path."""
+    packaged = resources.files(__package__) / f"{name_or_path}.yaml"
+    path = Path(name_or_path)
+    if packaged.is_file():
+        text, where = packaged.read_text(), f"{name_or_path} (packaged)"
+    elif path.is_file():
+        text, where = path.read_text(), str(path)
+    else:
+        names = sorted(p.name.removesuffix(".yaml") for p in resources.files(__package__).iterdir()
+                       if p.name.endswith(".yaml"))
+        raise ValueError(f"no recipe {name_or_path!r}: use one of {', '.join(names)} or a path to a YAML file")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or "model" not in data or not data.get("entries"):
+        raise ValueError(f"recipe {where} needs a 'model' and a non-empty 'entries' list")
+    for e in data["entries"]:
+        missing = [k for k in ("machines", "gpus_per_machine", "method") if k not in e]
+        if missing:
+            raise ValueError(f"recipe {where}: entry {e} lacks {', '.join(missing)}")
+    return Recipe(data["model"], tuple(data["entries"]), where)
