@@ -12,7 +12,7 @@ import math
 import yaml
 
 from streamfusion_diffusers.bench.costmodel import candidate_layouts, predict
-from streamfusion_diffusers.bench.links import PRESETS
+from streamfusion_diffusers.links import PRESETS
 from streamfusion_diffusers.bench.workloads import cogvideox, flux
 from streamfusion_diffusers.config import METHODS
 

@@ -5,9 +5,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from .links import parse_link
+
 Method = Literal["ulysses", "ring", "usp", "tas", "torus"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
-BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo")
+BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "nvshmem")
 KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
 
 
@@ -24,8 +26,12 @@ class ParallelConfig:
     Torus stages (None: N when N > 1 and N divides U, else gcd(N, U); on one machine, U: Torus inside the
     machine). method: ulysses | ring | usp (Ulysses inside a machine, Ring across) | tas (Ulysses across
     machines, Ring inside) | torus (TAS with Pull Q / Pull KV / Push O stages). backend: how bytes move
-    ("torch": torch.distributed's NCCL or gloo). kernel: local attention ("auto", "reference", "sdpa", "fused").
-    timeout_s: the longest any collective may wait before it fails instead of hanging.
+    ("torch": torch.distributed's NCCL or gloo; "nvshmem": one-sided puts into symmetric memory, which falls
+    back to "torch" with one warning where NVSHMEM is absent). kernel: local attention ("auto", "reference",
+    "sdpa", "fused"). timeout_s: the longest any collective may wait before it fails instead of hanging.
+    strict: raise instead of falling back when the asked-for backend cannot run. emulate_link: make transfers
+    between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's
+    GPUs, split into `machines` groups, stand in for a cluster.
     """
 
     machines: int = 1
@@ -37,6 +43,8 @@ class ParallelConfig:
     backend: str = "torch"
     kernel: str = "auto"
     timeout_s: float = 300.0
+    strict: bool = False
+    emulate_link: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -51,6 +59,8 @@ class ParallelConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.emulate_link is not None:
+            parse_link(self.emulate_link)
 
     @property
     def label(self) -> str:

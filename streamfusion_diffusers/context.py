@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import logging
 
+import torch
 import torch.distributed as dist
 
-from .backends import Transport, make_transport
+from .backends import EmulatedTransport, Transport, make_transport
 from .config import Layout, ParallelConfig, machine_shape, resolve_layout
+from .links import parse_link
 from .mesh import Mesh
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,11 @@ class ParallelContext:
             raise ValueError(f"backend {config.backend!r} asked for, but the process group runs {dist_backend!r}; "
                              f"use backend='torch' to take whatever the process group runs")
         self.transport: Transport = make_transport(config.backend)
+        if config.emulate_link is not None:
+            _, gpus_per_machine = machine_shape(config, self.world_size)
+            device = torch.device("cuda", torch.cuda.current_device()) if dist_backend == "nccl" else torch.device("cpu")
+            self.transport = EmulatedTransport(self.transport, parse_link(config.emulate_link), gpus_per_machine,
+                                               self.rank, device)
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
 

@@ -9,7 +9,7 @@ import argparse
 import json
 
 from .bench.costmodel import Prediction, candidate_layouts, predict
-from .bench.links import PRESETS, parse_link
+from .links import PRESETS, parse_link
 from .bench.workloads import cogvideox, flux
 from .config import METHODS
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from .base import Done, Handle, Handles, Transport
+from .emulated import EmulatedTransport
 from .torch_dist import TorchTransport
 
-__all__ = ["Done", "Handle", "Handles", "Transport", "TorchTransport", "make_transport"]
+__all__ = ["Done", "EmulatedTransport", "Handle", "Handles", "Transport", "TorchTransport", "make_transport"]
 
 
 def make_transport(backend: str) -> Transport:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import Layout, ParallelConfig, divisors, resolve_layout
-from .links import NVLINK, Link
+from ..links import NVLINK, Link
 from .workloads import Workload
 
 

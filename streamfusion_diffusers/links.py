@@ -1,4 +1,4 @@
-"""Interconnect presets: per-GPU bandwidth and latency of the links a transfer can take."""
+"""Interconnect presets: per-GPU bandwidth and latency of the links a transfer can take (cost model, emulation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,0 +1,127 @@
+"""An emulated slow inter-machine link, so that one host stands in for several machines.
+
+Wraps a real transport. Every transfer between ranks of different (virtual) machines still moves for real,
+and is also booked on this rank's outgoing and incoming network queues for bytes / bandwidth + latency; the
+transfer counts as done when both the real move and its booking are over. Queues are per rank, so
+back-to-back transfers wait for each other as on one NIC. Transfers inside a machine are untouched.
+On GPU the booking is a sleep kernel on a side stream per queue (the host never blocks); on the CPU it is a
+deadline the handle sleeps until.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..links import Link
+from ..mesh import Group
+from .base import Handle, Transport
+
+
+class _HostQueue:
+    def __init__(self) -> None:
+        self.busy_until = 0.0
+
+    def book(self, seconds: float) -> float:
+        start = max(time.perf_counter(), self.busy_until)
+        self.busy_until = start + seconds
+        return self.busy_until
+
+
+class _DeadlineHandle:
+    def __init__(self, inner: Handle, deadline: float):
+        self.inner, self.deadline = inner, deadline
+
+    def wait(self) -> None:
+        self.inner.wait()
+        remaining = self.deadline - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+
+def sleep_cycles_per_second(device: torch.device, cycles: int = 2_000_000) -> float:
+    """How many `torch.cuda._sleep` cycles make a second on this GPU now (it follows the clock)."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(cycles // 10)  # warm-up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e-3)
+
+
+class _StreamQueue:
+    def __init__(self, device: torch.device, cycles_per_s: float):
+        self.stream = torch.cuda.Stream(device)
+        self.cycles_per_s = cycles_per_s
+
+    def book(self, seconds: float) -> torch.cuda.Event:
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))  # starts no earlier than the post
+        with torch.cuda.stream(self.stream):
+            torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
+        return self.stream.record_event()
+
+
+class _EventHandle:
+    def __init__(self, inner: Handle, events: Sequence[torch.cuda.Event]):
+        self.inner, self.events = inner, events
+
+    def wait(self) -> None:
+        self.inner.wait()
+        for event in self.events:
+            torch.cuda.current_stream().wait_event(event)
+
+
+class EmulatedTransport:
+    """`inner` with inter-machine transfers slowed to `link`; machine of a rank = rank // gpus_per_machine."""
+
+    def __init__(self, inner: Transport, link: Link, gpus_per_machine: int, rank: int, device: torch.device):
+        self.inner, self.link, self.rank = inner, link, rank
+        self.name = f"{inner.name}+emulated({link.name})"
+        self.gpus_per_machine = gpus_per_machine
+        if device.type == "cuda":
+            rate = sleep_cycles_per_second(device)
+            self._queues: tuple = (_StreamQueue(device, rate), _StreamQueue(device, rate))
+        else:
+            self._queues = (_HostQueue(), _HostQueue())
+
+    def __getattr__(self, name: str):
+        """Buffers and layer hooks are the real transport's; only data movement is slowed."""
+        return getattr(self.inner, name)
+
+    def _remote(self, group: Group, peer: int) -> bool:
+        return group.ranks[peer] // self.gpus_per_machine != self.rank // self.gpus_per_machine
+
+    def _delayed(self, handle: Handle, sent: Sequence[int], received: Sequence[int]) -> Handle:
+        """Book the inter-machine bytes sent and received (one entry per message) on the two queues."""
+        bookings = [queue.book(self.link.seconds(sum(sizes), len(sizes)))
+                    for queue, sizes in zip(self._queues, (sent, received)) if sizes]
+        if not bookings:
+            return handle
+        if isinstance(bookings[0], float):
+            return _DeadlineHandle(handle, max(bookings))
+        return _EventHandle(handle, bookings)
+
+    def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
+                 group: Group) -> Handle:
+        handle = self.inner.exchange(sends, recvs, group)
+        sent = [t.numel() * t.element_size() for t, peer in sends if self._remote(group, peer)]
+        received = [t.numel() * t.element_size() for t, peer in recvs if self._remote(group, peer)]
+        return self._delayed(handle, sent, received)
+
+    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
+                   input_splits: Sequence[int], group: Group) -> Handle:
+        handle = self.inner.all_to_all(output, input, output_splits, input_splits, group)
+        size = input.element_size()
+        sent = [n * size for peer, n in enumerate(input_splits) if n and self._remote(group, peer)]
+        received = [n * size for peer, n in enumerate(output_splits) if n and self._remote(group, peer)]
+        return self._delayed(handle, sent, received)
+
+    def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
+        handle = self.inner.all_gather(output, input, group)
+        nbytes = input.numel() * input.element_size()
+        remote = [nbytes for peer in range(group.size) if self._remote(group, peer)]
+        return self._delayed(handle, remote, remote)
