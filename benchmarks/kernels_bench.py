@@ -30,9 +30,14 @@ DTYPE = torch.bfloat16
 RANKS = 8
 # (name, tokens, heads, head dim): FACTS.md's workloads, tokens = image/video + text.
 LAYERS = [("flux4096", 66_048, 24, 128), ("cogvideox160", 167_506, 48, 64)]
-SWEEP = [TileConfig(128, 128, 8, 2), TileConfig(128, 128, 8, 3), TileConfig(128, 64, 4, 3),
-         TileConfig(128, 64, 8, 3), TileConfig(128, 128, 8, 2, True), TileConfig(128, 128, 8, 3, True),
-         TileConfig(128, 64, 4, 3, True)]
+# Tile configs tried per head dim (block_m, block_n, warps, stages, TMA); the first run's sweep (BENCHMARKS.md)
+# dropped the losers.
+SWEEP = {
+    128: [TileConfig(128, 128, 8, 3, True), TileConfig(128, 128, 8, 2, True), TileConfig(128, 64, 8, 4, True),
+          TileConfig(128, 64, 8, 5, True), TileConfig(64, 128, 4, 3, True), TileConfig(128, 128, 8, 3)],
+    64: [TileConfig(128, 64, 4, 3, True), TileConfig(128, 64, 4, 4, True), TileConfig(128, 64, 8, 4, True),
+         TileConfig(128, 128, 8, 3, True), TileConfig(128, 64, 8, 3)],
+}
 
 
 def split(n: int, parts: int) -> list[int]:
@@ -77,7 +82,7 @@ def single_chunk(rep: int) -> tuple[list[dict], dict[int, TileConfig]]:
                  for b in ("cudnn", "flash")}
         out, lse = torch.empty_like(q), torch.empty(1, heads, length, device="cuda")
         configs = {}
-        for cfg in SWEEP:
+        for cfg in SWEEP[dim]:
             name = f"fused-{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}{'-tma' if cfg.use_tma else ''}"
             configs[name] = cfg
             try:
@@ -105,7 +110,7 @@ def patterns(rep: int) -> list[dict]:
                 work_heads, q_rows = heads, lens[0]
             else:  # one head group; every peer's query rows (head-sliced views), one peer's K/V per stage
                 h = heads // RANKS
-                q_full, k_full, v_full = rand(1, length, heads, dim), rand(1, length, heads, dim), rand(1, length, heads, dim)
+                q_full, k_full, v_full = (rand(1, length, heads, dim) for _ in range(3))
                 q_chunks = list(q_full[:, :, :h].split(lens, dim=1))
                 kv_steps = [[kv] for kv in zip(k_full[:, :, :h].split(lens, 1), v_full[:, :, :h].split(lens, 1))]
                 work_heads, q_rows = h, length
@@ -129,7 +134,8 @@ def patterns(rep: int) -> list[dict]:
             dispatch.clear()
             attend_chunks(mid, q_chunks, kv_steps[1], kernel="auto")
             auto = next(iter(dispatch._choices.values()))
-            diff = (results["fused"]["out"].float() - results["sdpa"]["out"].float()).norm() / results["sdpa"]["out"].float().norm()
+            fused_out, sdpa_out = results["fused"]["out"].float(), results["sdpa"]["out"].float()
+            diff = (fused_out - sdpa_out).norm() / sdpa_out.norm()
             for kernel, r in results.items():
                 rows.append({"layer": layer, "method": method, "kernel": kernel, "q_chunks": len(q_chunks),
                              "q_rows": q_rows, "heads": work_heads, "kv_lens": lens,

@@ -121,3 +121,41 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     """Start `world_size` local processes, run fn on each rank once, and return the per-rank results."""
     with ProcessPool(world_size, backend=backend, timeout_s=timeout_s) as pool:
         return pool.run(fn, *args, **kwargs)
+
+
+def under_torchrun() -> bool:
+    """True when this process is one rank of a job started by torchrun (or `streamfusion launch`)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def job_shape(default_world: int, cpu_only: bool = False) -> tuple[int, bool]:
+    """(world size, whether to use GPUs) for a job: torchrun's world, or `default_world` local processes that
+    get a GPU each when there are enough of them (and `cpu_only` is not asked for)."""
+    import torch
+
+    if under_torchrun():
+        return int(os.environ["WORLD_SIZE"]), torch.cuda.is_available() and not cpu_only
+    return default_world, torch.cuda.is_available() and torch.cuda.device_count() >= default_world and not cpu_only
+
+
+def run_job(fn: Callable[..., Any], world_size: int, *args: Any, gpu: bool,
+            timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:
+    """Run fn on every rank: join the torchrun job this process belongs to, or spawn `world_size` local ranks.
+
+    Under torchrun the list holds this rank's result only (every rank returns); locally, every rank's.
+    """
+    backend = "nccl" if gpu else "gloo"
+    if not under_torchrun():
+        return run_local(fn, world_size, *args, backend=backend, timeout_s=timeout_s)
+    owned = not dist.is_initialized()
+    if owned:
+        if gpu:
+            import torch
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        return [fn(*args)]
+    finally:
+        if owned:
+            dist.destroy_process_group()

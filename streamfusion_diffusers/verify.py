@@ -6,10 +6,7 @@ or joins the running one under torchrun, and exits non-zero if any method disagr
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +16,8 @@ from . import ParallelConfig, init_parallel, sp_attention
 from .config import METHODS, resolve_layout
 from .kernels import attention_with_lse_reference
 from .sequence import split_sizes
-from .spawn import run_local
+from .bench.timing import median_ms
+from .spawn import job_shape, run_job
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -73,11 +71,6 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget_bytes: 
     return torch.cat(outs, dim=2)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _verify_rank(configs: list[ParallelConfig], w: Workload) -> list[dict]:
     """Run every config on this rank; returns the rows, with error and time as maxima over ranks."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -103,18 +96,11 @@ def _verify_rank(configs: list[ParallelConfig], w: Workload) -> list[dict]:
         out, jout = res if w.joint else (res, jq[:, :0])
         err = max((out.float() - ref[:, w.joint:].float()).abs().max().item(),
                   (jout.float() - ref[:, : w.joint].float()).abs().max().item() if w.joint else 0.0)
-        times = []
-        for _ in range(w.iters):
-            dist.barrier()
-            _sync(device)
-            start = time.perf_counter()
-            call()
-            _sync(device)
-            times.append((time.perf_counter() - start) * 1e3)
-        stats = torch.tensor([err, statistics.median(times)], dtype=torch.float64, device=device)
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        table.append(dict(method=config.method, layout=layout, max_err=stats[0].item(), ms=stats[1].item(),
-                          ok=stats[0].item() <= TOLERANCE[w.dtype]))
+        ms = median_ms(call, w.iters, 0, device)
+        worst = torch.tensor([err], dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        table.append(dict(method=config.method, layout=layout, max_err=worst.item(), ms=ms,
+                          ok=worst.item() <= TOLERANCE[w.dtype]))
     return table
 
 
@@ -128,13 +114,7 @@ def _print(table: list[dict], w: Workload, world: int, where: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if under_torchrun:
-        world = int(os.environ["WORLD_SIZE"])
-        gpu = torch.cuda.is_available() and not args.cpu
-    else:
-        world = args.machines * (args.gpus_per_machine or 4)
-        gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world and not args.cpu
+    world, gpu = job_shape(args.machines * (args.gpus_per_machine or 4), args.cpu)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
@@ -149,18 +129,8 @@ def main(args: argparse.Namespace) -> int:
                  head_dim=args.head_dim, dtype=DTYPES[args.dtype] if args.dtype else
                  (torch.bfloat16 if gpu else torch.float32),
                  seed=args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little"), iters=args.iters)
-    where = "NCCL on GPUs" if gpu else "gloo on the CPU"
-    if under_torchrun:
-        if not dist.is_initialized():
-            if gpu:
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=300))
-        table = _verify_rank(configs, w)
-        dist.destroy_process_group()
-        if int(os.environ["RANK"]) != 0:
-            return 0 if all(row["ok"] for row in table) else 1
-    else:
-        table = run_local(_verify_rank, world, configs, w, backend="nccl" if gpu else "gloo")[0]
-    _print(table, w, world, where)
+    table = run_job(_verify_rank, world, configs, w, gpu=gpu)[0]
+    if int(os.environ.get("RANK", 0)) == 0:
+        _print(table, w, world, "NCCL on GPUs" if gpu else "gloo on the CPU")
     return 0 if all(row["ok"] for row in table) else 1
 

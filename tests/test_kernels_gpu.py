@@ -2,6 +2,8 @@
 lengths drawn at random, so almost never multiples of a tile)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -35,16 +37,15 @@ def test_sdpa_backend_lse(backend: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("kernel", ["fused", "fused-tma", "sdpa", "auto"])
+@pytest.mark.parametrize("kernel", ["fused", "fused-pointers", "sdpa", "auto"])
 def test_chunks_match_float32_attention(dtype: torch.dtype, dim: int, kernel: str,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Uneven head-sliced query chunks over three calls (fresh state, loaded state, finalize)."""
     from streamfusion_diffusers.kernels import triton_attention
 
-    if kernel == "fused-tma":
-        cfg = triton_attention.DEFAULT_CONFIGS[dim]
-        monkeypatch.setitem(triton_attention.DEFAULT_CONFIGS, dim,
-                            triton_attention.TileConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, True))
+    if kernel == "fused-pointers":  # the variant without TMA
+        cfg = dataclasses.replace(triton_attention.DEFAULT_CONFIGS[dim], use_tma=False, num_stages=2)
+        monkeypatch.setitem(triton_attention.DEFAULT_CONFIGS, dim, cfg)
         kernel = "fused"
     dispatch.clear()
     b, h = 2, 6

@@ -159,7 +159,6 @@ def _attend_fused(pairs: Pairs, kv: KV, scale: float, finalize: bool) -> None:
 def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool) -> str:
     """Resolve "auto" to reference, sdpa or fused; a forced kernel is checked and kept."""
     q = pairs[0][1]
-    fused_ok = q.is_cuda and has_triton() and _fused_supports(q)
     if kernel == "fused":
         if not (has_triton() and _fused_supports(q)):
             raise ValueError(f"kernel 'fused' needs triton and float16/bfloat16 inputs with head dim 64 or 128 "
@@ -169,7 +168,11 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
         return kernel
     if not (q.is_cuda and q.dtype in _HALF):
         return "reference"
-    if not fused_ok:
+    if not (has_triton() and _fused_supports(q)):
+        return "sdpa"
+    from .triton_attention import aligned
+
+    if not all(aligned(x) for x in [*(x for _, x in pairs), *(t for kv_pair in kv for t in kv_pair)]):
         return "sdpa"
     load_state = any(p.out is not None for p, _ in pairs)
     b, _, h, d = q.shape

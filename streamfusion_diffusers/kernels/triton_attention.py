@@ -2,9 +2,10 @@
 
 One launch attends several query chunks to several key/value chunks of any lengths and strides, loads the
 running state of each query row, merges in registers and stores the state back, or finalizes the output.
-Chunks are passed as tables of raw addresses and strides, so views (head slices, received buffers) need no
-copies. The state is kept normalised, (O, lse) with O = O'/l and lse = m + ln l, which is the paper's
-(O', l, m) with l = 1 and m = lse: loading it costs no division, and storing it costs one per row.
+Chunks are passed as tables of strides and addresses (element offsets from one base tensor per dtype, so
+the compiler keeps its 16-byte alignment facts); views (head slices, received buffers) need no copies.
+The state is kept normalised, (O, lse) with O = O'/l and lse = m + ln l, which is the paper's (O', l, m)
+with l = 1 and m = lse: loading it costs no division, and storing it costs one per row.
 
 Grid: (sum of query tiles over all chunks, B * H). A program finds its query chunk by scanning the
 prefix sums of tile counts (Algorithm 2, line 7), then streams every tile of every key/value chunk.
@@ -30,7 +31,8 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Launch shape: query rows per program, key rows per step, warps, software-pipeline depth."""
+    """Launch shape: query rows per program, key rows per step, warps, software-pipeline depth, and whether
+    key/value tiles come through Hopper's tensor-memory accelerator (TMA) or plain vector loads."""
 
     block_m: int = 128
     block_n: int = 128
@@ -39,10 +41,10 @@ class TileConfig:
     use_tma: bool = False
 
 
-# Chosen by benchmarks/kernels_bench.py on an H100 (see BENCHMARKS.md).
+# The fastest of benchmarks/kernels_bench.py's sweep on an H100 (see BENCHMARKS.md).
 DEFAULT_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3),
-    128: TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=2),
+    64: TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, use_tma=False),
+    128: TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, use_tma=True),
 }
 
 
@@ -188,8 +190,8 @@ def multi_chunk_attention(
         kv_rows.append([_offset(k, x_base), *k.stride()[:3], _offset(v, x_base), *v.stride()[:3], k.shape[1]])
     if cfg.use_tma:
         _set_tma_allocator()
-    q_table = torch.tensor(q_rows, dtype=torch.int64).to(q0.device, non_blocking=True)
-    kv_table = torch.tensor(kv_rows, dtype=torch.int64).to(q0.device, non_blocking=True)
+    q_table = torch.tensor(q_rows, dtype=torch.int64).to(q0.device)
+    kv_table = torch.tensor(kv_rows, dtype=torch.int64).to(q0.device)
     _multi_chunk_attention[(tiles, batch * heads)](
         x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
         DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -216,7 +218,6 @@ def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:
         raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L, H={heads}, D={dim}] chunks, "
                          f"16-byte aligned with strides (but the last, 1) multiples of 8; got {tuple(x.shape)} "
                          f"{x.dtype} strides {x.stride()}")
-
 
 
 @cache

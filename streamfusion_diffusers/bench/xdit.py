@@ -1,0 +1,41 @@
+"""xDiT's USP attention (yunchang's LongContextAttention), the baseline users run today."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+INSTALL_HINT = "the xdit-usp baseline needs yunchang: pip install 'streamfusion-diffusers[xdit]'"
+
+
+def available() -> bool:
+    try:
+        import yunchang  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class XdiTUSP:
+    """USP at Ulysses degree U x Ring degree R, with Ulysses peers adjacent (yunchang's use_ulysses_low)."""
+
+    def __init__(self, ulysses: int, ring: int, device: torch.device):
+        try:
+            from yunchang import LongContextAttention, set_seq_parallel_pg
+            from yunchang.kernels import AttnType
+        except ImportError as err:
+            raise RuntimeError(INSTALL_HINT) from err
+        if ring > 1 and device.type != "cuda":
+            raise ValueError("yunchang's ring needs a CUDA attention that returns the log-sum-exp; on the CPU run "
+                             "xdit-usp with ring=1 only")
+        set_seq_parallel_pg(ulysses, ring, dist.get_rank(), dist.get_world_size(), use_ulysses_low=True)
+        # yunchang 0.6.4's TORCH_CUDNN and TORCH_MATH paths return an all-zero LSE, which is right only when no
+        # ring merge follows (ring = 1); with a ring, TORCH_FLASH is its fastest correct path here.
+        if device.type != "cuda":
+            kind = AttnType.TORCH_MATH
+        else:
+            kind = AttnType.TORCH_CUDNN if ring == 1 else AttnType.TORCH_FLASH
+        self.attention = LongContextAttention(ring_impl_type="basic", attn_type=kind)
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.attention(q, k, v)
