@@ -4,7 +4,8 @@
 a split hook on the transformer (image/video tokens cut by rank, with their rotary embeddings or position ids;
 text tokens cut the same way when their count divides P, else kept whole as joint tokens), for CogVideoX a
 patch-embedding hook that embeds only this rank's video tokens, and a gather hook on `proj_out` that puts the
-output sequence back together. Only that final gather ever holds the whole sequence on one rank.
+output sequence back together. The inputs arrive whole (as the pipeline holds them) and are cut before the
+first layer; only the final gather holds the whole sequence's activations on one rank.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import torch
 from diffusers import CogVideoXTransformer3DModel, FluxTransformer2DModel
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 from diffusers.models.embeddings import CogVideoXPatchEmbed
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from torch import Tensor
 
 from .context import ParallelContext
@@ -33,13 +36,15 @@ TEXT_INPUTS = frozenset({"encoder_hidden_states", "txt_ids"})
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Which forward arguments carry tokens (argument -> sequence dim), and where the output is gathered."""
+    """Which forward arguments carry image or text tokens (and along which dim, as diffusers' `_cp_plan` says),
+    how many image tokens a call has, which submodule's output is gathered, and which processor to install."""
 
     image_inputs: dict[str, ContextParallelInput]
     text_inputs: dict[str, ContextParallelInput]
     image_tokens: Callable[[torch.nn.Module, dict[str, Any]], int]
     gather_module: str
     processor: type
+    replaces: tuple[type, ...]  # the stock processors ours stand in for; any other (IP-Adapter, ...) is refused
     embed_module: str | None = None
 
 
@@ -70,13 +75,13 @@ def plan_for(transformer: torch.nn.Module) -> ShardPlan:
     """The sharding plan of a supported transformer; Flux's comes from its own `_cp_plan`."""
     if isinstance(transformer, FluxTransformer2DModel):
         image, text, gather_module = _plan_from_cp_plan(type(transformer)._cp_plan)
-        return ShardPlan(image, text, _flux_image_tokens, gather_module, FluxSPAttnProcessor)
+        return ShardPlan(image, text, _flux_image_tokens, gather_module, FluxSPAttnProcessor, (FluxAttnProcessor,))
     if isinstance(transformer, CogVideoXTransformer3DModel):
         # diffusers 0.42 has no _cp_plan for CogVideoX: the latent video is cut at the patch embedding instead
         return ShardPlan({"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)},
                          {"encoder_hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-                         _cogvideox_image_tokens,
-                         "proj_out", CogVideoXSPAttnProcessor, embed_module="patch_embed")
+                         _cogvideox_image_tokens, "proj_out", CogVideoXSPAttnProcessor,
+                         (CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0), embed_module="patch_embed")
     raise ValueError(f"{type(transformer).__name__} is not supported; parallelize takes a FluxTransformer2DModel, "
                      f"a CogVideoXTransformer3DModel, or a pipeline whose .transformer is one")
 
@@ -141,7 +146,8 @@ class SequenceGatherHook(ModelHook):
         self.ctx, self.state = ctx, state
 
     def post_forward(self, module: torch.nn.Module, output: Tensor) -> Tensor:
-        return gather(output, list(self.state.layout.image_lens), getattr(self.ctx, "group", None), dim=1)
+        # group None: a ParallelContext spans the default (world) process group
+        return gather(output, list(self.state.layout.image_lens), None, dim=1)
 
 
 class VideoWindowEmbedHook(ModelHook):
@@ -231,8 +237,12 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     if getattr(transformer, "_streamfusion", None) is not None:
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
     ctx.layout(transformer.config.num_attention_heads)
-    state = ShardState()
     original = dict(transformer.attn_processors)
+    foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
+    if foreign:
+        raise ValueError(f"the transformer runs attention processors {foreign} that sequence parallelism would "
+                         f"replace and lose; unload them (e.g. pipe.unload_ip_adapter()) before parallelize")
+    state = ShardState()
     transformer.set_attn_processor(plan.processor(ctx, state))
     hooks: list[tuple[torch.nn.Module, ModelHook, str]] = [
         (transformer, SequenceSplitHook(ctx, state, plan), SPLIT_HOOK),

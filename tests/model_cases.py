@@ -16,7 +16,8 @@ from diffusers import FluxPipeline
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
-from streamfusion_diffusers.models import TINY_COGVIDEOX, TINY_FLUX, build_transformer
+from streamfusion_diffusers.models import TINY_COGVIDEOX, TINY_FLUX
+from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.parallelize import parallelize, unparallelize
 from streamfusion_diffusers.sequence import split_sizes
 
@@ -127,6 +128,19 @@ def expect_error(config: ParallelConfig, case: Case) -> str:
         parallelize(model, context(config))
         with torch.no_grad():
             model(**case.inputs(0))
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def refuse_foreign_processors(config: ParallelConfig) -> str:
+    """On every rank: the error parallelize gives a CogVideoX running a non-stock processor, which it would lose."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    model = build_transformer(COGVIDEOX_CASES["rope-text-joint"].config)
+    model.set_attn_processor(AttnProcessor2_0())
+    try:
+        parallelize(model, context(config))
     except ValueError as err:
         return str(err)
     return "no error"

@@ -1,8 +1,9 @@
-"""Model configs (real and tiny) and offline builders for transformers and whole pipelines."""
+"""Model configs (real and tiny); the offline builders are in `streamfusion_diffusers.models.build`.
+
+Only plain dicts here, so the CLI can check a layout against a model without importing diffusers.
+"""
 from __future__ import annotations
 
-from .build import build_pipeline, build_transformer, load_pipeline
 from .configs import COGVIDEOX_5B, FLUX_DEV, MODELS, TINY_COGVIDEOX, TINY_FLUX, ModelSpec
 
-__all__ = ["COGVIDEOX_5B", "FLUX_DEV", "MODELS", "TINY_COGVIDEOX", "TINY_FLUX", "ModelSpec", "build_pipeline",
-           "build_transformer", "load_pipeline"]
+__all__ = ["COGVIDEOX_5B", "FLUX_DEV", "MODELS", "TINY_COGVIDEOX", "TINY_FLUX", "ModelSpec"]

@@ -6,8 +6,8 @@ seed gives the same weights on every rank. Users with real weights load them wit
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -121,19 +121,18 @@ def build_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float
     """A whole Flux or CogVideoX pipeline around MODELS[name]'s transformer, all weights random (seeded).
 
     Text encoders have one layer and the width the transformer takes; the VAE has the real latent channels and
-    compression (8x spatial for real-size models), so token counts match a real run at the same resolution.
+    the spec's compression (8x spatial for real-size models), so token counts match a real run at that size.
     """
     spec = MODELS[name]
     cfg = spec.transformer
     transformer = build_transformer(name, seed=seed, dtype=dtype, device=device)
     torch.manual_seed(seed + 1)
-    real_size = not name.startswith("tiny")
     with _default_dtype_and_device(dtype, device):
         if spec.family == "flux":
             tok, tok2 = clip_tokenizer(), t5_tokenizer(spec.max_sequence_length)
             pipe = FluxPipeline(
                 scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER),
-                vae=_flux_vae(cfg["in_channels"] // 4, 3 if real_size else 1),
+                vae=_flux_vae(cfg["in_channels"] // 4, spec.vae_scale.bit_length() - 1),
                 text_encoder=_clip_encoder(cfg["pooled_projection_dim"], tok), tokenizer=tok,
                 text_encoder_2=_t5_encoder(cfg["joint_attention_dim"], tok2), tokenizer_2=tok2,
                 transformer=transformer)
@@ -147,6 +146,9 @@ def build_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float
             pipe = CogVideoXPipeline(tokenizer=tok, text_encoder=_t5_encoder(cfg["text_embed_dim"], tok), vae=vae,
                                      transformer=transformer,
                                      scheduler=CogVideoXDDIMScheduler(**COGVIDEOX_SCHEDULER))
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            component.eval()  # built in training mode: T5's dropout would make every run differ
     return pipe
 
 

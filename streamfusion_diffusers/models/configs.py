@@ -93,11 +93,12 @@ class ModelSpec:
     steps: int
     max_sequence_length: int
     guidance_scale: float
+    vae_scale: int  # pixels per latent pixel, each side
 
 
 MODELS: dict[str, ModelSpec] = {
-    "tiny-flux": ModelSpec("flux", TINY_FLUX, 64, 64, 1, 4, 16, 3.5),
-    "flux-dev": ModelSpec("flux", FLUX_DEV, 1024, 1024, 1, 28, 512, 3.5),
-    "tiny-cogvideox": ModelSpec("cogvideox", TINY_COGVIDEOX, 64, 64, 9, 4, 10, 6.0),
-    "cogvideox-5b": ModelSpec("cogvideox", COGVIDEOX_5B, 480, 720, 49, 50, 226, 6.0),
+    "tiny-flux": ModelSpec("flux", TINY_FLUX, 64, 64, 1, 4, 16, 3.5, vae_scale=2),
+    "flux-dev": ModelSpec("flux", FLUX_DEV, 1024, 1024, 1, 28, 512, 3.5, vae_scale=8),
+    "tiny-cogvideox": ModelSpec("cogvideox", TINY_COGVIDEOX, 64, 64, 9, 4, 10, 6.0, vae_scale=8),
+    "cogvideox-5b": ModelSpec("cogvideox", COGVIDEOX_5B, 480, 720, 49, 50, 226, 6.0, vae_scale=8),
 }

@@ -1,0 +1,98 @@
+"""Whole tiny pipelines (4 gloo processes): the same image / video with and without parallelization, and the
+`streamfusion generate` job writing its output and run.json; bad layouts fail before any process starts."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers import generate
+from streamfusion_diffusers.models.build import build_pipeline
+from streamfusion_diffusers.parallelize import parallelize
+from streamfusion_diffusers.spawn import ProcessPool
+
+WORLD = 4
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(WORLD) as p:
+        yield p
+
+
+def _pipeline_outputs(name: str, config: ParallelConfig) -> dict:
+    """On every rank: the tiny pipeline's output unparallelized, then parallelized, and the tokens a block held."""
+    pipe = build_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = dict(prompt="a red cat under a blue sky", height=64, width=64, num_inference_steps=2, output_type="np")
+    if name == "tiny-cogvideox":
+        kwargs["num_frames"] = 9
+    seen: list[int] = []
+    pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(kw["hidden_states"].shape[1]), with_kwargs=True)
+
+    def run() -> np.ndarray:
+        out = pipe(generator=torch.Generator().manual_seed(0), **kwargs)
+        return out.images if name == "tiny-flux" else out.frames
+
+    reference = run()
+    full_tokens = seen[-1]
+    parallelize(pipe, init_parallel(config))
+    out = run()
+    return {"error": float(np.linalg.norm(out - reference) / np.linalg.norm(reference)),
+            "full_tokens": full_tokens, "block_tokens": seen[-1], "rank": dist.get_rank()}
+
+
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-cogvideox"])
+def test_pipeline_output_is_the_same_parallelized(pool, name):
+    config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus")
+    for res in pool.run(_pipeline_outputs, name, config):
+        assert res["block_tokens"] == res["full_tokens"] // WORLD, res
+        assert res["error"] <= TOL, res
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_generate_writes_the_image_and_run_json(pool, tmp_path):
+    job = generate.make_job(_args("--steps", "3", "--output", str(tmp_path)))
+    assert job.world_size == WORLD and job.parallel.method == "torus" and job.parallel.machines == 2
+    records = pool.run(generate.run_rank, job)
+    assert records[1:] == [None] * (WORLD - 1)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run == records[0]
+    assert run["layout"].startswith("torus 2x2") and len(run["step_latency_s"]) == 3
+    assert all(t > 0 for t in run["step_latency_s"]) and run["total_s"] >= sum(run["step_latency_s"])
+    assert Path(run["outputs"][0]).name == "image.png" and (tmp_path / "image.png").stat().st_size > 0
+
+
+def test_generate_video_writes_frames_or_a_video(pool, tmp_path):
+    job = generate.make_job(_args("--model", "tiny-cogvideox", "--method", "usp", "--steps", "2",
+                                  "--output", str(tmp_path)))
+    run = pool.run(generate.run_rank, job)[0]
+    assert run["frames"] == 9 and run["layout"].startswith("usp")
+    assert all(Path(p).is_file() for p in run["outputs"])
+    assert len(run["outputs"]) in (1, 9)  # video.mp4, or one PNG per frame without an encoder
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--method", "ulysses", "--machines", "1", "--gpus-per-machine", "16", "--model", "flux-dev"),
+     "does not divide the 24 heads"),
+    (("--method", "torus", "--ulysses", "3"), "does not divide 4 ranks; valid ulysses degrees"),
+    (("--height", "4", "--width", "4"), "raise --height/--width"),
+    (("--recipe", "flux-dev", "--model", "flux-dev", "--machines", "3", "--gpus-per-machine", "3"),
+     "pass the layout"),
+])
+def test_generate_bad_layouts_fail_before_any_work(argv, message):
+    with pytest.raises(ValueError, match=message):
+        generate.main(_args(*argv))
