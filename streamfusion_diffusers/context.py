@@ -1,12 +1,15 @@
 """ParallelContext: a resolved layout bound to the running torch.distributed job."""
 from __future__ import annotations
 
+import datetime
 import logging
+import os
 
 import torch
 import torch.distributed as dist
 
-from .backends import EmulatedTransport, Transport, make_transport
+from .backends import Transport, make_transport, nvshmem
+from .backends.emulated import EmulatedTransport
 from .config import Layout, ParallelConfig, machine_shape, resolve_layout
 from .links import parse_link
 from .mesh import Mesh
@@ -23,15 +26,17 @@ class ParallelContext:
 
     def __init__(self, config: ParallelConfig):
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch with "
-                               "torchrun / `streamfusion launch`) before init_parallel")
+            if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+                raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch "
+                                   "with torchrun / `streamfusion launch`) before init_parallel")
+            _join_launched_job(config.timeout_s)
         self.config = config
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         dist_backend = dist.get_backend()
         if config.backend in ("nccl", "gloo") and config.backend != dist_backend:
             raise ValueError(f"backend {config.backend!r} asked for, but the process group runs {dist_backend!r}; "
                              f"use backend='torch' to take whatever the process group runs")
-        self.transport: Transport = make_transport(config.backend)
+        self.transport: Transport = make_transport(config.backend, strict=config.strict, timeout_s=config.timeout_s)
         if config.emulate_link is not None:
             _, gpus_per_machine = machine_shape(config, self.world_size)
             device = torch.device("cuda", torch.cuda.current_device()) if dist_backend == "nccl" else torch.device("cpu")
@@ -61,8 +66,30 @@ class ParallelContext:
         return f"ParallelContext({self.config}, rank={self.rank}/{self.world_size})"
 
 
+def _join_launched_job(timeout_s: float) -> None:
+    """Create the default process group of a job that torchrun, `streamfusion launch` or accelerate started
+    (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK set): NCCL with one GPU per process, else gloo."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def shutdown() -> None:
+    """Finalize NVSHMEM (when it was started) and destroy the process group; every rank calls it at the end.
+
+    Both are collective; the barrier first bounds the wait for late ranks by the process group's timeout.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+    nvshmem.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def init_parallel(config: ParallelConfig | None = None) -> ParallelContext:
-    """Bind a ParallelConfig to the running job; checks the world size at once.
+    """Bind a ParallelConfig to the running job; checks the world size at once. Under a launcher that set
+    RANK and WORLD_SIZE it creates the process group too; with backend "nvshmem" it starts NVSHMEM.
 
     When the layout does not depend on the head count (ulysses or ring given, or method ulysses/ring), the
     process groups are created here; otherwise at the first attention call, by every rank together.

@@ -17,11 +17,13 @@ from .config import Layout
 
 @dataclass(frozen=True)
 class Group:
-    """One process group of the mesh as this rank sees it: member ranks in group order, and its own place."""
+    """One process group of the mesh as this rank sees it: member ranks in group order, its own place, and
+    which dimension it spans ("torus", "ulysses", "ring" or "world"; one-sided transports pick a stream by it)."""
 
     ranks: tuple[int, ...]
     index: int
     pg: dist.ProcessGroup | None
+    name: str = ""
 
     @property
     def size(self) -> int:
@@ -51,10 +53,10 @@ class Mesh:
                     ranks = tuple(to_rank(i, a, b) for i in range(size))
                     pg = dist.new_group(list(ranks), timeout=timeout) if size > 1 else None
                     if rank in ranks:
-                        groups[name] = Group(ranks, ranks.index(rank), pg)
+                        groups[name] = Group(ranks, ranks.index(rank), pg, name)
         self.torus, self.ulysses, self.ring = groups["torus"], groups["ulysses"], groups["ring"]
         world = tuple(range(layout.world_size))
-        self.world = Group(world, rank, dist.group.WORLD if layout.world_size > 1 else None)
+        self.world = Group(world, rank, dist.group.WORLD if layout.world_size > 1 else None, "world")
 
     def part_len(self, seq_lens: Sequence[int], t: int, r: int) -> int:
         """Tokens of torus part t as held by ring peer r: its intra-Ulysses group's slices together."""

@@ -14,6 +14,7 @@ from ..context import ParallelContext
 from .joint import gather_joint, joint_shard
 from .torus import TorusSchedule
 from .ulysses import gather_heads, scatter_heads
+from .volume import peer_bytes
 
 __all__ = ["sp_attention"]
 
@@ -60,10 +61,13 @@ def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint
     mesh = ctx.mesh(q.shape[2])
     lens = _check_seq_lens(seq_lens, q.shape[1], ctx.rank, ctx.world_size)
     transport, kernel = ctx.transport, ctx.config.kernel
+    b, _, heads, d = q.shape
+    joint_len = joint_q.shape[1] if joint_q is not None else 0
+    transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint_len, q.element_size()))
     xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
     out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel).run()
     out = gather_heads(out, mesh, transport, lens)
-    if shard is None:
-        return out
-    return out, gather_joint(shard, joint_q, mesh, transport)
+    joint_out = gather_joint(shard, joint_q, mesh, transport) if shard is not None else None
+    transport.end_layer()
+    return out if joint_out is None else (out, joint_out)

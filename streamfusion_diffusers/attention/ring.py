@@ -35,7 +35,7 @@ def _post_step(kv: KVBlock, step: int, peer_lens: Sequence[int], ring: Group, tr
     src, dst = (me + step) % size, (me - step) % size
     k, v = kv
     shape = (k.shape[0], peer_lens[src], *k.shape[2:])
-    k_buf, v_buf = k.new_empty(shape), v.new_empty(shape)
+    k_buf, v_buf = transport.recv_buffer(k, shape, src, ring), transport.recv_buffer(v, shape, src, ring)
     handle = transport.exchange([(k, dst), (v, dst)], [(k_buf, src), (v_buf, src)], ring)
     return (k_buf, v_buf), handle
 

@@ -45,7 +45,8 @@ class JointShard:
 
 
 class TorusSchedule:
-    """One Torus attention layer on this rank; `run()` returns O_{t,:} as [T, B, L_t, h, D]."""
+    """One Torus attention layer on this rank; `run()` returns O_{t,:} as T tensors [B, L_t, h, D], head part
+    tau at index tau (a list, so that received parts stay where the transport put them)."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, transport: Transport,
                  seq_lens: Sequence[int], joint: JointShard | None, scale: float | None, kernel: str):
@@ -60,7 +61,7 @@ class TorusSchedule:
         self.q_chunks: dict[int, Tensor] = {self.t: q[self.t]}  # Q_{l,t} by sequence part l
         self.remote_blocks: list[KVBlock] = []  # K_{l,t}, V_{l,t} for l != t, every ring peer's copy
 
-    def run(self) -> Tensor:
+    def run(self) -> list[Tensor]:
         kv_in_flight = self.pull_q()
         self.pull_kv(kv_in_flight)
         return self.push_o()
@@ -72,14 +73,16 @@ class TorusSchedule:
     def _send_q(self, k: int) -> tuple[int, Tensor, Handle]:
         """Q_{t,(t+k)} to rank t+k; Q_{(t-k),t} from rank t-k."""
         dst, src = (self.t + k) % self.n, (self.t - k) % self.n
-        buf = self.q.new_empty((self.q.shape[1], self._recv_len(src), *self.q.shape[3:]))
+        buf = self.transport.recv_buffer(self.q, (self.q.shape[1], self._recv_len(src), *self.q.shape[3:]), src,
+                                         self.mesh.torus)
         return src, buf, self.transport.exchange([(self.q[dst], dst)], [(buf, src)], self.mesh.torus)
 
     def _send_kv(self, k: int) -> tuple[int, KVBlock, Handle]:
         """K, V_{t,(t+k)} to rank t+k; K, V_{(t-k),t} from rank t-k."""
         dst, src = (self.t + k) % self.n, (self.t - k) % self.n
         shape = (self.k.shape[1], self._recv_len(src), *self.k.shape[3:])
-        k_buf, v_buf = self.k.new_empty(shape), self.v.new_empty(shape)
+        torus, recv_buffer = self.mesh.torus, self.transport.recv_buffer
+        k_buf, v_buf = recv_buffer(self.k, shape, src, torus), recv_buffer(self.v, shape, src, torus)
         handle = self.transport.exchange([(self.k[dst], dst), (self.v[dst], dst)],
                                          [(k_buf, src), (v_buf, src)], self.mesh.torus)
         return src, (k_buf, v_buf), handle
@@ -130,15 +133,16 @@ class TorusSchedule:
             handle.wait()
             self.remote_blocks += self._ring(queries, kv, src)
 
-    def push_o(self) -> Tensor:
+    def push_o(self) -> list[Tensor]:
         """Send the finished O_{l,t} home while O_{t,t} attends to the K, V received in Pull KV."""
         t, n = self.t, self.n
-        out = self.q.new_empty((n, self.q.shape[1], self._recv_len(t), *self.q.shape[3:]))
+        shape = (self.q.shape[1], self._recv_len(t), *self.q.shape[3:])
+        out = [self.transport.recv_buffer(self.q, shape, l, self.mesh.torus) if l != t else None for l in range(n)]
         sends = [(finished(self.partials[l], self.q_chunks[l]), l) for l in range(n) if l != t]
         recvs = [(out[l], l) for l in range(n) if l != t]
         handle = self.transport.exchange(sends, recvs, self.mesh.torus) if n > 1 else None
         Queries([self.q_chunks[t]], [self.partials[t]]).attend(self.remote_blocks, self.scale, self.kernel)
-        out[t].copy_(finished(self.partials[t], self.q_chunks[t]))
+        out[t] = finished(self.partials[t], self.q_chunks[t])
         if handle is not None:
             handle.wait()
         return out

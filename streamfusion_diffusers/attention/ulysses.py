@@ -40,18 +40,19 @@ def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_le
     return list(gathered.unbind(0))
 
 
-def gather_heads(out: Tensor, mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> Tensor:
-    """The inverse of `scatter_heads` for one tensor: [T, B, L_part, h, D] -> [B, L_rank, H, D]."""
+def gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> Tensor:
+    """The inverse of `scatter_heads` for one tensor given as its T head parts [B, L_part, h, D] each."""
     lay = mesh.layout
     n_t, n_u = lay.torus, lay.ulysses_intra
-    _, b, _, h, d = out.shape
+    b, _, h, d = out[0].shape
+    stacked = out[0].unsqueeze(2) if n_t == 1 else torch.stack(list(out), dim=2)  # [B, L_part, T, h, D]
     if n_u == 1:
-        return out.permute(1, 2, 0, 3, 4).reshape(b, -1, n_t * h, d)
+        return stacked.reshape(b, -1, n_t * h, d)
     lens = _peer_lens(mesh, seq_lens)
     length = lens[mesh.u]
-    send = torch.cat([p.permute(1, 2, 0, 3, 4).reshape(-1) for p in out.split(lens, dim=2)])  # peer-major
+    send = torch.cat([p.reshape(-1) for p in stacked.split(lens, dim=1)])  # peer-major: [U', B, L, T, h, D]
     per_token = b * n_t * h * d
-    recv = out.new_empty(n_u * per_token * length)
+    recv = send.new_empty(n_u * per_token * length)
     transport.all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in lens], mesh.ulysses).wait()
     # recv: [U', B, L, T, h, D] -> [B, L, T, U', h, D] -> [B, L, H, D]
     return recv.view(n_u, b, length, n_t, h, d).permute(1, 2, 3, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)

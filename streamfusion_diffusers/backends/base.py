@@ -21,6 +21,16 @@ class Handle(Protocol):
 class Transport(Protocol):
     name: str
 
+    def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
+        """A buffer of like's dtype and device that `exchange` will fill from `peer`. One-sided transports hand
+        out symmetric memory a peer can write into; it is valid until `end_layer`."""
+
+    def begin_layer(self, peer_bytes: int) -> None:
+        """Start one attention layer in which no peer sends this rank more than `peer_bytes` (collective)."""
+
+    def end_layer(self) -> None:
+        """Finish the layer: every transfer it posted is complete before later work on the current stream."""
+
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
         """Send each tensor to its peer and receive each buffer from its peer, all in flight together."""

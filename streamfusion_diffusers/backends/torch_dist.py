@@ -21,6 +21,15 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 class TorchTransport:
     name = "torch"
 
+    def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
+        return like.new_empty(tuple(shape))
+
+    def begin_layer(self, peer_bytes: int) -> None:
+        """Two-sided transfers need no per-layer set-up."""
+
+    def end_layer(self) -> None:
+        """Every transfer was waited on by its handle."""
+
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
         ops = []

@@ -1,0 +1,139 @@
+"""`streamfusion launch`: torchrun with the NVSHMEM environment sized for the model, on one machine or many.
+
+    streamfusion launch [--nnodes N --nproc-per-node M --node-rank i --master-addr host --master-port p]
+                        [--recipe flux-dev --resolution 2048 | --recipe cogvideox-5b --frames 49]
+                        script.py args...
+
+Runs `python -m torch.distributed.run` (torchrun) with the same arguments, and sets NVSHMEM_SYMMETRIC_SIZE
+(unless already set) to what the largest sp_attention layer of that model and size needs on N x M GPUs, so
+backend "nvshmem" never runs out of symmetric heap. Every other variable passes through untouched, among
+them the ones that keep NVLink multicast off (NCCL_NVLS_ENABLE, NVSHMEM_DISABLE_NVLS,
+TORCH_SYMM_MEM_DISABLE_MULTICAST). The script calls `init_parallel(...)`, which joins the process group the
+launcher set up and starts NVSHMEM. With --print-env it prints the variables instead (for accelerate).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from .attention.volume import peer_bytes
+from .backends.nvshmem_pool import ALIGN, GROWTH, MAX_MESSAGES
+from .config import METHODS, ParallelConfig, resolve_layout
+from .recipes import load_recipe
+from .sequence import split_sizes
+
+HEAP_SLACK = 256 << 20  # NVSHMEM's own symmetric allocations (barrier and team state) and rounding
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the heap size depends on. Kept here, not read from `models`, which imports diffusers."""
+
+    heads: int
+    head_dim: int
+    text_tokens: int
+    pixels_per_token: int  # each side: VAE factor 8 x Flux's 2 x 2 packing / CogVideoX's patch size 2
+    height: int
+    width: int
+    frames: int = 1
+    frames_per_latent: int = 0  # temporal compression (video models only)
+
+
+MODEL_SHAPES: dict[str, ModelShape] = {
+    "flux-dev": ModelShape(24, 128, 512, 16, 1024, 1024),
+    "cogvideox-5b": ModelShape(48, 64, 226, 16, 480, 720, frames=49, frames_per_latent=4),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nnodes", type=int, default=1, help="machines N (default 1)")
+    parser.add_argument("--nproc-per-node", type=int, default=None,
+                        help="processes (GPUs) per machine M (default: every visible GPU, else 1)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 .. N-1")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="address of machine 0 (default 127.0.0.1)")
+    parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--recipe", default=None, help="model recipe (flux-dev, cogvideox-5b, or a YAML path): "
+                        "sizes the NVSHMEM symmetric heap for that model")
+    parser.add_argument("--resolution", type=int, default=None, help="image side in pixels (Flux)")
+    parser.add_argument("--height", type=int, default=None, help="frame height in pixels (default: the model's)")
+    parser.add_argument("--width", type=int, default=None, help="frame width in pixels (default: the model's)")
+    parser.add_argument("--frames", type=int, default=None, help="video frames (CogVideoX)")
+    parser.add_argument("--print-env", action="store_true",
+                        help="print the environment it would set (export lines) and exit; for accelerate launch")
+    parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    parser.add_argument("script", nargs="?", help="the training / inference script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def sequence_tokens(model: str, height: int | None = None, width: int | None = None,
+                    frames: int | None = None) -> tuple[int, int, int, int]:
+    """(image/video tokens, text tokens, heads, head dim) of one transformer call of a named model."""
+    if model not in MODEL_SHAPES:
+        raise ValueError(f"no shape known for model {model!r}; known: {', '.join(sorted(MODEL_SHAPES))}")
+    m = MODEL_SHAPES[model]
+    tokens = ((height or m.height) // m.pixels_per_token) * ((width or m.width) // m.pixels_per_token)
+    if m.frames_per_latent:
+        tokens *= ((frames or m.frames) - 1) // m.frames_per_latent + 1
+    return tokens, m.text_tokens, m.heads, m.head_dim
+
+
+def heap_bytes(tokens: int, joint: int, heads: int, head_dim: int, machines: int, gpus_per_machine: int,
+               itemsize: int = 2, batch: int = 1) -> int:
+    """NVSHMEM symmetric heap that every method's layer needs on this cluster shape (the worst of them)."""
+    world = machines * gpus_per_machine
+    lens = split_sizes(tokens, world)
+    worst = 0
+    for method in METHODS:
+        try:
+            layout = resolve_layout(ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine,
+                                                   method=method), world, heads)
+        except ValueError:  # e.g. Ulysses over more ranks than heads: that method cannot run here anyway
+            continue
+        worst = max(worst, peer_bytes(layout, lens, batch, heads, head_dim, joint, itemsize))
+    per_peer = -(-(worst + ALIGN * MAX_MESSAGES) // GROWTH) * GROWTH
+    return world * per_peer + world * MAX_MESSAGES * 8 + HEAP_SLACK
+
+
+def nvshmem_env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
+    """The NVSHMEM variables to set: the symmetric heap, from the recipe's model and size."""
+    if args.recipe is None or "NVSHMEM_SYMMETRIC_SIZE" in os.environ:
+        return {}
+    model = load_recipe(args.recipe).model
+    side = args.resolution
+    tokens, joint, heads, head_dim = sequence_tokens(model, args.height or side, args.width or side, args.frames)
+    return {"NVSHMEM_SYMMETRIC_SIZE": str(heap_bytes(tokens, joint, heads, head_dim, args.nnodes, nproc))}
+
+
+def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
+    """`python -m torch.distributed.run ...` for these arguments (static rendezvous at machine 0)."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nnodes}",
+            f"--nproc-per-node={nproc}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
+            f"--master-port={args.master_port}", args.script, *args.script_args]
+
+
+def _default_nproc() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def main(args: argparse.Namespace) -> int:
+    nproc = args.nproc_per_node or _default_nproc()
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank} is not in 0 .. {args.nnodes - 1}")
+    env = nvshmem_env(args, nproc)
+    if args.print_env:
+        for key, value in env.items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
+    if args.script is None:
+        raise ValueError("name the script to run: streamfusion launch [options] script.py [args...]")
+    command = torchrun_command(args, nproc)
+    if args.dry_run:
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(command))
+        return 0
+    return subprocess.run(command, env={**os.environ, **env}, check=False).returncode
