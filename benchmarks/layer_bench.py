@@ -114,7 +114,8 @@ def no_comm_ms(length: int, heads: int, dim: int, warmup: int, iters: int) -> fl
     return time_ms(lambda: attention_with_lse_sdpa(rows, k, v, dim ** -0.5), warmup, iters)
 
 
-def bench(world: int, machine_counts: list[int], workloads: list[str], warmup: int, iters: int) -> list[dict]:
+def bench(world: int, machine_counts: list[int], workloads: list[str], warmup: int, iters: int,
+          kernel: str) -> list[dict]:
     rank = dist.get_rank()
     rows_out = []
     for name in workloads:
@@ -129,7 +130,7 @@ def bench(world: int, machine_counts: list[int], workloads: list[str], warmup: i
             outs = {}
             for method, backend in TIMED:
                 ctx = init_parallel(ParallelConfig(machines=n, gpus_per_machine=m, method=method, backend=backend,
-                                                   kernel="sdpa", strict=True))
+                                                   kernel=kernel, strict=True))
                 call = lambda: sp_attention(ql, kl, vl, ctx, seq_lens=lens)  # noqa: E731
                 outs[(method, backend)] = call()
                 ms = slowest(time_ms(call, warmup, iters))
@@ -142,7 +143,7 @@ def bench(world: int, machine_counts: list[int], workloads: list[str], warmup: i
     return rows_out
 
 
-def graph_capture(world: int, workload: str, warmup: int, iters: int) -> dict:
+def graph_capture(world: int, workload: str, warmup: int, iters: int, kernel: str) -> dict:
     """Capture one Torus-NVSHMEM layer in a CUDA graph, replay it, and compare with eager calls."""
     rank = dist.get_rank()
     length, heads, dim = WORKLOADS[workload]
@@ -151,7 +152,7 @@ def graph_capture(world: int, workload: str, warmup: int, iters: int) -> dict:
     rows = slice(sum(lens[:rank]), sum(lens[: rank + 1]))
     ql, kl, vl = (x[:, rows].contiguous() for x in (q, k, v))
     ctx = init_parallel(ParallelConfig(machines=1, gpus_per_machine=world, method="torus", backend="nvshmem",
-                                       kernel="sdpa", strict=True))
+                                       kernel=kernel, strict=True))
     call = lambda: sp_attention(ql, kl, vl, ctx, seq_lens=lens)  # noqa: E731
     eager = call()
     eager_ms = slowest(time_ms(call, warmup, iters))
@@ -186,6 +187,7 @@ def main() -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=15)
+    parser.add_argument("--kernel", default="auto", help="attention kernel of the timed runs (auto, sdpa, fused)")
     parser.add_argument("--skip-check", action="store_true")
     args = parser.parse_args()
     ctx = init_parallel(ParallelConfig(method="ring"))  # joins the launched job (NCCL, one GPU per process)
@@ -200,8 +202,9 @@ def main() -> int:
         failed = bool(bad)
         log(f"check: {len(report['check']) - len(bad)}/{len(report['check'])} ok"
             + "".join(f"\n  MISMATCH {r}" for r in bad))
-    report["bench"] = bench(world, machine_counts, args.workloads.split(","), args.warmup, args.iters)
-    report["graph"] = graph_capture(world, "flux-2048", args.warmup, args.iters)
+    report["bench"] = bench(world, machine_counts, args.workloads.split(","), args.warmup, args.iters,
+                            args.kernel)
+    report["graph"] = graph_capture(world, "flux-2048", args.warmup, args.iters, args.kernel)
     if dist.get_rank() == 0:
         with open(os.path.join(args.out, "layer_bench.json"), "w") as f:
             json.dump(report, f, indent=1)

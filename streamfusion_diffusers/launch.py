@@ -2,7 +2,7 @@
 
     streamfusion launch [--nnodes N --nproc-per-node M --node-rank i --master-addr host --master-port p]
                         [--recipe flux-dev --resolution 2048 | --recipe cogvideox-5b --frames 49]
-                        script.py args...
+                        script.py args...  |  -m module args...
 
 Runs `python -m torch.distributed.run` (torchrun) with the same arguments, and sets NVSHMEM_SYMMETRIC_SIZE
 (unless already set) to what the largest sp_attention layer of that model and size needs on N x M GPUs, so
@@ -65,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-env", action="store_true",
                         help="print the environment it would set (export lines) and exit; for accelerate launch")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
-    parser.add_argument("script", nargs="?", help="the training / inference script")
+    parser.add_argument("-m", "--module", action="store_true",
+                        help="run SCRIPT as a Python module, as python -m does (e.g. -m streamfusion_diffusers bench)")
+    parser.add_argument("script", nargs="?", help="the inference script (or module, with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
@@ -112,7 +114,8 @@ def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
     """`python -m torch.distributed.run ...` for these arguments (static rendezvous at machine 0)."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nnodes}",
             f"--nproc-per-node={nproc}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
-            f"--master-port={args.master_port}", args.script, *args.script_args]
+            f"--master-port={args.master_port}", *(["--module"] if args.module else []), args.script,
+            *args.script_args]
 
 
 def _default_nproc() -> int:

@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds one case may take before the job prints every stack and exits (default 300)")
     parser.add_argument("--out", default=None, help="output folder (default outputs/bench-<time>)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
@@ -102,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
         resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, w.heads)
         cases = [Case("bound")] + [c for meth in methods for c in _cases(meth, args.layouts, args.machines, m,
                                                                            w.heads, gpu)]
-        setup = Setup(w, args.machines, m, args.backend, args.emulate_link, dtype, args.iters, args.warmup, args.seed)
+        setup = Setup(w, args.machines, m, args.backend, args.emulate_link, dtype, args.iters, args.warmup, args.seed,
+                      args.timeout)
         rows += run_job(bench_layer, world, setup, cases, gpu=gpu)[0]
     if int(os.environ.get("RANK", 0)) != 0:
         return 0

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from .. import ParallelConfig, init_parallel, sp_attention
 from ..kernels import attention_with_lse
-from .timing import median_ms
+from .timing import deadline, median_ms
 from .workloads import Workload
 from .xdit import XdiTUSP
 
@@ -54,6 +54,7 @@ class Setup:
     iters: int
     warmup: int
     seed: int
+    timeout_s: float = 300.0  # per case: a case that takes longer dumps every stack and exits
 
 
 def _device() -> torch.device:
@@ -83,10 +84,11 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
         if case.method == "bound":
             ms, err = bound_ms, 0.0
         else:
-            call = _callable(case, setup, device)
-            out = call(q, k_loc, v_loc)
-            err = (out.float() - ref.float()).abs().max().item()
-            ms = median_ms(lambda: call(q, k_loc, v_loc), setup.iters, setup.warmup, device)  # noqa: B023
+            with deadline(setup.timeout_s):
+                call = _callable(case, setup, device)
+                out = call(q, k_loc, v_loc)
+                err = (out.float() - ref.float()).abs().max().item()
+                ms = median_ms(lambda: call(q, k_loc, v_loc), setup.iters, setup.warmup, device)  # noqa: B023
         worst = torch.tensor([err], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None

@@ -1,9 +1,12 @@
 """Timing on every rank: CUDA events on GPUs, the host clock on the CPU; the slowest rank per iteration."""
 from __future__ import annotations
 
+import faulthandler
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -35,3 +38,14 @@ def time_ms(call: Callable[[], object], iters: int, warmup: int, device: torch.d
 
 def median_ms(call: Callable[[], object], iters: int, warmup: int, device: torch.device) -> float:
     return statistics.median(time_ms(call, iters, warmup, device))
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Fail loudly instead of hanging: past `seconds`, print every thread's stack to stderr and exit this rank
+    (its peers then fail on the process group's timeout)."""
+    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
