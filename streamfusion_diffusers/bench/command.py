@@ -1,38 +1,58 @@
-"""`streamfusion bench`: time one attention layer for every method and layout side by side, in one job.
+"""`streamfusion bench`: time every method and layout side by side, in one job, at up to three levels.
 
-Methods: ours (ulysses, ring, usp, tas, torus, on the chosen backend, optionally over an emulated slow link),
-xDiT's USP ("xdit-usp", through yunchang) and the no-communication bound. Spawns a local job (gloo on the
-CPU, NCCL with a GPU per process) or joins the torchrun job it runs in. Writes table.md, results.json and
-plot.png under --out.
+layer: one attention layer: ours (ulysses, ring, usp, tas, torus, on the chosen backend, optionally over an
+emulated slow link), xDiT's USP ("xdit-usp", through yunchang) and the no-communication bound.
+block / step: one transformer block and one whole denoising step of Flux or CogVideoX, built from its diffusers
+config with random weights: ours through `parallelize`, diffusers' own context parallelism ("diffusers-cp",
+GPUs only) and the bound. Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the
+torchrun job it runs in. Writes table.md, results.json and plot.png under --out.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import os
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..config import METHODS, ParallelConfig, resolve_layout
 from ..links import parse_link
-from ..spawn import job_shape, run_job
+from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES, TOLERANCE
 from . import report, xdit
 from .costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
-from .workloads import MODELS, Workload
+from .workloads import MODELS, Workload, is_flux, transformer_config
 
-BASELINES = ("xdit-usp",)
+LEVELS = ("layer", "block", "step")
+BASELINES = {"xdit-usp": ("layer",), "diffusers-cp": ("block", "step")}  # the levels each baseline runs at
+# Block and step outputs against the unparallelized model, by relative error: float32 as the processor tests
+# hold it; half precision loosely, as rounding differs between two orders of summation through every block.
+REL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+WHAT = {"layer": "one attention layer", "block": "one transformer block", "step": "one denoising step"}
+DIFFUSERS_CP_ON_CPU = ("diffusers-cp skipped: diffusers' enable_parallelism needs GPUs (it places rank r on "
+                       "accelerator r % device_count, and there is none under gloo on the CPU)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default="flux-dev:2048",
-                        help="comma-separated: flux-dev:RESOLUTION, cogvideox-5b:FRAMES, or "
+                        help="comma-separated: flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH], or "
                              "custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM (default flux-dev:2048)")
-    parser.add_argument("--methods", default="ulysses,usp,tas,torus,xdit-usp",
-                        help=f"comma-separated from {', '.join(METHODS + BASELINES)}; the bound is always timed")
+    parser.add_argument("--level", default="layer",
+                        help="comma-separated from layer (one attention layer), block (one transformer block), "
+                             "step (one whole transformer forward); default layer")
+    parser.add_argument("--model-size", choices=("real", "tiny"), default=None,
+                        help="block/step levels: the model's real config or its tiny twin (default real on GPUs, "
+                             "tiny on the CPU; custom workloads always build a tiny Flux of their heads)")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma-separated from {', '.join(METHODS + tuple(BASELINES))} (default: all but ring, "
+                             f"with xdit-usp at layer level and diffusers-cp at block/step); the bound always runs")
     parser.add_argument("--layouts", default="best",
                         help="'best' (time every UxR, report each method's fastest), 'all', or a list like "
                              "U8R1,U4R2,U4R2T2")
@@ -60,17 +80,36 @@ def parse_workload(spec: str) -> Workload:
     if name == "custom" and len(values) == 4:
         tokens, text, heads, head_dim = values
         return Workload(f"custom {tokens}+{text}", tokens, text, heads, head_dim, blocks=1)
-    if name in MODELS and len(values) <= 1:
+    if name in MODELS and len(values) <= len(inspect.signature(MODELS[name]).parameters):
         return MODELS[name](*values)
-    raise ValueError(f"workload {spec!r}: use flux-dev:RESOLUTION, cogvideox-5b:FRAMES or "
+    raise ValueError(f"workload {spec!r}: use flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH] or "
                      f"custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM")
+
+
+def parse_levels(spec: str) -> tuple[str, ...]:
+    levels = tuple(dict.fromkeys(x.strip() for x in spec.split(",") if x.strip()))
+    unknown = [x for x in levels if x not in LEVELS]
+    if unknown or not levels:
+        raise ValueError(f"unknown level(s) {unknown or [spec]} in --level; choose from {', '.join(LEVELS)} "
+                         f"(comma-separated, e.g. --level block,step)")
+    return tuple(x for x in LEVELS if x in levels)
+
+
+def _methods(spec: str | None, levels: tuple[str, ...]) -> list[str]:
+    if spec is None:
+        return ["ulysses", "usp", "tas", "torus"] + [b for b, at in BASELINES.items() if set(at) & set(levels)]
+    methods = [x.strip() for x in spec.split(",") if x.strip()]
+    unknown = sorted(set(methods) - set(METHODS) - set(BASELINES))
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS + tuple(BASELINES))}")
+    return methods
 
 
 def _cases(method: str, layouts: str, n: int, m: int, heads: int, gpu: bool) -> list[Case]:
     p = n * m
-    if method == "xdit-usp":
+    if method in BASELINES:
         found = [Case(method, u, p // u) for u in range(1, p + 1) if p % u == 0 and heads % u == 0
-                 and (gpu or u == p)]  # yunchang's ring runs only on CUDA
+                 and (gpu or method != "xdit-usp" or u == p)]  # yunchang's ring runs only on CUDA
     else:
         found = [Case(method, lay.ulysses, lay.ring, lay.torus if method == "torus" else None)
                  for lay in candidate_layouts(method, n, m, heads)]
@@ -86,41 +125,93 @@ def _cases(method: str, layouts: str, n: int, m: int, heads: int, gpu: bool) -> 
     return [c for c in found if (c.ulysses, c.ring, c.torus) in wanted]
 
 
+def _runs_at(method: str, level: str, w: Workload, config: dict[str, Any] | None, world: int, gpu: bool,
+             notes: list[str]) -> bool:
+    """Whether a method runs at a level for a workload; if not, says why in `notes` (once per reason)."""
+    why = None
+    if method in BASELINES and level not in BASELINES[method]:
+        why = f"{method} skipped at {level} level: it runs at {' and '.join(BASELINES[method])} level only"
+    elif method == "diffusers-cp" and not gpu:
+        why = DIFFUSERS_CP_ON_CPU
+    elif method == "diffusers-cp" and not is_flux(config):
+        why = (f"diffusers-cp skipped for {w.name}: diffusers has no context-parallel plan for CogVideoX (and its "
+               f"attention processor does not go through the dispatcher that runs it)")
+    elif method == "diffusers-cp" and (w.tokens % world or w.text_tokens % world):
+        why = (f"diffusers-cp skipped for {w.name}: it needs the {w.tokens} image and {w.text_tokens} text tokens "
+               f"each divisible by the {world} ranks")
+    if why and why not in notes:
+        notes.append(why)
+    return why is None
+
+
+def run_tasks(tasks: list[tuple[Callable[..., list[dict]], Any, list[Case]]]) -> list[dict]:
+    """On every rank: each (benchmark, setup, cases) in turn, so a local job starts its processes once."""
+    return [row for fn, setup, cases in tasks for row in fn(setup, cases)]
+
+
+def _ok(row: dict, dtype: torch.dtype) -> bool:
+    if row["level"] == "layer":
+        return row["max_abs_err"] <= TOLERANCE[dtype]
+    return row["rel_err"] is None or row["rel_err"] <= REL_TOLERANCE[dtype]  # None: the bound, not checked
+
+
 def main(args: argparse.Namespace) -> int:
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)
     m = args.gpus_per_machine or world // args.machines
+    levels = parse_levels(args.level)
     workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
-    methods = [x.strip() for x in args.methods.split(",") if x.strip()]
-    unknown = sorted(set(methods) - set(METHODS) - set(BASELINES))
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS + BASELINES)}")
-    if "xdit-usp" in methods and not xdit.available():
+    methods = _methods(args.methods, levels)
+    if "layer" in levels and "xdit-usp" in methods and not xdit.available():
         raise ValueError(xdit.INSTALL_HINT)
     if args.emulate_link:
         parse_link(args.emulate_link)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if gpu else torch.float32)
-    rows: list[dict] = []
+    size = args.model_size or ("real" if gpu else "tiny")
+    model_levels = tuple(x for x in levels if x != "layer")
+    notes: list[str] = []
+    tasks = []
     for w in workloads:
-        resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, w.heads)
-        cases = [Case("bound")] + [c for meth in methods for c in _cases(meth, args.layouts, args.machines, m,
-                                                                           w.heads, gpu)]
         setup = Setup(w, args.machines, m, args.backend, args.emulate_link, dtype, args.iters, args.warmup, args.seed,
                       args.timeout)
-        rows += run_job(bench_layer, world, setup, cases, gpu=gpu)[0]
-    if int(os.environ.get("RANK", 0)) != 0:
+        if "layer" in levels:
+            resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, w.heads)
+            tasks.append((bench_layer, setup, [Case("bound")] + [
+                c for meth in methods if _runs_at(meth, "layer", w, None, world, gpu, notes)
+                for c in _cases(meth, args.layouts, args.machines, m, w.heads, gpu)]))
+        if model_levels:
+            from .model import ModelSetup, bench_model  # imports diffusers: only when a model level runs
+
+            config = transformer_config(w, size)
+            heads = config["num_attention_heads"]
+            resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, heads)
+            tasks.append((bench_model, ModelSetup(setup, config, model_levels), [Case("bound")] + [
+                c for meth in methods if _runs_at(meth, model_levels[0], w, config, world, gpu, notes)
+                for c in _cases(meth, args.layouts, args.machines, m, heads, gpu)]))
+    rank0 = int(os.environ.get("RANK", 0)) == 0
+    for note in notes if rank0 else ():
+        print(f"streamfusion bench: {note}", file=sys.stderr)
+    timeout = DEFAULT_TIMEOUT_S
+    if model_levels:  # real-size models outlast spawn's default job timeout; --timeout is per case
+        timeout = max(timeout, args.timeout * (1 + sum(len(cases) + 1 for *_, cases in tasks)))
+    rows = run_job(run_tasks, world, tasks, gpu=gpu, timeout_s=timeout)[0]
+    if not rank0:
         return 0
-    tol = TOLERANCE[dtype]
     for row in rows:
-        row["ok"] = row["max_abs_err"] <= tol
+        row["ok"] = _ok(row, dtype)
     shown = rows if args.layouts != "best" else report.best_rows(rows)
     link = f", inter-machine link emulated as {parse_link(args.emulate_link).name}" if args.emulate_link else ""
-    title = (f"One attention layer, {args.machines} x {m} {'GPUs' if gpu else 'CPU processes'}{link}, "
+    what = ", ".join(WHAT[x] for x in levels)
+    model = f" ({size} transformers, random weights)" if model_levels else ""
+    title = (f"{what[0].upper()}{what[1:]}{model}, {args.machines} x {m} {'GPUs' if gpu else 'CPU processes'}{link}, "
              f"{str(dtype).removeprefix('torch.')}, median of {args.iters} after {args.warmup} warm-up")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or f"outputs/bench-{stamp}")
     setup_info = {"command": "streamfusion bench " + " ".join(_argv(args)), "world": world, "gpu": gpu,
-                  "device": torch.cuda.get_device_name() if gpu else "cpu", "date": stamp,
-                  "tokens": {w.name: padded_length(w, world) for w in workloads}}
+                  "device": torch.cuda.get_device_name() if gpu else "cpu", "date": stamp, "levels": list(levels)}
+    if "layer" in levels:
+        setup_info["tokens"] = {w.name: padded_length(w, world) for w in workloads}
+    if model_levels:
+        setup_info["model_size"] = size
     paths = report.write(shown, setup_info, out, title)
     if args.json:
         print((out / "results.json").read_text())
@@ -129,7 +220,9 @@ def main(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(str(p) for p in paths.values()))
     bad = [r for r in rows if not r["ok"]]
     for r in bad:
-        print(f"MISMATCH: {r['workload']} {r['layout']} max abs error {r['max_abs_err']:.2e} > {tol:g}")
+        err = (f"max abs error {r['max_abs_err']:.2e} > {TOLERANCE[dtype]:g}" if r["level"] == "layer" else
+               f"relative error {r['rel_err']:.2e} > {REL_TOLERANCE[dtype]:g}")
+        print(f"MISMATCH: {r['workload']} {r['level']} {r['layout']} {err}")
     return 1 if bad else 0
 
 

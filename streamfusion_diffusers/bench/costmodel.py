@@ -16,9 +16,12 @@ from .workloads import Workload
 
 @dataclass(frozen=True)
 class Gpu:
-    """Throughputs of one GPU (defaults: one H200, ../shared/device/FACTS.md) and its intra-machine link."""
+    """Throughputs of one GPU and its intra-machine link. Defaults: one H200. Attention rates are the no-comm
+    bound rows of `streamfusion bench` on nvidia-h200-x2 (2026-11-22: Flux 4096 px, L/2 x L, 24 x 128: 617
+    TFLOP/s; CogVideoX 161 frames, 48 x 64: 414 with cuDNN, 435 with the fused kernel), not the small-shape peak
+    (685 / 488 in ../shared/device/FACTS.md), which over-predicted every emulated run by 4-16%."""
 
-    attention_tflops: dict[int, float] = field(default_factory=lambda: {64: 488.0, 128: 685.0})
+    attention_tflops: dict[int, float] = field(default_factory=lambda: {64: 430.0, 128: 620.0})
     gemm_tflops: float = 700.0
     hbm_gb_per_s: float = 4000.0
     launch_us: float = 6.0

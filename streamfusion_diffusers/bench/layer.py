@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Case:
-    """One timed variant: a method of ours, xDiT's USP ("xdit-usp") or the bound ("bound")."""
+    """One timed variant: a method of ours, a baseline ("xdit-usp", "diffusers-cp") or the bound ("bound")."""
 
     method: str
     ulysses: int = 1
@@ -57,7 +57,8 @@ class Setup:
     timeout_s: float = 300.0  # per case: a case that takes longer dumps every stack and exits
 
 
-def _device() -> torch.device:
+def device_of_job() -> torch.device:
+    """This rank's GPU under NCCL, else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
@@ -69,7 +70,7 @@ def padded_length(w: Workload, world: int) -> int:
 def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     """Run on every rank; returns one row per case (times are the slowest rank's medians)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device, w = _device(), setup.workload
+    device, w = device_of_job(), setup.workload
     length = padded_length(w, world)
     g = torch.Generator(device=device).manual_seed(setup.seed)
     shape = (w.batch, length, w.heads, w.head_dim)
@@ -92,16 +93,20 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
         worst = torch.tensor([err], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        table.append(dict(workload=w.name, tokens=length, method=case.method, layout=case.label, ms=ms,
-                          vs_bound=ms / bound_ms, max_abs_err=worst.item(), peak_gib=peak))
+        table.append(dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=case.label,
+                          ms=ms, vs_bound=ms / bound_ms, max_abs_err=worst.item(), rel_err=None, peak_gib=peak))
     return table
+
+
+def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
+    """The ParallelConfig of one of our cases on the setup's cluster and transport."""
+    return ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method=case.method,
+                          ulysses=case.ulysses if case.method not in ("ulysses", "ring") else None,
+                          torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link)
 
 
 def _callable(case: Case, setup: Setup, device: torch.device):
     if case.method == "xdit-usp":
         return XdiTUSP(case.ulysses, case.ring, device)
-    config = ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method=case.method,
-                            ulysses=case.ulysses if case.method not in ("ulysses", "ring") else None,
-                            torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link)
-    ctx = init_parallel(config)
+    ctx = init_parallel(parallel_config(case, setup))
     return lambda q, k, v: sp_attention(q, k, v, ctx)

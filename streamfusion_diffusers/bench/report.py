@@ -3,35 +3,46 @@ from __future__ import annotations
 
 import json
 import logging
+import textwrap
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+BASELINE = {"layer": "xdit-usp", "block": "diffusers-cp", "step": "diffusers-cp"}  # what each level compares to
+
 
 def best_rows(rows: list[dict]) -> list[dict]:
-    """Each (workload, method)'s fastest layout, in first-seen order."""
-    best: dict[tuple[str, str], dict] = {}
+    """Each (workload, level, method)'s fastest layout, in first-seen order."""
+    best: dict[tuple[str, str, str], dict] = {}
     for row in rows:
-        key = (row["workload"], row["method"])
+        key = (row["workload"], row["level"], row["method"])
         if key not in best or row["ms"] < best[key]["ms"]:
             best[key] = row
     return list(best.values())
 
 
+def _err(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| workload | method | layout | ms | x bound | x xdit-usp | max abs err | peak GiB |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
-    xdit = {r["workload"]: r["ms"] for r in best_rows(rows) if r["method"] == "xdit-usp"}
+    """One line per row; "x <baseline>" is the level's baseline (best layout) time over the row's."""
+    levels = list(dict.fromkeys(r["level"] for r in rows))
+    baselines = "/".join(dict.fromkeys(BASELINE[level] for level in levels))
+    lines = [header, "", f"| workload | level | method | layout | ms | x bound | x {baselines} | max abs err | "
+             f"rel err | peak GiB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    base = {(r["workload"], r["level"]): r["ms"] for r in best_rows(rows) if r["method"] == BASELINE[r["level"]]}
     for r in rows:
-        speedup = f"{xdit[r['workload']] / r['ms']:.2f}" if r["workload"] in xdit else "-"
+        key = (r["workload"], r["level"])
+        speedup = f"{base[key] / r['ms']:.2f}" if key in base else "-"
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
-        lines.append(f"| {r['workload']} | {r['method']} | {r['layout']} | {r['ms']:.3f} | {r['vs_bound']:.2f} | "
-                     f"{speedup} | {r['max_abs_err']:.1e} | {peak} |")
+        lines.append(f"| {r['workload']} | {r['level']} | {r['method']} | {r['layout']} | {r['ms']:.3f} | "
+                     f"{r['vs_bound']:.2f} | {speedup} | {_err(r['max_abs_err'])} | {_err(r['rel_err'])} | {peak} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path, title: str) -> bool:
-    """Grouped bars of each method's best time over the bound, per workload; False without matplotlib."""
+    """Grouped bars of each method's best time over the bound, per workload and level; False without matplotlib."""
     try:
         import matplotlib
 
@@ -41,18 +52,19 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
         logger.warning("matplotlib is not installed (pip install 'streamfusion-diffusers[bench]'): no plot written")
         return False
     best = [r for r in best_rows(rows) if r["method"] != "bound"]
-    workloads = list(dict.fromkeys(r["workload"] for r in best))
+    groups = list(dict.fromkeys((r["workload"], r["level"]) for r in best))
     methods = list(dict.fromkeys(r["method"] for r in best))
     width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(workloads)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
     for i, method in enumerate(methods):
-        values = {r["workload"]: r["vs_bound"] for r in best if r["method"] == method}
-        xs = [j + i * width for j, w in enumerate(workloads) if w in values]
-        ax.bar(xs, [values[w] for w in workloads if w in values], width, label=method)
+        values = {(r["workload"], r["level"]): r["vs_bound"] for r in best if r["method"] == method}
+        xs = [j + i * width for j, g in enumerate(groups) if g in values]
+        ax.bar(xs, [values[g] for g in groups if g in values], width, label=method)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(workloads))], workloads, fontsize=8)
+    ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(groups))],
+                  [f"{w}\n{level}" for w, level in groups], fontsize=8)
     ax.set_ylabel("time / no-communication bound")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 120)), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -71,6 +71,18 @@ def reject_mask(attention_mask: Tensor | None) -> None:
                          "without attention_mask (diffusers' Flux and CogVideoX pipelines pass none)")
 
 
+class SPAttnProcessor:
+    """What both processors share: the context, the shard state, and the attention call as a method, so that a
+    variant (the benchmark's no-communication bound) can swap the attention alone."""
+
+    def __init__(self, ctx: ParallelContext, state: ShardState | None = None):
+        self.ctx = ctx
+        self.state = state if state is not None else ShardState()
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        return attend(query, key, value, self.ctx, self.state)
+
+
 def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState) -> Tensor:
     """Attention of the local rows [joint ; sharded] of q, k, v ([B, L, H, D]) over the whole sequence."""
     layout = state.layout

@@ -5,21 +5,16 @@ import torch
 from diffusers.models.attention_processor import Attention
 from diffusers.models.embeddings import apply_rotary_emb
 
-from ..context import ParallelContext
-from .base import ShardState, attend, reject_mask
+from .base import SPAttnProcessor, reject_mask
 
 
-class CogVideoXSPAttnProcessor:
+class CogVideoXSPAttnProcessor(SPAttnProcessor):
     """diffusers' CogVideoXAttnProcessor2_0 (and its fused-QKV twin) with the attention run by `sp_attention`.
 
     Same call signature and return value as the stock processor: (video tokens, text tokens). Tensors stay
     [B, L, H, D] throughout, the layout `sp_attention` takes; LayerNorm QK-norm and RoPE act per token and
     per head, so the layout does not change their math.
     """
-
-    def __init__(self, ctx: ParallelContext, state: ShardState | None = None):
-        self.ctx = ctx
-        self.state = state if state is not None else ShardState()
 
     def __call__(
         self,
@@ -53,7 +48,7 @@ class CogVideoXSPAttnProcessor:
             if not attn.is_cross_attention:
                 key[:, text_seq_length:] = apply_rotary_emb(key[:, text_seq_length:], image_rotary_emb, sequence_dim=1)
 
-        hidden_states = attend(query, key, value, self.ctx, self.state)
+        hidden_states = self.attend(query, key, value)
         hidden_states = hidden_states.reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
 

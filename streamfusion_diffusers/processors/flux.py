@@ -5,21 +5,16 @@ import torch
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttention, _get_qkv_projections
 
-from ..context import ParallelContext
-from .base import ShardState, attend, reject_mask
+from .base import SPAttnProcessor, reject_mask
 
 
-class FluxSPAttnProcessor:
+class FluxSPAttnProcessor(SPAttnProcessor):
     """diffusers' FluxAttnProcessor step for step, with the attention itself run by `sp_attention`.
 
     Joint blocks get text (`encoder_hidden_states`) and image tokens and return both; single blocks get the
     already-concatenated [text ; image] tokens and return one tensor. The call signature is the stock one, so
     FluxAttention passes the same arguments. `state` tells which leading tokens are replicated text.
     """
-
-    def __init__(self, ctx: ParallelContext, state: ShardState | None = None):
-        self.ctx = ctx
-        self.state = state if state is not None else ShardState()
 
     def __call__(
         self,
@@ -49,7 +44,7 @@ class FluxSPAttnProcessor:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
 
-        hidden_states = attend(query, key, value, self.ctx, self.state)
+        hidden_states = self.attend(query, key, value)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
 
         if encoder_hidden_states is None:

@@ -1,0 +1,234 @@
+"""One transformer block and one denoising step, timed for every method and layout beside the no-comm bound.
+
+The levels above one attention layer, as a diffusers user runs them. Every rank builds the same transformer
+from its diffusers config with seeded random weights, and the same inputs; the unparallelized forward over the
+whole sequence is the reference. Each case then sets the model up its own way: ours through `parallelize`,
+diffusers' context parallelism ("diffusers-cp") through `enable_parallelism`, the bound through `parallelize`
+with a processor that keeps every rank's work and drops every transfer. One checked forward records the
+inputs of the timed blocks, which the block level then replays on this rank's tokens:
+
+- block: Flux's first joint block then its first single block, as one timed pair (Flux.1-dev runs 19 + 38 of
+  them); CogVideoX's first block;
+- step: the whole `transformer(...)` call, inputs whole, cut and gathered as `parallelize` does.
+
+Both are checked against the reference by relative error (the bound, which attends random keys, is not).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from diffusers import ContextParallelConfig, FluxPipeline, FluxTransformer2DModel
+from diffusers.hooks import HookRegistry
+from diffusers.models.embeddings import get_3d_rotary_pos_embed
+from torch import Tensor
+from tqdm import tqdm
+
+from .. import init_parallel
+from ..kernels import attention_with_lse
+from ..models.build import build_transformer
+from ..parallelize import GATHER_HOOK, parallelize, plan_for, unparallelize
+from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
+from ..sequence import split_sizes
+from .layer import Case, Setup, device_of_job, parallel_config
+from .timing import deadline, median_ms
+from .workloads import Workload, is_flux
+
+LEVELS = ("block", "step")
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """A layer-level Setup plus the transformer config to build and the levels to time."""
+
+    setup: Setup
+    config: dict[str, Any]
+    levels: tuple[str, ...]
+
+
+def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dtype,
+                 device: torch.device) -> dict[str, Any]:
+    """The transformer's keyword arguments for one step, shaped as diffusers' pipelines pass them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    b = w.batch
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(shape, generator=g, device=device, dtype=dtype)
+
+    if is_flux(config):
+        rows, cols = w.grid or (1, w.tokens)
+        inputs = {"hidden_states": randn(b, rows * cols, config["in_channels"]),
+                  "encoder_hidden_states": randn(b, w.text_tokens, config["joint_attention_dim"]),
+                  "pooled_projections": randn(b, config["pooled_projection_dim"]),
+                  "timestep": torch.full((b,), 0.5, device=device, dtype=dtype),
+                  "img_ids": FluxPipeline._prepare_latent_image_ids(b, rows, cols, device, dtype),
+                  "txt_ids": torch.zeros(w.text_tokens, 3, device=device, dtype=dtype)}
+        if config.get("guidance_embeds"):
+            inputs["guidance"] = torch.full((b,), 3.5, device=device, dtype=torch.float32)
+        return inputs
+    frames, height, width = w.grid
+    p = config["patch_size"]
+    inputs = {"hidden_states": randn(b, frames, config["in_channels"], height, width),
+              "encoder_hidden_states": randn(b, w.text_tokens, config["text_embed_dim"]),
+              "timestep": torch.full((b,), 500, device=device, dtype=torch.long)}
+    if config.get("use_rotary_positional_embeddings"):
+        grid = (height // p, width // p)
+        inputs["image_rotary_emb"] = get_3d_rotary_pos_embed(config["attention_head_dim"], ((0, 0), grid), grid,
+                                                             frames, device=device)
+    return inputs
+
+
+class _LocalAttention:
+    """The bound's attention: this rank's query rows against keys/values of the whole sequence's length that
+    already lie here (random ones made at the first call, which is untimed), so the rank does its full share
+    of attention work and moves nothing. Replicated text rows are attended on every rank, as they arrive."""
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        layout = self.state.layout
+        shape = (key.shape[0], layout.joint + sum(layout.seq_lens), *key.shape[2:])
+        cache: dict[tuple, tuple[Tensor, Tensor]] = self.__dict__.setdefault("full_kv", {})
+        if shape not in cache:
+            cache[shape] = tuple(torch.randn(shape, device=key.device, dtype=key.dtype) for _ in range(2))
+        return attention_with_lse(query, *cache[shape])[0].to(query.dtype)
+
+
+class FluxBoundProcessor(_LocalAttention, FluxSPAttnProcessor):
+    """FluxSPAttnProcessor with the no-communication attention."""
+
+
+class CogVideoXBoundProcessor(_LocalAttention, CogVideoXSPAttnProcessor):
+    """CogVideoXSPAttnProcessor with the no-communication attention."""
+
+
+@dataclass
+class _Forward:
+    """One checked forward: the output, the timed blocks with their keyword inputs, and the token layout."""
+
+    sample: Tensor
+    blocks: list[tuple[torch.nn.Module, dict[str, Any]]]
+    layout: TokenLayout | None
+
+
+def _timed_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    if isinstance(model, FluxTransformer2DModel):
+        return [model.transformer_blocks[0], model.single_transformer_blocks[0]]
+    return [model.transformer_blocks[0]]
+
+
+def _forward(model: torch.nn.Module, inputs: dict[str, Any], state: ShardState | None) -> _Forward:
+    """model(**inputs), recording the timed blocks' inputs and the layout our split hook set for them."""
+    calls: list[tuple[torch.nn.Module, dict[str, Any]]] = []
+    layouts: list[TokenLayout | None] = []
+
+    def record(module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+        calls.append((module, dict(kwargs)))
+        layouts.append(state.layout if state is not None else None)
+
+    handles = [b.register_forward_pre_hook(record, with_kwargs=True) for b in _timed_blocks(model)]
+    try:
+        sample = model(**inputs).sample
+    finally:
+        for handle in handles:
+            handle.remove()
+    return _Forward(sample, calls, layouts[0])
+
+
+def _run_blocks(run: _Forward, state: ShardState | None) -> list[tuple[Tensor, Tensor]]:
+    if state is not None:
+        state.layout = run.layout  # what our processors read inside the forward
+    return [block(**kwargs) for block, kwargs in run.blocks]
+
+
+def _block_error(outs: list[tuple[Tensor, Tensor]], refs: list[tuple[Tensor, Tensor]], layout: TokenLayout,
+                 text_first: bool) -> float:
+    """Relative error of this rank's block outputs against its rows of the unparallelized outputs."""
+    diff = norm = 0.0
+    for out, ref in zip(outs, refs):
+        order = (0, 1) if text_first else (1, 0)
+        for i, (start, stop) in zip(order, (layout.text_range, layout.image_range)):
+            expected = ref[i][:, start:stop].float()
+            diff += (out[i].float() - expected).square().sum().item()
+            norm += expected.square().sum().item()
+    return math.sqrt(diff / norm)
+
+
+@contextmanager
+def _set_up(model: torch.nn.Module, case: Case, setup: Setup) -> Iterator[ShardState | None]:
+    """The model run the case's way; yields the shard state our processors read (None for diffusers-cp, which
+    `enable_parallelism` leaves in place for good: the caller builds a fresh model for each such case)."""
+    if case.method == "diffusers-cp":
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=case.ulysses, ring_degree=case.ring))
+        yield None
+        return
+    bound = case.method == "bound"
+    ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup))
+    parallelize(model, ctx)
+    state: ShardState = model._streamfusion.state
+    if bound:
+        cls = FluxBoundProcessor if isinstance(model, FluxTransformer2DModel) else CogVideoXBoundProcessor
+        model.set_attn_processor(cls(ctx, state))
+        gathered = model.get_submodule(plan_for(model).gather_module)
+        HookRegistry.check_if_exists_or_initialize(gathered).remove_hook(GATHER_HOOK, recurse=False)
+    try:
+        yield state
+    finally:
+        unparallelize(model)
+
+
+def _build(setup: ModelSetup, device: torch.device) -> torch.nn.Module:
+    return build_transformer(setup.config, seed=setup.setup.seed, dtype=setup.setup.dtype, device=device)
+
+
+def bench_model(setup: ModelSetup, cases: list[Case]) -> list[dict]:
+    """Run on every rank; one row per case and level (times: slowest rank's medians; errors: largest rank's)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device, base, w = device_of_job(), setup.setup, setup.setup.workload
+    text_first = is_flux(setup.config)
+    with deadline(base.timeout_s), torch.no_grad():
+        model = _build(setup, device)
+        inputs = model_inputs(w, setup.config, base.seed + 1, base.dtype, device)
+        reference = _forward(model, inputs, None)
+        ref_sample, ref_blocks = reference.sample, _run_blocks(reference, None)
+        del reference  # it holds blocks of a model that diffusers-cp cases drop
+    even = TokenLayout(rank, w.text_tokens, True, tuple(split_sizes(w.tokens, world)))  # diffusers-cp's cut
+    bound_ms: dict[str, float] = {}
+    table: dict[str, list[dict]] = {level: [] for level in setup.levels}
+    # diffusers-cp last: each of its cases takes a fresh model, after the one the others share is dropped
+    for case in tqdm(sorted(cases, key=lambda c: c.method == "diffusers-cp"), desc=f"{w.name} {'/'.join(setup.levels)}",
+                     disable=rank != 0, leave=False):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with deadline(base.timeout_s), torch.no_grad():
+            if case.method == "diffusers-cp":
+                model = None
+                model = _build(setup, device)
+            with _set_up(model, case, base) as state:
+                run = _forward(model, inputs, state)
+                outs = _run_blocks(run, state)
+                checked = case.method != "bound"  # the bound attends random keys: nothing to compare
+                errors = [_block_error(outs, ref_blocks, run.layout or even, text_first) if checked else 0.0,
+                          _relative(run.sample, ref_sample) if checked else 0.0]
+                del outs
+                times = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**inputs)}  # noqa: B023
+                ms = {level: median_ms(times[level], base.iters, base.warmup, device) for level in setup.levels}
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+        worst = torch.tensor([*errors, peak], dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        for level in setup.levels:
+            if case.method == "bound":
+                bound_ms[level] = ms[level]
+            err = worst[LEVELS.index(level)].item() if checked else None
+            table[level].append(dict(workload=w.name, level=level, tokens=w.tokens + w.text_tokens, method=case.method,
+                              layout=case.label, ms=ms[level], vs_bound=ms[level] / bound_ms[level],
+                              max_abs_err=None, rel_err=err,
+                              peak_gib=worst[2].item() if device.type == "cuda" else None))
+    return [row for level in setup.levels for row in table[level]]
+
+
+def _relative(out: Tensor, ref: Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()

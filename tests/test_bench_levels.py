@@ -1,0 +1,51 @@
+"""`streamfusion bench --level block,step` end to end on 4 CPU processes (2 x 2): a tiny Flux and a tiny
+CogVideoX, every method of ours beside the no-comm bound, each row checked against the unparallelized model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamfusion_diffusers.bench.command import parse_workload
+from streamfusion_diffusers.bench.workloads import transformer_config
+from streamfusion_diffusers.cli import main
+
+METHODS = {"ulysses", "ring", "usp", "tas", "torus"}
+
+
+def test_block_and_step_levels_time_and_check_every_method(tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = main(["bench", "--cpu", "--level", "block,step", "--workloads", "flux-dev:256,cogvideox-5b:9:128:128",
+               "--model-size", "tiny", "--machines", "2", "--gpus-per-machine", "2",
+               "--methods", ",".join(sorted(METHODS)) + ",diffusers-cp", "--layouts", "U4R1,U1R4,U2R2,U2R2T2",
+               "--iters", "2", "--warmup", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out
+    result = json.loads((out / "results.json").read_text())
+    rows = result["rows"]
+    assert result["setup"]["levels"] == ["block", "step"] and result["setup"]["model_size"] == "tiny"
+    assert all(r["ok"] and r["ms"] > 0 for r in rows), rows
+    for workload in ("flux-dev 256x256", "cogvideox-5b 9f 128x128"):
+        for level in ("block", "step"):
+            mine = [r for r in rows if r["workload"] == workload and r["level"] == level]
+            assert {r["method"] for r in mine} == METHODS | {"bound"}, mine
+            assert all(r["rel_err"] <= 1e-4 for r in mine if r["method"] != "bound"), mine
+            assert [r["layout"] for r in mine if r["method"] == "bound"] == ["no-comm bound"]
+    assert "diffusers-cp skipped" in captured.err and "needs GPUs" in captured.err
+    assert (out / "table.md").read_text().count("| flux-dev 256x256 | block |") == len(rows) // 4
+
+
+def test_bad_level_fails_naming_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--cpu", "--level", "block,steps", "--workloads", "flux-dev:256"])
+    assert exit_info.value.code == 2
+    assert "unknown level(s) ['steps'] in --level; choose from layer, block, step" in capsys.readouterr().err
+
+
+def test_model_shapes_of_workloads():
+    cog = parse_workload("cogvideox-5b:9:128:128")
+    assert cog.grid == (3, 16, 16) and cog.tokens == 3 * 8 * 8
+    assert transformer_config(cog, "real")["num_attention_heads"] == 48
+    assert transformer_config(cog, "tiny")["num_attention_heads"] == 8
+    custom = transformer_config(parse_workload("custom:250:6:12:64"), "real")
+    assert custom["num_attention_heads"] == 12 and sum(custom["axes_dims_rope"]) == 64
