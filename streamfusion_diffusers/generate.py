@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import ParallelConfig, init_parallel
+from . import ParallelConfig, init_parallel, shutdown
 from .config import METHODS, resolve_layout
 from .models import MODELS, ModelSpec
 from .recipes import load_recipe
@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-machine", type=int, default=None,
                         help=f"processes per machine M (default {SPAWN_SHAPE[1]} when spawning, "
                              f"LOCAL_WORLD_SIZE under torchrun)")
+    parser.add_argument("--backend", choices=("torch", "nvshmem"), default=None,
+                        help="transport: torch (NCCL on GPUs, gloo on the CPU) or nvshmem (one-sided, GPUs; falls back "
+                             "to torch with one warning where it cannot run); default: the recipe's, else torch")
     parser.add_argument("--recipe", default=None,
                         help="take the layout from a recipe (packaged name such as flux-dev, or a YAML path)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
@@ -125,6 +128,8 @@ def make_job(args: argparse.Namespace) -> Job:
     else:
         parallel = ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine, method=args.method,
                                   ulysses=args.ulysses, ring=args.ring, torus=args.torus)
+    if args.backend:
+        parallel = dataclasses.replace(parallel, backend=args.backend)
     resolve_layout(parallel, world, spec.transformer["num_attention_heads"])
     tokens = image_tokens(spec, height, width, frames)
     if tokens < world:
@@ -242,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _join_torchrun(job.gpu)
         record = run_rank(job)
-        dist.destroy_process_group()
+        shutdown()
     else:
         record = run_local(run_rank, job.world_size, job, backend="nccl" if job.gpu else "gloo", timeout_s=3600)[0]
     if record is not None:

@@ -16,6 +16,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .context import shutdown
+
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -52,7 +54,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: floa
             outbox.put((rank, True, fn(*args, **kwargs)))
         except Exception:  # noqa: BLE001
             outbox.put((rank, False, traceback.format_exc()))
-    dist.destroy_process_group()
+    shutdown()
 
 
 class ProcessPool:

@@ -15,7 +15,7 @@ METHODS = {"ulysses", "ring", "usp", "tas", "torus"}
 
 def test_block_and_step_levels_time_and_check_every_method(tmp_path, capsys):
     out = tmp_path / "bench"
-    rc = main(["bench", "--cpu", "--level", "block,step", "--workloads", "flux-dev:256,cogvideox-5b:9:128:128",
+    rc = main(["bench", "--cpu", "--level", "block,step", "--workloads", "flux-dev:128,cogvideox-5b:5:64:64",
                "--model-size", "tiny", "--machines", "2", "--gpus-per-machine", "2",
                "--methods", ",".join(sorted(METHODS)) + ",diffusers-cp", "--layouts", "U4R1,U1R4,U2R2,U2R2T2",
                "--iters", "2", "--warmup", "1", "--out", str(out)])
@@ -25,14 +25,14 @@ def test_block_and_step_levels_time_and_check_every_method(tmp_path, capsys):
     rows = result["rows"]
     assert result["setup"]["levels"] == ["block", "step"] and result["setup"]["model_size"] == "tiny"
     assert all(r["ok"] and r["ms"] > 0 for r in rows), rows
-    for workload in ("flux-dev 256x256", "cogvideox-5b 9f 128x128"):
+    for workload in ("flux-dev 128x128", "cogvideox-5b 5f 64x64"):
         for level in ("block", "step"):
             mine = [r for r in rows if r["workload"] == workload and r["level"] == level]
             assert {r["method"] for r in mine} == METHODS | {"bound"}, mine
             assert all(r["rel_err"] <= 1e-4 for r in mine if r["method"] != "bound"), mine
             assert [r["layout"] for r in mine if r["method"] == "bound"] == ["no-comm bound"]
     assert "diffusers-cp skipped" in captured.err and "needs GPUs" in captured.err
-    assert (out / "table.md").read_text().count("| flux-dev 256x256 | block |") == len(rows) // 4
+    assert (out / "table.md").read_text().count("| flux-dev 128x128 | block |") == len(rows) // 4
 
 
 def test_bad_level_fails_naming_the_choices(capsys):
