@@ -105,11 +105,14 @@ def _methods(spec: str | None, levels: tuple[str, ...]) -> list[str]:
     return methods
 
 
-def _cases(method: str, layouts: str, n: int, m: int, heads: int, gpu: bool) -> list[Case]:
+def _cases(method: str, layouts: str, n: int, m: int, heads: int, gpu: bool, dtype: torch.dtype) -> list[Case]:
     p = n * m
     if method in BASELINES:
+        # rings need an attention that returns the log-sum-exp: yunchang's runs only on CUDA, and diffusers'
+        # (cuDNN) only in half precision
+        ring_ok = gpu if method == "xdit-usp" else dtype in (torch.float16, torch.bfloat16)
         found = [Case(method, u, p // u) for u in range(1, p + 1) if p % u == 0 and heads % u == 0
-                 and (gpu or method != "xdit-usp" or u == p)]  # yunchang's ring runs only on CUDA
+                 and (ring_ok or u == p)]
     else:
         found = [Case(method, lay.ulysses, lay.ring, lay.torus if method == "torus" else None)
                  for lay in candidate_layouts(method, n, m, heads)]
@@ -177,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, w.heads)
             tasks.append((bench_layer, setup, [Case("bound")] + [
                 c for meth in methods if _runs_at(meth, "layer", w, None, world, gpu, notes)
-                for c in _cases(meth, args.layouts, args.machines, m, w.heads, gpu)]))
+                for c in _cases(meth, args.layouts, args.machines, m, w.heads, gpu, dtype)]))
         if model_levels:
             from .model import ModelSetup, bench_model  # imports diffusers: only when a model level runs
 
@@ -186,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, heads)
             tasks.append((bench_model, ModelSetup(setup, config, model_levels), [Case("bound")] + [
                 c for meth in methods if _runs_at(meth, model_levels[0], w, config, world, gpu, notes)
-                for c in _cases(meth, args.layouts, args.machines, m, heads, gpu)]))
+                for c in _cases(meth, args.layouts, args.machines, m, heads, gpu, dtype)]))
     rank0 = int(os.environ.get("RANK", 0)) == 0
     for note in notes if rank0 else ():
         print(f"streamfusion bench: {note}", file=sys.stderr)

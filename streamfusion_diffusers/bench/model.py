@@ -53,7 +53,8 @@ class ModelSetup:
 
 def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dtype,
                  device: torch.device) -> dict[str, Any]:
-    """The transformer's keyword arguments for one step, shaped as diffusers' pipelines pass them."""
+    """The transformer's keyword arguments for one step, shaped as diffusers' pipelines pass them (with
+    return_dict=False, which diffusers' context-parallel hooks need)."""
     g = torch.Generator(device=device).manual_seed(seed)
     b = w.batch
 
@@ -67,7 +68,7 @@ def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dt
                   "pooled_projections": randn(b, config["pooled_projection_dim"]),
                   "timestep": torch.full((b,), 0.5, device=device, dtype=dtype),
                   "img_ids": FluxPipeline._prepare_latent_image_ids(b, rows, cols, device, dtype),
-                  "txt_ids": torch.zeros(w.text_tokens, 3, device=device, dtype=dtype)}
+                  "txt_ids": torch.zeros(w.text_tokens, 3, device=device, dtype=dtype), "return_dict": False}
         if config.get("guidance_embeds"):
             inputs["guidance"] = torch.full((b,), 3.5, device=device, dtype=torch.float32)
         return inputs
@@ -75,7 +76,7 @@ def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dt
     p = config["patch_size"]
     inputs = {"hidden_states": randn(b, frames, config["in_channels"], height, width),
               "encoder_hidden_states": randn(b, w.text_tokens, config["text_embed_dim"]),
-              "timestep": torch.full((b,), 500, device=device, dtype=torch.long)}
+              "timestep": torch.full((b,), 500, device=device, dtype=torch.long), "return_dict": False}
     if config.get("use_rotary_positional_embeddings"):
         grid = (height // p, width // p)
         inputs["image_rotary_emb"] = get_3d_rotary_pos_embed(config["attention_head_dim"], ((0, 0), grid), grid,
@@ -131,7 +132,7 @@ def _forward(model: torch.nn.Module, inputs: dict[str, Any], state: ShardState |
 
     handles = [b.register_forward_pre_hook(record, with_kwargs=True) for b in _timed_blocks(model)]
     try:
-        sample = model(**inputs).sample
+        sample = model(**inputs)[0]
     finally:
         for handle in handles:
             handle.remove()
@@ -162,6 +163,8 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup) -> Iterator[ShardS
     """The model run the case's way; yields the shard state our processors read (None for diffusers-cp, which
     `enable_parallelism` leaves in place for good: the caller builds a fresh model for each such case)."""
     if case.method == "diffusers-cp":
+        if setup.dtype in (torch.float16, torch.bfloat16):
+            model.set_attention_backend("_native_cudnn")  # diffusers' native SDPA has no LSE for the ring
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=case.ulysses, ring_degree=case.ring))
         yield None
         return
@@ -180,53 +183,76 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup) -> Iterator[ShardS
         unparallelize(model)
 
 
+@dataclass
+class _Reference:
+    """The unparallelized model's inputs, output and timed blocks' outputs that every case is checked against."""
+
+    inputs: dict[str, Any]
+    sample: Tensor
+    blocks: list[tuple[Tensor, Tensor]]
+    even: TokenLayout  # this rank's tokens under diffusers' context parallelism (equal slices, text split too)
+
+
 def _build(setup: ModelSetup, device: torch.device) -> torch.nn.Module:
     return build_transformer(setup.config, seed=setup.setup.seed, dtype=setup.setup.dtype, device=device)
 
 
+def _reference(model: torch.nn.Module, setup: ModelSetup, device: torch.device) -> _Reference:
+    w = setup.setup.workload
+    inputs = model_inputs(w, setup.config, setup.setup.seed + 1, setup.setup.dtype, device)
+    run = _forward(model, inputs, None)
+    even = TokenLayout(dist.get_rank(), w.text_tokens, True, tuple(split_sizes(w.tokens, dist.get_world_size())))
+    return _Reference(inputs, run.sample, _run_blocks(run, None), even)
+
+
+def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Reference,
+                device: torch.device) -> tuple[dict[str, float], list[float]]:
+    """One case: set up, one checked forward and block replay, then each level timed. Returns this rank's
+    medians per level and its (block, step) errors (zeros for the bound, which attends random keys)."""
+    base = setup.setup
+    with _set_up(model, case, base) as state:
+        run = _forward(model, ref.inputs, state)
+        outs = _run_blocks(run, state)
+        errors = [0.0, 0.0]
+        if case.method != "bound":
+            errors = [_block_error(outs, ref.blocks, run.layout or ref.even, is_flux(setup.config)),
+                      _relative(run.sample, ref.sample)]
+        del outs
+        calls = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**ref.inputs)}
+        ms = {level: median_ms(calls[level], base.iters, base.warmup, device) for level in setup.levels}
+    return ms, errors
+
+
 def bench_model(setup: ModelSetup, cases: list[Case]) -> list[dict]:
-    """Run on every rank; one row per case and level (times: slowest rank's medians; errors: largest rank's)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """Run on every rank; one row per case and level (times: slowest rank's medians; errors and peak memory:
+    the largest rank's)."""
     device, base, w = device_of_job(), setup.setup, setup.setup.workload
-    text_first = is_flux(setup.config)
     with deadline(base.timeout_s), torch.no_grad():
         model = _build(setup, device)
-        inputs = model_inputs(w, setup.config, base.seed + 1, base.dtype, device)
-        reference = _forward(model, inputs, None)
-        ref_sample, ref_blocks = reference.sample, _run_blocks(reference, None)
-        del reference  # it holds blocks of a model that diffusers-cp cases drop
-    even = TokenLayout(rank, w.text_tokens, True, tuple(split_sizes(w.tokens, world)))  # diffusers-cp's cut
+        ref = _reference(model, setup, device)
     bound_ms: dict[str, float] = {}
     table: dict[str, list[dict]] = {level: [] for level in setup.levels}
     # diffusers-cp last: each of its cases takes a fresh model, after the one the others share is dropped
-    for case in tqdm(sorted(cases, key=lambda c: c.method == "diffusers-cp"), desc=f"{w.name} {'/'.join(setup.levels)}",
-                     disable=rank != 0, leave=False):
+    ordered = sorted(cases, key=lambda c: c.method == "diffusers-cp")
+    for case in tqdm(ordered, desc=f"{w.name} {'/'.join(setup.levels)}", disable=dist.get_rank() != 0, leave=False):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with deadline(base.timeout_s), torch.no_grad():
             if case.method == "diffusers-cp":
                 model = None
                 model = _build(setup, device)
-            with _set_up(model, case, base) as state:
-                run = _forward(model, inputs, state)
-                outs = _run_blocks(run, state)
-                checked = case.method != "bound"  # the bound attends random keys: nothing to compare
-                errors = [_block_error(outs, ref_blocks, run.layout or even, text_first) if checked else 0.0,
-                          _relative(run.sample, ref_sample) if checked else 0.0]
-                del outs
-                times = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**inputs)}  # noqa: B023
-                ms = {level: median_ms(times[level], base.iters, base.warmup, device) for level in setup.levels}
+            ms, errors = _bench_case(model, case, setup, ref, device)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         worst = torch.tensor([*errors, peak], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         for level in setup.levels:
             if case.method == "bound":
                 bound_ms[level] = ms[level]
-            err = worst[LEVELS.index(level)].item() if checked else None
-            table[level].append(dict(workload=w.name, level=level, tokens=w.tokens + w.text_tokens, method=case.method,
-                              layout=case.label, ms=ms[level], vs_bound=ms[level] / bound_ms[level],
-                              max_abs_err=None, rel_err=err,
-                              peak_gib=worst[2].item() if device.type == "cuda" else None))
+            table[level].append(dict(
+                workload=w.name, level=level, tokens=w.tokens + w.text_tokens, method=case.method,
+                layout=case.label, ms=ms[level], vs_bound=ms[level] / bound_ms[level], max_abs_err=None,
+                rel_err=None if case.method == "bound" else worst[LEVELS.index(level)].item(),
+                peak_gib=worst[2].item() if device.type == "cuda" else None))
     return [row for level in setup.levels for row in table[level]]
 
 
