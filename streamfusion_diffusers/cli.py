@@ -12,7 +12,7 @@ COMMANDS = {
     "generate": (generate, "run a Flux or CogVideoX pipeline sequence-parallel; writes the output and run.json"),
     "verify": (verify, "check every method against single-process attention on this cluster, with timings"),
     "launch": (launch, "run a script on N x M GPUs through torchrun, with the NVSHMEM heap sized for the model"),
-    "bench": (bench, "time a layer, block or whole step for every method and layout side by side, against xDiT and diffusers"),
+    "bench": (bench, "time a layer, block or step for every method and layout, against xDiT and diffusers"),
     "plan": (plan, "predict each method and layout on a cluster shape from the cost model, and recommend one"),
 }
 
