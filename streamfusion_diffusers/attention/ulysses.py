@@ -2,8 +2,7 @@
 
 Heads are grouped as [T, U', h] (torus part, intra-Ulysses part, heads per rank). `scatter_heads` runs the
 intra-Ulysses part of the all-to-all in one piece and leaves the torus part for Torus stages; its output is
-head-part-major, [T, B, L_part, h, D], a strided view where each torus chunk Q_{l,tau} is x[tau] (transports
-copy a chunk to contiguous memory only when they send it).
+head-part-major, [T, B, L_part, h, D], so each torus chunk Q_{l,tau} is one contiguous tensor.
 """
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_le
     n_t, n_u = lay.torus, lay.ulysses_intra
     b, length, heads, d = xs[0].shape
     h = heads // (n_t * n_u)
-    if n_u == 1:  # views, no copy: the stationary chunk is attended in place, sent chunks are copied on sending
-        return [x.view(b, length, n_t, h, d).permute(2, 0, 1, 3, 4) for x in xs]
+    if n_u == 1:
+        return [x.view(b, length, n_t, h, d).permute(2, 0, 1, 3, 4).contiguous() for x in xs]
     stacked = torch.stack([x.view(b, length, n_t, n_u, h, d) for x in xs])  # [n, B, L, T, U', h, D]
     send = stacked.permute(4, 0, 1, 2, 3, 5, 6).contiguous()  # peer-major: [U', n, B, L, T, h, D]
     lens = _peer_lens(mesh, seq_lens)
@@ -37,7 +36,7 @@ def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_le
     transport.all_to_all(recv, send.view(-1), [per_token * n for n in lens], [per_token * length] * n_u,
                          mesh.ulysses).wait()
     pieces = [p.view(len(xs), b, n, n_t, h, d) for p, n in zip(recv.split([per_token * n for n in lens]), lens)]
-    gathered = torch.cat(pieces, dim=2).permute(0, 3, 1, 2, 4, 5)  # [n, T, B, L_part, h, D], a view
+    gathered = torch.cat(pieces, dim=2).permute(0, 3, 1, 2, 4, 5).contiguous()  # [n, T, B, L_part, h, D]
     return list(gathered.unbind(0))
 
 

@@ -62,15 +62,11 @@ class NvshmemTransport:
         self.bindings.barrier_all_on_stream(stream.cuda_stream)
 
     def scatter_push(self, sends: Sequence[tuple[Tensor, int]], stream: torch.cuda.Stream) -> None:
-        """SCATTERPUSH: put each tensor into its PE's mailbox on `stream`, after the compute queued so far.
-        A strided chunk is made contiguous on `stream` too, so that the copy overlaps compute."""
-        sends = [(t, pe) for t, pe in sends if t.numel()]
-        if not sends:
+        """SCATTERPUSH: put each tensor into its PE's mailbox on `stream`, after the compute queued so far."""
+        sources = [(t.contiguous(), pe) for t, pe in sends if t.numel()]
+        if not sources:
             return
         stream.wait_stream(torch.cuda.current_stream(self.runtime.device))
-        self._held += [t for t, _ in sends]  # the strided originals, read on `stream`
-        with torch.cuda.stream(stream):
-            sources = [(t.contiguous(), pe) for t, pe in sends]
         for src, pe in sources:
             nbytes = src.numel() * src.element_size()
             dest, signal = self.mailbox.outgoing(pe, nbytes)
