@@ -11,13 +11,13 @@ attention kernels' time and the wall time is what the schedule exposes.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
+from streamfusion_diffusers.bench.timing import median_ms
 from streamfusion_diffusers.sequence import split_sizes
 
 WORKLOADS = {"flux-2048": (16384 + 512, 24, 128), "flux-4096": (65536 + 512, 24, 128),
@@ -51,19 +51,7 @@ def main() -> int:
     lens = split_sizes(length, world)
     q, k, v = (torch.randn((1, lens[rank], heads, dim), device="cuda", dtype=torch.bfloat16) for _ in range(3))
     call = lambda: sp_attention(q, k, v, ctx, seq_lens=lens)  # noqa: E731
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(args.iters):
-        torch.cuda.synchronize()
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    wall = statistics.median(s.elapsed_time(e) for s, e in times)
+    wall = median_ms(call, args.iters, 3, torch.device("cuda", torch.cuda.current_device()))
     dist.barrier()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.iters):
@@ -74,7 +62,7 @@ def main() -> int:
         events = [e for e in prof.key_averages() if e.device_time_total > 0]
         for e in events:
             per_kind[kind_of(e.key)] = per_kind.get(kind_of(e.key), 0.0) + e.device_time_total / 1e3 / args.iters
-        print(f"{args.workload} {ctx.layout(heads)} on {args.backend}: {wall:.3f} ms per layer (median, rank 0)")
+        print(f"{args.workload} {ctx.layout(heads)} on {args.backend}: {wall:.3f} ms per layer (median, slowest rank)")
         for kind, ms in sorted(per_kind.items(), key=lambda x: -x[1]):
             print(f"  {kind:<17} {ms:8.3f} ms GPU time per layer")
         for e in sorted(events, key=lambda e: -e.device_time_total)[:8]:
