@@ -18,35 +18,16 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 
 from .attention.volume import peer_bytes
 from .backends.nvshmem_pool import ALIGN, GROWTH, MAX_MESSAGES
+from .bench.workloads import MODELS as WORKLOADS
 from .config import METHODS, ParallelConfig, resolve_layout
+from .models import MODELS
 from .recipes import load_recipe
 from .sequence import split_sizes
 
 HEAP_SLACK = 256 << 20  # NVSHMEM's own symmetric allocations (barrier and team state) and rounding
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the heap size depends on. Kept here, not read from `models`, which imports diffusers."""
-
-    heads: int
-    head_dim: int
-    text_tokens: int
-    pixels_per_token: int  # each side: VAE factor 8 x Flux's 2 x 2 packing / CogVideoX's patch size 2
-    height: int
-    width: int
-    frames: int = 1
-    frames_per_latent: int = 0  # temporal compression (video models only)
-
-
-MODEL_SHAPES: dict[str, ModelShape] = {
-    "flux-dev": ModelShape(24, 128, 512, 16, 1024, 1024),
-    "cogvideox-5b": ModelShape(48, 64, 226, 16, 480, 720, frames=49, frames_per_latent=4),
-}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,14 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sequence_tokens(model: str, height: int | None = None, width: int | None = None,
                     frames: int | None = None) -> tuple[int, int, int, int]:
-    """(image/video tokens, text tokens, heads, head dim) of one transformer call of a named model."""
-    if model not in MODEL_SHAPES:
-        raise ValueError(f"no shape known for model {model!r}; known: {', '.join(sorted(MODEL_SHAPES))}")
-    m = MODEL_SHAPES[model]
-    tokens = ((height or m.height) // m.pixels_per_token) * ((width or m.width) // m.pixels_per_token)
-    if m.frames_per_latent:
-        tokens *= ((frames or m.frames) - 1) // m.frames_per_latent + 1
-    return tokens, m.text_tokens, m.heads, m.head_dim
+    """(image/video tokens, text tokens, heads, head dim) of one transformer call of a named model, at the
+    size given or `streamfusion generate`'s default for it."""
+    if model not in WORKLOADS:
+        raise ValueError(f"no shape known for model {model!r}; known: {', '.join(sorted(WORKLOADS))}")
+    spec = MODELS[model]
+    height, width = height or spec.height, width or spec.width
+    w = WORKLOADS[model](width, height) if spec.family == "flux" else WORKLOADS[model](frames or spec.frames,
+                                                                                       height, width)
+    return w.tokens, w.text_tokens, w.heads, w.head_dim
 
 
 def heap_bytes(tokens: int, joint: int, heads: int, head_dim: int, machines: int, gpus_per_machine: int,
