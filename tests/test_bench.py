@@ -6,7 +6,10 @@ import json
 import pytest
 
 from streamfusion_diffusers.bench.command import parse_workload
+from streamfusion_diffusers.bench.report import noisy
+from streamfusion_diffusers.bench.timing import interleaved_ms
 from streamfusion_diffusers.cli import main
+from streamfusion_diffusers.spawn import run_local
 
 
 def test_bench_times_and_checks_every_layout(tmp_path, capsys):
@@ -18,7 +21,8 @@ def test_bench_times_and_checks_every_layout(tmp_path, capsys):
     rows = result["rows"]
     labels = {r["layout"] for r in rows}
     assert {"no-comm bound", "ulysses U4R1", "xdit-usp U4R1", "tas U2R2", "usp U1R4", "torus U4R1T2"} <= labels
-    assert all(r["ok"] and r["ms"] > 0 for r in rows)
+    assert all(r["ok"] and 0 < r["min_ms"] <= r["ms"] <= r["max_ms"] for r in rows)
+    assert all(r["spread"] == pytest.approx((r["max_ms"] - r["min_ms"]) / r["ms"]) for r in rows)
     assert result["setup"]["tokens"]["custom 250+6"] == 256
     assert (out / "table.md").read_text().count("| custom 250+6 |") == len(rows)
     assert (out / "plot.png").stat().st_size > 1000
@@ -30,3 +34,19 @@ def test_workload_specs():
     assert parse_workload("cogvideox-5b:49").tokens == 13 * 48 * 85
     with pytest.raises(ValueError, match="custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM"):
         parse_workload("sd3:1024")
+
+
+def _call_order(iters: int, warmup: int) -> tuple[list[str], list]:
+    import torch
+
+    order: list[str] = []
+    calls = [lambda name=name: order.append(name) for name in "abc"]
+    return order, interleaved_ms(calls, iters, warmup, torch.device("cpu"))
+
+
+def test_repetitions_interleave_across_cases_and_noise_is_flagged():
+    order, stats = run_local(_call_order, 1, 2, 1)[0]
+    assert "".join(order) == "abc" * 3  # one warm-up round, then two timed rounds, each case once per round
+    assert len(stats) == 3 and all(s.min <= s.median <= s.max for s in stats)
+    row = dict(workload="w", level="layer", layout="usp U2R2", ms=1.0, min_ms=0.97, max_ms=1.03, spread=0.06)
+    assert "a spread of 6.0% (> 5%)" in noisy([row])[0] and noisy([{**row, "spread": 0.04}]) == []

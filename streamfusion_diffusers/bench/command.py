@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import inspect
+import logging
 import os
 import re
 import sys
@@ -29,6 +30,8 @@ from . import report, xdit
 from .costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
 from .workloads import MODELS, Workload, is_flux, transformer_config
+
+logger = logging.getLogger(__name__)
 
 LEVELS = ("layer", "block", "step")
 BASELINES = {"xdit-usp": ("layer",), "diffusers-cp": ("block", "step")}  # the levels each baseline runs at
@@ -206,7 +209,8 @@ def main(args: argparse.Namespace) -> int:
     what = ", ".join(WHAT[x] for x in levels)
     model = f" ({size} transformers, random weights)" if model_levels else ""
     title = (f"{what[0].upper()}{what[1:]}{model}, {args.machines} x {m} {'GPUs' if gpu else 'CPU processes'}{link}, "
-             f"{str(dtype).removeprefix('torch.')}, median of {args.iters} after {args.warmup} warm-up")
+             f"{str(dtype).removeprefix('torch.')}, min / median / max of {args.iters} repetitions after {args.warmup} "
+             f"warm-up{' (layer: interleaved across cases)' if 'layer' in levels else ''}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or f"outputs/bench-{stamp}")
     setup_info = {"command": "streamfusion bench " + " ".join(_argv(args)), "world": world, "gpu": gpu,
@@ -216,6 +220,8 @@ def main(args: argparse.Namespace) -> int:
     if model_levels:
         setup_info["model_size"] = size
     paths = report.write(shown, setup_info, out, title)
+    for line in report.noisy(shown):
+        logger.warning("streamfusion bench: noisy case %s", line)
     if args.json:
         print((out / "results.json").read_text())
     else:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from .. import ParallelConfig, init_parallel, sp_attention
 from ..kernels import attention_with_lse
-from .timing import deadline, median_ms
+from .timing import deadline, interleaved_ms
 from .workloads import Workload
 from .xdit import XdiTUSP
 
@@ -68,7 +68,8 @@ def padded_length(w: Workload, world: int) -> int:
 
 
 def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
-    """Run on every rank; returns one row per case (times are the slowest rank's medians)."""
+    """Run on every rank; one row per case: the slowest rank's min / median / max over repetitions that are
+    interleaved across the cases (round-robin), and the worst rank's error against the exact rows."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device, w = device_of_job(), setup.workload
     length = padded_length(w, world)
@@ -79,23 +80,25 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     q, k_loc, v_loc = q_all[:, rows].contiguous(), k[:, rows].contiguous(), v[:, rows].contiguous()
     del q_all
     ref = attention_with_lse(q, k, v)[0].to(setup.dtype)
-    bound_ms = median_ms(lambda: attention_with_lse(q, k, v), setup.iters, setup.warmup, device)
-    table = []
-    for case in tqdm(cases, desc=w.name, disable=rank != 0, leave=False):
+    calls, errors = [], []
+    for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
-            ms, err = bound_ms, 0.0
-        else:
-            with deadline(setup.timeout_s):
-                call = _callable(case, setup, device)
-                out = call(q, k_loc, v_loc)
-                err = (out.float() - ref.float()).abs().max().item()
-                ms = median_ms(lambda: call(q, k_loc, v_loc), setup.iters, setup.warmup, device)  # noqa: B023
-        worst = torch.tensor([err], dtype=torch.float64, device=device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        table.append(dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=case.label,
-                          ms=ms, vs_bound=ms / bound_ms, max_abs_err=worst.item(), rel_err=None, peak_gib=peak))
-    return table
+            calls.append(lambda: attention_with_lse(q, k, v))
+            errors.append(0.0)
+            continue
+        with deadline(setup.timeout_s):
+            call = _callable(case, setup, device)
+            out = call(q, k_loc, v_loc)
+            errors.append((out.float() - ref.float()).abs().max().item())
+            calls.append(lambda call=call: call(q, k_loc, v_loc))
+    worst = torch.tensor(errors, dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    stats = interleaved_ms(calls, setup.iters, setup.warmup, device, setup.timeout_s)
+    bound_ms = next((s.median for c, s in zip(cases, stats) if c.method == "bound"), None)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return [dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=case.label, **s.row(),
+                 vs_bound=s.median / bound_ms if bound_ms else None, max_abs_err=err, rel_err=None, peak_gib=peak)
+            for case, s, err in zip(cases, stats, worst.tolist())]
 
 
 def parallel_config(case: Case, setup: Setup) -> ParallelConfig:

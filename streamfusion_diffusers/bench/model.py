@@ -36,7 +36,7 @@ from ..parallelize import GATHER_HOOK, parallelize, plan_for, unparallelize
 from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from ..sequence import split_sizes
 from .layer import Case, Setup, device_of_job, parallel_config
-from .timing import deadline, median_ms
+from .timing import Stats, deadline, time_ms
 from .workloads import Workload, is_flux
 
 LEVELS = ("block", "step")
@@ -206,9 +206,9 @@ def _reference(model: torch.nn.Module, setup: ModelSetup, device: torch.device) 
 
 
 def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Reference,
-                device: torch.device) -> tuple[dict[str, float], list[float]]:
-    """One case: set up, one checked forward and block replay, then each level timed. Returns this rank's
-    medians per level and its (block, step) errors (zeros for the bound, which attends random keys)."""
+                device: torch.device) -> tuple[dict[str, Stats], list[float]]:
+    """One case: set up, one checked forward and block replay, then each level timed. Returns the slowest
+    rank's min / median / max per level (repetitions in a row: each case reconfigures the model) and its (block, step) errors (zeros for the bound, which attends random keys)."""
     base = setup.setup
     with _set_up(model, case, base) as state:
         run = _forward(model, ref.inputs, state)
@@ -219,12 +219,12 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
                       _relative(run.sample, ref.sample)]
         del outs
         calls = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**ref.inputs)}
-        ms = {level: median_ms(calls[level], base.iters, base.warmup, device) for level in setup.levels}
+        ms = {level: Stats.of(time_ms(calls[level], base.iters, base.warmup, device)) for level in setup.levels}
     return ms, errors
 
 
 def bench_model(setup: ModelSetup, cases: list[Case]) -> list[dict]:
-    """Run on every rank; one row per case and level (times: slowest rank's medians; errors and peak memory:
+    """Run on every rank; one row per case and level (times: slowest rank's min / median / max; errors and peak memory:
     the largest rank's)."""
     device, base, w = device_of_job(), setup.setup, setup.setup.workload
     with deadline(base.timeout_s), torch.no_grad():
@@ -247,10 +247,10 @@ def bench_model(setup: ModelSetup, cases: list[Case]) -> list[dict]:
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         for level in setup.levels:
             if case.method == "bound":
-                bound_ms[level] = ms[level]
+                bound_ms[level] = ms[level].median
             table[level].append(dict(
                 workload=w.name, level=level, tokens=w.tokens + w.text_tokens, method=case.method,
-                layout=case.label, ms=ms[level], vs_bound=ms[level] / bound_ms[level], max_abs_err=None,
+                layout=case.label, **ms[level].row(), vs_bound=ms[level].median / bound_ms[level], max_abs_err=None,
                 rel_err=None if case.method == "bound" else worst[LEVELS.index(level)].item(),
                 peak_gib=worst[2].item() if device.type == "cuda" else None))
     return [row for level in setup.levels for row in table[level]]

@@ -6,6 +6,8 @@ import logging
 import textwrap
 from pathlib import Path
 
+from .timing import SPREAD_LIMIT
+
 logger = logging.getLogger(__name__)
 
 BASELINE = {"layer": "xdit-usp", "block": "diffusers-cp", "step": "diffusers-cp"}  # what each level compares to
@@ -21,23 +23,46 @@ def best_rows(rows: list[dict]) -> list[dict]:
     return list(best.values())
 
 
+def _range(row: dict) -> str:
+    return f"{row['min_ms']:.3f} - {row['max_ms']:.3f}" if row.get("min_ms") is not None else "-"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _err(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
+def _spread(row: dict) -> str:
+    spread = row.get("spread")
+    if spread is None:
+        return "-"
+    return f"{100 * spread:.1f}%" + (" !" if spread > SPREAD_LIMIT else "")
+
+
+def noisy(rows: list[dict]) -> list[str]:
+    """One line per row whose repetitions spread more than SPREAD_LIMIT around the median."""
+    return [f"{r['workload']} {r['level']} {r['layout']}: min {r['min_ms']:.3f} / median {r['ms']:.3f} / max "
+            f"{r['max_ms']:.3f} ms, a spread of {100 * r['spread']:.1f}% (> {100 * SPREAD_LIMIT:.0f}%): compare it "
+            f"with care, or raise --iters" for r in rows if r.get("spread") is not None and r["spread"] > SPREAD_LIMIT]
+
+
 def markdown(rows: list[dict], header: str) -> str:
-    """One line per row; "x <baseline>" is the level's baseline (best layout) time over the row's."""
+    """One line per row; "ms" is the median, "spread" (max - min) / median, flagged "!" above SPREAD_LIMIT;
+    "x <baseline>" is the level's baseline (best layout) time over the row's."""
     levels = list(dict.fromkeys(r["level"] for r in rows))
     baselines = "/".join(dict.fromkeys(BASELINE[level] for level in levels))
-    lines = [header, "", f"| workload | level | method | layout | ms | x bound | x {baselines} | max abs err | "
-             f"rel err | peak GiB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [header, "", f"| workload | level | method | layout | ms | min - max | spread | x bound | "
+             f"x {baselines} | max abs err | rel err | peak GiB |", "|---|---|---|---|" + "---:|" * 8]
     base = {(r["workload"], r["level"]): r["ms"] for r in best_rows(rows) if r["method"] == BASELINE[r["level"]]}
     for r in rows:
         key = (r["workload"], r["level"])
         speedup = f"{base[key] / r['ms']:.2f}" if key in base else "-"
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
         lines.append(f"| {r['workload']} | {r['level']} | {r['method']} | {r['layout']} | {r['ms']:.3f} | "
-                     f"{r['vs_bound']:.2f} | {speedup} | {_err(r['max_abs_err'])} | {_err(r['rel_err'])} | {peak} |")
+                     f"{_range(r)} | {_spread(r)} | {_ratio(r['vs_bound'])} | {speedup} | {_err(r['max_abs_err'])} | {_err(r['rel_err'])} | {peak} |")
     return "\n".join(lines) + "\n"
 
 
