@@ -7,7 +7,7 @@ from typing import Literal
 
 from .links import parse_link
 
-Method = Literal["ulysses", "ring", "usp", "tas", "torus"]
+Method = Literal["ulysses", "ring", "usp", "tas", "torus", "auto"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
 BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "nvshmem")
 KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
@@ -31,7 +31,10 @@ class ParallelConfig:
     "sdpa", "fused"). timeout_s: the longest any collective may wait before it fails instead of hanging.
     strict: raise instead of falling back when the asked-for backend cannot run. emulate_link: make transfers
     between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's
-    GPUs, split into `machines` groups, stand in for a cluster.
+    GPUs, split into `machines` groups, stand in for a cluster. method "auto": the layout (method, U, R, T and
+    the kernel, when kernel is "auto") is chosen at the first `sp_attention` call from the attention shape and
+    the cluster, by `recipes.choose`: a recipe entry for that shape, else the cost model. recipe: where "auto"
+    looks (a packaged name, a YAML file or a folder of them; None: the packaged recipes).
     """
 
     machines: int = 1
@@ -45,10 +48,14 @@ class ParallelConfig:
     timeout_s: float = 300.0
     strict: bool = False
     emulate_link: str | None = None
+    recipe: str | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.method not in METHODS + ("auto",):
+            raise ValueError(f"method {self.method!r} is not one of {', '.join(METHODS)}, auto")
+        if self.method == "auto" and (self.ulysses, self.ring, self.torus) != (None, None, None):
+            raise ValueError("method 'auto' chooses ulysses, ring and torus itself: leave them unset, or name a "
+                             "method to fix the layout")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.kernel not in KERNELS:
@@ -133,6 +140,9 @@ def resolve_layout(config: ParallelConfig, world_size: int, heads: int | None) -
     n, m = machine_shape(config, world_size)
     p = world_size
     method = config.method
+    if method == "auto":
+        raise ValueError("method 'auto' is resolved from the attention shape at the first sp_attention call "
+                         "(streamfusion_diffusers.recipes.choose); name a method to resolve a layout up front")
     if method == "ulysses":
         u_req, r_req = config.ulysses or p, config.ring or 1
         if (u_req, r_req) != (p, 1):

@@ -44,22 +44,33 @@ class ParallelContext:
                                                self.rank, device)
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
+        self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape
 
     def layout(self, heads: int | None = None) -> Layout:
-        """The layout this context runs for a given head count (validates; builds nothing)."""
+        """The layout this context runs for a given head count (validates; builds nothing). With method "auto",
+        the last one chosen for that head count (it is chosen at the first sp_attention call)."""
+        if self.config.method == "auto":
+            found = [c.layout for key, c in self.chosen.items() if key[1] == heads]
+            if not found:
+                raise ValueError(f"method 'auto' has not chosen a layout for {heads} heads yet: it does so at the "
+                                 f"first sp_attention call")
+            return found[-1]
         return resolve_layout(self.config, self.world_size, heads)
+
+    def mesh_of(self, layout: Layout) -> Mesh:
+        """The mesh of a resolved layout, built (collectively) on first use."""
+        mesh = self._meshes.get(layout)
+        if mesh is None:
+            mesh = self._meshes[layout] = Mesh(layout, self.rank, self.config.timeout_s)
+            if self.rank == 0:
+                logger.info("streamfusion: %s on %d ranks", layout, self.world_size)
+        return mesh
 
     def mesh(self, heads: int | None = None) -> Mesh:
         """The mesh for this head count, built (collectively) on first use."""
         mesh = self._by_heads.get(heads)
         if mesh is None:
-            layout = self.layout(heads)
-            mesh = self._meshes.get(layout)
-            if mesh is None:
-                mesh = self._meshes[layout] = Mesh(layout, self.rank, self.config.timeout_s)
-                if self.rank == 0:
-                    logger.info("streamfusion: %s on %d ranks", layout, self.world_size)
-            self._by_heads[heads] = mesh
+            mesh = self._by_heads[heads] = self.mesh_of(self.layout(heads))
         return mesh
 
     def __repr__(self) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from ..context import ParallelContext
+from ..recipes.choose import attention_plan
 from .joint import gather_joint, joint_shard
 from .torus import TorusSchedule
 from .ulysses import gather_heads, scatter_heads
@@ -58,11 +59,11 @@ def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint
     """
     joint = (joint_q, joint_k, joint_v)
     _check_inputs(q, k, v, joint)
-    mesh = ctx.mesh(q.shape[2])
     lens = _check_seq_lens(seq_lens, q.shape[1], ctx.rank, ctx.world_size)
-    transport, kernel = ctx.transport, ctx.config.kernel
     b, _, heads, d = q.shape
     joint_len = joint_q.shape[1] if joint_q is not None else 0
+    mesh, kernel = attention_plan(ctx, q, lens, joint_len)  # method "auto" chooses here, once per shape
+    transport = ctx.transport
     transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint_len, q.element_size()))
     xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None

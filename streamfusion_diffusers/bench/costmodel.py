@@ -26,6 +26,8 @@ class Gpu:
     hbm_gb_per_s: float = 4000.0
     launch_us: float = 6.0
     intra: Link = NVLINK
+    stage_us: float = 0.0  # fixed cost of each group of transfers posted together (sync, bookkeeping)
+    layer_us: float = 0.0  # fixed cost of one sp_attention call (Python, layout checks, buffers)
 
     def attention_s(self, flops: float, head_dim: int) -> float:
         tflops = self.attention_tflops.get(head_dim) or min(self.attention_tflops.values())
@@ -74,8 +76,9 @@ class _Rank:
             kind, _ = self._link(peer)
             self.bytes[kind] += elements * self.elem
             per_link.setdefault(kind, []).append(elements * self.elem)
-        return max((({"intra": self.gpu.intra, "inter": self.inter})[k].seconds(sum(v), len(v))
-                    for k, v in per_link.items()), default=0.0)
+        stage = self.gpu.stage_us * 1e-6 if per_link else 0.0
+        return stage + max((({"intra": self.gpu.intra, "inter": self.inter})[k].seconds(sum(v), len(v))
+                            for k, v in per_link.items()), default=0.0)
 
     def attend(self, rows: float, key_blocks: list[float]) -> float:
         """Launch-and-merge attention of `rows` queries over K/V blocks (the unfused kernel path)."""
@@ -132,7 +135,7 @@ def predict(lay: Layout, w: Workload, inter: Link, gpu: Gpu | None = None, elem_
     """Predicted attention-layer and step time of one layout (the busiest rank's)."""
     gpu = gpu or Gpu()
     ranks = [_Rank(rank, lay, w, gpu, inter, elem_bytes) for rank in range(lay.world_size)]
-    layers = [r.layer() for r in ranks]
+    layers = [r.layer() + gpu.layer_us * 1e-6 for r in ranks]
     busiest = max(range(len(ranks)), key=lambda i: layers[i])
     tokens = w.tokens / lay.world_size + w.text_tokens
     gemm_s = w.batch * tokens * w.block_flops_per_token / (gpu.gemm_tflops * 1e12)

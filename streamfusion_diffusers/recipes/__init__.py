@@ -3,7 +3,11 @@
 A recipe file holds one model's entries; each entry names the cluster shape (machines, gpus_per_machine), the
 workload size (`resolution` for images, `frames` for video) and the layout (method, ulysses, ring, torus,
 backend), plus where the choice came from (`source`: a measurement or the cost model). Packaged recipes are
-found by model name (`flux-dev`); any other argument is read as a path.
+found by model name (`flux-dev`); any other argument is read as a path. An optional `calibration` mapping in
+the file's header holds cost-model figures fitted from `streamfusion tune`'s measurements (recipes/calibrate.py).
+
+This package is the one home of choosing a layout: the files and their loader (here), `choose` (what
+`method="auto"` calls), `tune` (measures and writes entries) and `calibrate` (fits the cost model to them).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ class Recipe:
     model: str
     entries: tuple[dict, ...]
     path: str
+    calibration: dict | None = None
 
     def entry(self, machines: int, gpus_per_machine: int, **size: int) -> dict:
         """The entry for this cluster shape and size; the nearest size of the same shape when none is exact."""
@@ -62,4 +67,18 @@ def load_recipe(name_or_path: str) -> Recipe:
         missing = [k for k in ("machines", "gpus_per_machine", "method") if k not in e]
         if missing:
             raise ValueError(f"recipe {where}: entry {e} lacks {', '.join(missing)}")
-    return Recipe(data["model"], tuple(data["entries"]), where)
+    return Recipe(data["model"], tuple(data["entries"]), where, data.get("calibration"))
+
+
+def load_recipes(where: str | None = None) -> list[Recipe]:
+    """Every recipe `method="auto"` may read: the packaged ones (None), one by name or path, or a folder's."""
+    if where is None:
+        return [load_recipe(p.name.removesuffix(".yaml")) for p in sorted(resources.files(__package__).iterdir(),
+                                                                          key=lambda p: p.name)
+                if p.name.endswith(".yaml")]
+    if Path(where).is_dir():
+        found = sorted(Path(where).glob("*.yaml"))
+        if not found:
+            raise ValueError(f"recipe folder {where} holds no .yaml file; run `streamfusion tune --out {where}` first")
+        return [load_recipe(str(p)) for p in found]
+    return [load_recipe(where)]
