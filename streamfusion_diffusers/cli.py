@@ -7,12 +7,14 @@ import sys
 
 from . import generate, launch, plan, verify
 from .bench import command as bench
+from .recipes import tune
 
 COMMANDS = {
     "generate": (generate, "run a Flux or CogVideoX pipeline sequence-parallel; writes the output and run.json"),
     "verify": (verify, "check every method against single-process attention on this cluster, with timings"),
     "launch": (launch, "run a script on N x M GPUs through torchrun, with the NVSHMEM heap sized for the model"),
     "bench": (bench, "time a layer, block or step for every method and layout, against xDiT and diffusers"),
+    "tune": (tune, "measure the fastest layout per workload on this cluster and write it into YAML recipes"),
     "plan": (plan, "predict each method and layout on a cluster shape from the cost model, and recommend one"),
 }
 

@@ -236,7 +236,9 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     plan = plan_for(transformer)
     if getattr(transformer, "_streamfusion", None) is not None:
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
-    ctx.layout(transformer.config.num_attention_heads)
+    auto = ctx.config.method == "auto"  # it chooses the layout at the first attention call
+    if not auto:
+        ctx.layout(transformer.config.num_attention_heads)
     original = dict(transformer.attn_processors)
     foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
     if foreign:
@@ -254,7 +256,7 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
     logger.info("parallelized %s over %d ranks (%s)", type(transformer).__name__, ctx.world_size,
-                ctx.layout(transformer.config.num_attention_heads))
+                "method auto" if auto else ctx.layout(transformer.config.num_attention_heads))
     return transformer
 
 

@@ -46,7 +46,8 @@ DIFFUSERS_CP_ON_CPU = ("diffusers-cp skipped: diffusers' enable_parallelism need
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default="flux-dev:2048",
                         help="comma-separated: flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH], or "
-                             "custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM (default flux-dev:2048)")
+                             "custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM; a bare size repeats the model before it "
+                             "(flux-dev:1024,2048); default flux-dev:2048")
     parser.add_argument("--level", default="layer",
                         help="comma-separated from layer (one attention layer), block (one transformer block), "
                              "step (one whole transformer forward); default layer")
@@ -87,6 +88,15 @@ def parse_workload(spec: str) -> Workload:
         return MODELS[name](*values)
     raise ValueError(f"workload {spec!r}: use flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH] or "
                      f"custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM")
+
+
+def workload_specs(text: str) -> list[str]:
+    """The comma-separated workloads of --workloads; a bare size repeats the model before it, so that
+    flux-dev:1024,2048 means flux-dev:1024,flux-dev:2048."""
+    specs: list[str] = []
+    for spec in (s.strip() for s in text.split(",") if s.strip()):
+        specs.append(f"{specs[-1].split(':')[0]}:{spec}" if spec[0].isdigit() and specs else spec)
+    return specs
 
 
 def parse_levels(spec: str) -> tuple[str, ...]:
@@ -165,7 +175,7 @@ def main(args: argparse.Namespace) -> int:
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)
     m = args.gpus_per_machine or world // args.machines
     levels = parse_levels(args.level)
-    workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
+    workloads = [parse_workload(s) for s in workload_specs(args.workloads)]
     methods = _methods(args.methods, levels)
     if "layer" in levels and "xdit-usp" in methods and not xdit.available():
         raise ValueError(xdit.INSTALL_HINT)

@@ -103,14 +103,19 @@ def gpu_of(calibration: dict | None) -> Gpu:
     return Gpu(**given)
 
 
+def schedule_key(lay: Layout) -> tuple:
+    """Layouts with equal keys run the same schedule on the same ranks (placement matters only when both the
+    intra-Ulysses and the ring degree exceed 1)."""
+    return lay.ulysses, lay.ring, lay.torus, lay.ring_inner if lay.ulysses_intra > 1 and lay.ring > 1 else None
+
+
 def ranked(w: Workload, cluster: Cluster, gpu: Gpu, elem_bytes: int = 2) -> list[Prediction]:
     """Every distinct layout of every method, fastest predicted layer first (ties: by name, so every rank and
     every run orders them alike). Layouts that run the same schedule on the same ranks appear once."""
     seen, out = set(), []
     for method in METHODS:
         for lay in candidate_layouts(method, cluster.machines, cluster.gpus_per_machine, w.heads):
-            placed = lay.ring_inner if lay.ulysses_intra > 1 and lay.ring > 1 else None
-            key = (lay.ulysses, lay.ring, lay.torus, placed)
+            key = schedule_key(lay)
             if key not in seen:
                 seen.add(key)
                 out.append(predict(lay, w, cluster.inter, gpu, elem_bytes))
