@@ -55,8 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="block/step levels: the model's real config or its tiny twin (default real on GPUs, "
                              "tiny on the CPU; custom workloads always build a tiny Flux of their heads)")
     parser.add_argument("--methods", default=None,
-                        help=f"comma-separated from {', '.join(METHODS + tuple(BASELINES))} (default: all but ring, "
-                             f"with xdit-usp at layer level and diffusers-cp at block/step); the bound always runs")
+                        help=f"comma-separated from {', '.join(METHODS + tuple(BASELINES))}, auto (default: all but "
+                             f"ring and auto, with xdit-usp at layer level and diffusers-cp at block/step); the bound "
+                             f"always runs; auto is the layout method='auto' chooses (see --recipe)")
+    parser.add_argument("--recipe", default=None,
+                        help="where method auto looks: a packaged recipe name, a YAML file or a folder of them "
+                             "(e.g. the --out of streamfusion tune); default: the packaged recipes")
     parser.add_argument("--layouts", default="best",
                         help="'best' (time every UxR, report each method's fastest), 'all', or a list like "
                              "U8R1,U4R2,U4R2T2")
@@ -112,14 +116,16 @@ def _methods(spec: str | None, levels: tuple[str, ...]) -> list[str]:
     if spec is None:
         return ["ulysses", "usp", "tas", "torus"] + [b for b, at in BASELINES.items() if set(at) & set(levels)]
     methods = [x.strip() for x in spec.split(",") if x.strip()]
-    unknown = sorted(set(methods) - set(METHODS) - set(BASELINES))
+    unknown = sorted(set(methods) - set(METHODS) - set(BASELINES) - {"auto"})
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS + tuple(BASELINES))}")
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS + tuple(BASELINES))}, auto")
     return methods
 
 
 def _cases(method: str, layouts: str, n: int, m: int, heads: int, gpu: bool, dtype: torch.dtype) -> list[Case]:
     p = n * m
+    if method == "auto":  # one case whatever --layouts says: the layout is its choice
+        return [Case("auto")]
     if method in BASELINES:
         # rings need an attention that returns the log-sum-exp: yunchang's runs only on CUDA, and diffusers'
         # (cuDNN) only in half precision
@@ -188,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
     tasks = []
     for w in workloads:
         setup = Setup(w, args.machines, m, args.backend, args.emulate_link, dtype, args.iters, args.warmup, args.seed,
-                      args.timeout)
+                      args.timeout, args.recipe)
         if "layer" in levels:
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, w.heads)
             tasks.append((bench_layer, setup, [Case("bound")] + [
@@ -232,10 +238,12 @@ def main(args: argparse.Namespace) -> int:
     paths = report.write(shown, setup_info, out, title)
     for line in report.noisy(shown):
         logger.warning("streamfusion bench: noisy case %s", line)
+    summary = report.auto_summary(rows)
     if args.json:
         print((out / "results.json").read_text())
     else:
         print(report.markdown(shown, f"## {title}"))
+        print("\n".join(summary))
         print("wrote " + ", ".join(str(p) for p in paths.values()))
     bad = [r for r in rows if not r["ok"]]
     for r in bad:

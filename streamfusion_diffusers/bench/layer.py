@@ -35,8 +35,8 @@ class Case:
 
     @property
     def label(self) -> str:
-        if self.method == "bound":
-            return "no-comm bound"
+        if self.method in ("bound", "auto"):
+            return "no-comm bound" if self.method == "bound" else "auto"
         torus = f"T{self.torus}" if self.torus else ""
         return f"{self.method} U{self.ulysses}R{self.ring}{torus}"
 
@@ -55,6 +55,7 @@ class Setup:
     warmup: int
     seed: int
     timeout_s: float = 300.0  # per case: a case that takes longer dumps every stack and exits
+    recipe: str | None = None  # where method "auto" looks for its layout (None: the packaged recipes)
 
 
 def device_of_job() -> torch.device:
@@ -80,36 +81,46 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     q, k_loc, v_loc = q_all[:, rows].contiguous(), k[:, rows].contiguous(), v[:, rows].contiguous()
     del q_all
     ref = attention_with_lse(q, k, v)[0].to(setup.dtype)
-    calls, errors = [], []
+    calls, errors, labels = [], [], []
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
             calls.append(lambda: attention_with_lse(q, k, v))
             errors.append(0.0)
+            labels.append(case.label)
             continue
         with deadline(setup.timeout_s):
-            call = _callable(case, setup, device)
+            call, ctx = _callable(case, setup, device)
             out = call(q, k_loc, v_loc)
             errors.append((out.float() - ref.float()).abs().max().item())
             calls.append(lambda call=call: call(q, k_loc, v_loc))
+            labels.append(auto_label(ctx) if case.method == "auto" else case.label)
     worst = torch.tensor(errors, dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     stats = interleaved_ms(calls, setup.iters, setup.warmup, device, setup.timeout_s)
     bound_ms = next((s.median for c, s in zip(cases, stats) if c.method == "bound"), None)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return [dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=case.label, **s.row(),
+    return [dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=name, **s.row(),
                  vs_bound=s.median / bound_ms if bound_ms else None, max_abs_err=err, rel_err=None, peak_gib=peak)
-            for case, s, err in zip(cases, stats, worst.tolist())]
+            for case, name, s, err in zip(cases, labels, stats, worst.tolist())]
+
+
+def auto_label(ctx) -> str:
+    """"auto (the layout it chose)" for a context of method "auto" that has run."""
+    return "auto (" + ", ".join(sorted({str(c.layout).replace(f" {c.layout.machines}x{c.layout.gpus_per_machine}", "")
+                                        for c in ctx.chosen.values()})) + ")"
 
 
 def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
     """The ParallelConfig of one of our cases on the setup's cluster and transport."""
     return ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method=case.method,
-                          ulysses=case.ulysses if case.method not in ("ulysses", "ring") else None,
-                          torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link)
+                          ulysses=case.ulysses if case.method not in ("ulysses", "ring", "auto") else None,
+                          torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link,
+                          recipe=setup.recipe)
 
 
 def _callable(case: Case, setup: Setup, device: torch.device):
+    """The case's attention call, and our context for it (None for xDiT)."""
     if case.method == "xdit-usp":
-        return XdiTUSP(case.ulysses, case.ring, device)
+        return XdiTUSP(case.ulysses, case.ring, device), None
     ctx = init_parallel(parallel_config(case, setup))
-    return lambda q, k, v: sp_attention(q, k, v, ctx)
+    return lambda q, k, v: sp_attention(q, k, v, ctx), ctx

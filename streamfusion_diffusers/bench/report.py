@@ -49,6 +49,23 @@ def noisy(rows: list[dict]) -> list[str]:
             f"with care, or raise --iters" for r in rows if r.get("spread") is not None and r["spread"] > SPREAD_LIMIT]
 
 
+def auto_summary(rows: list[dict], within: float = 0.02) -> list[str]:
+    """Per workload and level with an "auto" row: auto's time against the fastest other row of the same job
+    (ours or a baseline), PASS when within `within` of it."""
+    lines = []
+    for key in dict.fromkeys((r["workload"], r["level"]) for r in rows):
+        mine = [r for r in rows if (r["workload"], r["level"]) == key and r["method"] != "bound"]
+        auto = next((r for r in mine if r["method"] == "auto"), None)
+        others = [r for r in mine if r["method"] != "auto"]
+        if auto is None or not others:
+            continue
+        fastest = min(others, key=lambda r: r["ms"])
+        gap = auto["ms"] / fastest["ms"] - 1
+        lines.append(f"{'PASS' if gap <= within else 'FAIL'} {key[0]} {key[1]}: {auto['layout']} {auto['ms']:.3f} ms, "
+                     f"fastest other {fastest['layout']} {fastest['ms']:.3f} ms ({100 * gap:+.1f}%)")
+    return lines
+
+
 def markdown(rows: list[dict], header: str) -> str:
     """One line per row; "ms" is the median, "spread" (max - min) / median, flagged "!" above SPREAD_LIMIT;
     "x <baseline>" is the level's baseline (best layout) time over the row's."""
