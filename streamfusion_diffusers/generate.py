@@ -1,7 +1,7 @@
 """`streamfusion generate`: run a Flux or CogVideoX pipeline sequence-parallel and write its output and run.json.
 
 With no arguments: a tiny Flux pipeline (random weights) on the CPU, in 4 gloo processes as 2 machines x 2,
-with the torus method. `--model flux-dev` or `--model cogvideox-5b` builds the real-size transformer from
+with method "auto" (the recipe entry for the shape and cluster, else the cost model's choice). `--model flux-dev` or `--model cogvideox-5b` builds the real-size transformer from
 its real config (random weights unless `--weights` names a hub id or local folder); launch those under
 torchrun, one GPU per process. The layout is checked before any process starts or any model is built.
 """
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from . import ParallelConfig, init_parallel, shutdown
 from .config import METHODS, resolve_layout
 from .models import MODELS, ModelSpec
-from .recipes import load_recipe
+from .recipes import load_recipes
 from .spawn import run_local
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the model's)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--method", choices=METHODS, default="torus")
+    parser.add_argument("--method", choices=METHODS + ("auto",), default="auto",
+                        help="default auto: the layout of the recipe entry for this shape and cluster (see --recipe), "
+                             "else the cost model's fastest; chosen at the first attention call and logged")
     parser.add_argument("--ulysses", type=int, default=None, help="Ulysses degree U (default: from the heads)")
     parser.add_argument("--ring", type=int, default=None, help="Ring degree R (default: P / U)")
     parser.add_argument("--torus", type=int, default=None, help="Torus degree T (torus method only)")
@@ -59,9 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"LOCAL_WORLD_SIZE under torchrun)")
     parser.add_argument("--backend", choices=("torch", "nvshmem"), default=None,
                         help="transport: torch (NCCL on GPUs, gloo on the CPU) or nvshmem (one-sided, GPUs; falls back "
-                             "to torch with one warning where it cannot run); default: the recipe's, else torch")
+                             "to torch with one warning where it cannot run); default torch")
     parser.add_argument("--recipe", default=None,
-                        help="take the layout from a recipe (packaged name such as flux-dev, or a YAML path)")
+                        help="where --method auto looks: a packaged recipe (flux-dev), a YAML path or a folder of "
+                             "them (streamfusion tune --out); default: the packaged recipes")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default float32 on the CPU, bfloat16 on GPUs")
     parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
@@ -122,15 +125,16 @@ def make_job(args: argparse.Namespace) -> Job:
     spec = MODELS[args.model]
     height, width = args.height or spec.height, args.width or spec.width
     frames = args.frames or spec.frames
-    if args.recipe:
-        size = {"resolution": max(height, width)} if spec.family == "flux" else {"frames": frames}
-        parallel = load_recipe(args.recipe).config(machines, gpus_per_machine, **size)
-    else:
-        parallel = ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine, method=args.method,
-                                  ulysses=args.ulysses, ring=args.ring, torus=args.torus)
+    if args.recipe and args.method != "auto":
+        raise ValueError(f"--recipe is what --method auto reads; drop --method {args.method} or --recipe")
+    parallel = ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine, method=args.method,
+                              ulysses=args.ulysses, ring=args.ring, torus=args.torus, recipe=args.recipe)
     if args.backend:
         parallel = dataclasses.replace(parallel, backend=args.backend)
-    resolve_layout(parallel, world, spec.transformer["num_attention_heads"])
+    if parallel.method == "auto":
+        load_recipes(args.recipe)  # a missing recipe fails here, not at the first attention call
+    else:
+        resolve_layout(parallel, world, spec.transformer["num_attention_heads"])
     tokens = image_tokens(spec, height, width, frames)
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
@@ -226,6 +230,7 @@ def run_rank(job: Job) -> dict | None:
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel),
         "layout": str(ctx.layout(transformer.config.num_attention_heads)),
+        "layout_choice": sorted({c.why for c in ctx.chosen.values()}) or None,  # method auto: why
         "step_latency_s": timer.latencies, "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
     }

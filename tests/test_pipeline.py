@@ -66,12 +66,13 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_generate_writes_the_image_and_run_json(pool, tmp_path):
     job = generate.make_job(_args("--steps", "3", "--output", str(tmp_path)))
-    assert job.world_size == WORLD and job.parallel.method == "torus" and job.parallel.machines == 2
+    assert job.world_size == WORLD and job.parallel.method == "auto" and job.parallel.machines == 2
     records = pool.run(generate.run_rank, job)
     assert records[1:] == [None] * (WORLD - 1)
     run = json.loads((tmp_path / "run.json").read_text())
     assert run == records[0]
-    assert run["layout"].startswith("torus 2x2") and len(run["step_latency_s"]) == 3
+    assert run["layout"].split()[1] == "2x2" and len(run["step_latency_s"]) == 3
+    assert run["layout_choice"] and "cost model" in run["layout_choice"][0]  # no recipe entry for tiny-flux
     assert all(t > 0 for t in run["step_latency_s"]) and run["total_s"] >= sum(run["step_latency_s"])
     assert Path(run["outputs"][0]).name == "image.png" and (tmp_path / "image.png").stat().st_size > 0
 
@@ -90,8 +91,9 @@ def test_generate_video_writes_frames_or_a_video(pool, tmp_path):
      "does not divide the 24 heads"),
     (("--method", "torus", "--ulysses", "3"), "does not divide 4 ranks; valid ulysses degrees"),
     (("--height", "4", "--width", "4"), "raise --height/--width"),
-    (("--recipe", "flux-dev", "--model", "flux-dev", "--machines", "3", "--gpus-per-machine", "3"),
-     "pass the layout"),
+    (("--recipe", "flux-dev", "--method", "torus"), "--recipe is what --method auto reads"),
+    (("--ulysses", "2",), "method 'auto' chooses ulysses"),
+    (("--recipe", "nowhere.yaml",), "no recipe 'nowhere.yaml'"),
 ])
 def test_generate_bad_layouts_fail_before_any_work(argv, message):
     with pytest.raises(ValueError, match=message):
