@@ -1,8 +1,8 @@
 """`streamfusion generate`: run a Flux or CogVideoX pipeline sequence-parallel and write its output and run.json.
 
 With no arguments: a tiny Flux pipeline (random weights) on the CPU, in 4 gloo processes as 2 machines x 2,
-with method "auto" (the recipe entry for the shape and cluster, else the cost model's choice). `--model flux-dev` or `--model cogvideox-5b` builds the real-size transformer from
-its real config (random weights unless `--weights` names a hub id or local folder); launch those under
+with method "auto" (the recipe entry for the shape and cluster, else the cost model's choice). `--model flux-dev`
+or `--model cogvideox-5b` builds the real-size transformer from its real config (random weights unless `--weights` names a hub id or local folder); launch those under
 torchrun, one GPU per process. The layout is checked before any process starts or any model is built.
 """
 from __future__ import annotations

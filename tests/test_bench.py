@@ -6,7 +6,7 @@ import json
 import pytest
 
 from streamfusion_diffusers.bench.command import parse_workload
-from streamfusion_diffusers.bench.report import noisy
+from streamfusion_diffusers.bench.report import auto_summary, noisy
 from streamfusion_diffusers.bench.timing import interleaved_ms
 from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.spawn import run_local
@@ -50,3 +50,13 @@ def test_repetitions_interleave_across_cases_and_noise_is_flagged():
     assert len(stats) == 3 and all(s.min <= s.median <= s.max for s in stats)
     row = dict(workload="w", level="layer", layout="usp U2R2", ms=1.0, min_ms=0.97, max_ms=1.03, spread=0.06)
     assert "a spread of 6.0% (> 5%)" in noisy([row])[0] and noisy([{**row, "spread": 0.04}]) == []
+
+
+def test_auto_summary_passes_within_two_percent_of_the_fastest_other_row():
+    row = dict(workload="w", level="layer")
+    rows = [{**row, "method": "auto", "layout": "auto (usp U2R2)", "ms": 1.01},
+            {**row, "method": "usp", "layout": "usp U2R2", "ms": 1.0},
+            {**row, "method": "xdit-usp", "layout": "xdit-usp U4R1", "ms": 1.2}]
+    (line,) = auto_summary(rows)
+    assert line.startswith("PASS w layer") and "(+1.0%)" in line and "xdit-usp U4R1 1.200 ms (-15.8%)" in line
+    assert auto_summary([{**rows[0], "ms": 1.05}, *rows[1:]])[0].startswith("FAIL")

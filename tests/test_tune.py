@@ -71,7 +71,8 @@ def test_tune_writes_a_measured_recipe(tuned):
     doc = yaml.safe_load((tuned / "custom.yaml").read_text())
     (entry,) = doc["entries"]
     assert ENTRY_KEYS <= set(entry), ENTRY_KEYS - set(entry)
-    assert entry["source"] == "measured" and entry["device"] == "cpu" and (entry["machines"], entry["tokens"]) == (2, 250)
+    assert entry["source"] == "measured" and entry["device"] == "cpu"
+    assert (entry["machines"], entry["gpus_per_machine"], entry["tokens"]) == (2, 2, 250)
     assert entry["ms"]["min"] <= entry["ms"]["median"] <= entry["ms"]["max"] and entry["margin"] >= 0
     assert set(doc["calibration"]) >= {"attention_tflops", "launch_us", "stage_us", "layer_us", "rms_error"}
     records = json.loads((tuned / "measurements.json").read_text())["records"]

@@ -208,7 +208,8 @@ def _reference(model: torch.nn.Module, setup: ModelSetup, device: torch.device) 
 def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Reference,
                 device: torch.device) -> tuple[dict[str, Stats], list[float]]:
     """One case: set up, one checked forward and block replay, then each level timed. Returns the slowest
-    rank's min / median / max per level (repetitions in a row: each case reconfigures the model) and its (block, step) errors (zeros for the bound, which attends random keys)."""
+    rank's min / median / max per level (repetitions in a row: each case reconfigures the model) and its
+    (block, step) errors (zeros for the bound, which attends random keys)."""
     base = setup.setup
     with _set_up(model, case, base) as state:
         run = _forward(model, ref.inputs, state)
