@@ -61,7 +61,7 @@ class ParallelContext:
         """The mesh of a resolved layout, built (collectively) on first use."""
         mesh = self._meshes.get(layout)
         if mesh is None:
-            mesh = self._meshes[layout] = Mesh(layout, self.rank, self.config.timeout_s)
+            mesh = self._meshes[layout] = _shared_mesh(layout, self.rank, self.config.timeout_s)
             if self.rank == 0:
                 logger.info("streamfusion: %s on %d ranks", layout, self.world_size)
         return mesh
@@ -75,6 +75,18 @@ class ParallelContext:
 
     def __repr__(self) -> str:
         return f"ParallelContext({self.config}, rank={self.rank}/{self.world_size})"
+
+
+_MESHES: dict[tuple, Mesh] = {}
+
+
+def _shared_mesh(layout: Layout, rank: int, timeout_s: float) -> Mesh:
+    """One Mesh per layout for the whole process group, shared by every context of the job: a job comparing
+    many contexts (bench, tune) then creates each layout's process groups (NCCL communicators) once."""
+    key = (dist.group.WORLD, layout, timeout_s)
+    if key not in _MESHES:
+        _MESHES[key] = Mesh(layout, rank, timeout_s)
+    return _MESHES[key]
 
 
 def _join_launched_job(timeout_s: float) -> None:
