@@ -31,7 +31,9 @@ class ParallelConfig:
     "sdpa", "fused"). timeout_s: the longest any collective may wait before it fails instead of hanging.
     strict: raise instead of falling back when the asked-for backend cannot run. emulate_link: make transfers
     between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's
-    GPUs, split into `machines` groups, stand in for a cluster.
+    GPUs, split into `machines` groups, stand in for a cluster. cfg: classifier-free-guidance parallelism, 1 or 2
+    branches (world = cfg x SP degree; each branch computes one half of the guidance batch over its own SP group)
+    or "auto" (2 when the transformer's first batch is 2 and the world splits in two, else 1).
     """
 
     machines: int = 1
@@ -45,6 +47,7 @@ class ParallelConfig:
     timeout_s: float = 300.0
     strict: bool = False
     emulate_link: str | None = None
+    cfg: int | Literal["auto"] = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -61,6 +64,8 @@ class ParallelConfig:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.emulate_link is not None:
             parse_link(self.emulate_link)
+        if self.cfg not in (1, 2, "auto"):
+            raise ValueError(f"cfg must be 1, 2 or 'auto' (the classifier-free-guidance branches), got {self.cfg!r}")
 
     @property
     def label(self) -> str:
@@ -126,6 +131,19 @@ def machine_shape(config: ParallelConfig, world_size: int) -> tuple[int, int]:
             f"launch {n * m} processes or set machines and gpus_per_machine so their product is {world_size}"
         )
     return n, m
+
+
+def cfg_shape(machines: int, gpus_per_machine: int, cfg: int) -> tuple[int, int]:
+    """(N', M'): the machines x GPUs of each guidance branch's SP group. With an even machine count each branch
+    takes half of the machines, so no attention traffic crosses between the halves; otherwise half of each machine."""
+    if cfg == 1:
+        return machines, gpus_per_machine
+    if machines % cfg == 0:
+        return machines // cfg, gpus_per_machine
+    if gpus_per_machine % cfg == 0:
+        return machines, gpus_per_machine // cfg
+    raise ValueError(f"cfg={cfg} needs an even number of machines or of GPUs per machine, got {machines} x "
+                     f"{gpus_per_machine}; use cfg=1 or launch an even number of processes per machine")
 
 
 def resolve_layout(config: ParallelConfig, world_size: int, heads: int | None) -> Layout:
