@@ -24,7 +24,7 @@ from diffusers.models.embeddings import CogVideoXPatchEmbed
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from torch import Tensor
 
-from .cfg import CFG_HOOK, CfgSplitHook
+from .cfg import CFG_HOOK, cfg_hook
 from .context import ParallelContext
 from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from .sequence import gather, split_sizes
@@ -253,7 +253,7 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     if plan.embed_module is not None:
         hooks.append((transformer.get_submodule(plan.embed_module), VideoWindowEmbedHook(state), EMBED_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
-        hooks.append((transformer, CfgSplitHook(ctx), CFG_HOOK))
+        hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
     for module, hook, name in hooks:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
