@@ -25,6 +25,7 @@ import torch.distributed as dist
 from . import ParallelConfig, init_parallel, shutdown
 from .config import METHODS, cfg_shape, resolve_layout
 from .models import MODELS, ModelSpec
+from .phases import PhaseTimer
 from .recipes import load_recipe
 from .spawn import run_local
 
@@ -246,8 +247,9 @@ def run_rank(job: Job) -> dict | None:
     if job.true_cfg_scale is not None:
         kwargs.update(true_cfg_scale=job.true_cfg_scale, negative_prompt="")
     built = time.perf_counter()
+    phases = PhaseTimer(device)
     with torch.inference_mode():
-        result = pipe(**kwargs)
+        result = phases.call(pipe, **kwargs)
     finished = timer.now()
     if rank != 0:
         return None
@@ -258,7 +260,8 @@ def run_rank(job: Job) -> dict | None:
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel),
         "layout": str(ctx.layout(transformer.config.num_attention_heads)), "cfg": ctx.cfg.degree,
-        "step_latency_s": timer.latencies, "generate_s": finished - built, "build_s": built - started,
+        "step_latency_s": timer.latencies, "phases_s": phases.seconds,
+        "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
     }
     record["outputs"] = _write_output(job, result)
@@ -288,6 +291,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = f"cfg {record['cfg']} x " if record["cfg"] > 1 else ""
         print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}), "
               f"{len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
+        print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
         print(f"wrote {', '.join(record['outputs'][:3])}{' ...' if len(record['outputs']) > 3 else ''} and "
               f"{Path(job.output) / 'run.json'}")
     return 0

@@ -138,6 +138,9 @@ def test_generate_cfg_parallel_records_two_branches(pool, tmp_path):
     run = pool.run(generate.run_rank, job)[0]
     assert run["cfg"] == 2 and run["layout"].startswith("torus 1x2")  # each branch on one of the 2 machines
     assert json.loads((tmp_path / "run.json").read_text())["cfg"] == 2
+    phases = run["phases_s"]
+    assert all(phases[p] > 0 for p in ("text_encoding", "denoising", "decode")), phases
+    assert phases["total"] >= phases["text_encoding"] + phases["denoising"] + phases["decode"], phases
 
 
 def test_generate_cfg_parallel_needs_guidance():
