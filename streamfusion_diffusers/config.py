@@ -34,7 +34,10 @@ class ParallelConfig:
     GPUs, split into `machines` groups, stand in for a cluster. method "auto": the layout (method, U, R, T and
     the kernel, when kernel is "auto") is chosen at the first `sp_attention` call from the attention shape and
     the cluster, by `recipes.choose`: a recipe entry for that shape, else the cost model. recipe: where "auto"
-    looks (a packaged name, a YAML file or a folder of them; None: the packaged recipes).
+    looks (a packaged name, a YAML file or a folder of them; None: the packaged recipes). cfg: classifier-free-
+    guidance parallelism, 1 or 2 branches (world = cfg x SP degree; each branch computes one half of the
+    guidance batch over its own SP group) or "auto" (2 when the transformer's first batch is 2 and the world
+    splits in two, else 1).
     """
 
     machines: int = 1
@@ -49,6 +52,7 @@ class ParallelConfig:
     strict: bool = False
     emulate_link: str | None = None
     recipe: str | None = None
+    cfg: int | Literal["auto"] = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS + ("auto",):
@@ -68,6 +72,8 @@ class ParallelConfig:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.emulate_link is not None:
             parse_link(self.emulate_link)
+        if self.cfg not in (1, 2, "auto"):
+            raise ValueError(f"cfg must be 1, 2 or 'auto' (the classifier-free-guidance branches), got {self.cfg!r}")
 
     @property
     def label(self) -> str:
@@ -133,6 +139,19 @@ def machine_shape(config: ParallelConfig, world_size: int) -> tuple[int, int]:
             f"launch {n * m} processes or set machines and gpus_per_machine so their product is {world_size}"
         )
     return n, m
+
+
+def cfg_shape(machines: int, gpus_per_machine: int, cfg: int) -> tuple[int, int]:
+    """(N', M'): the machines x GPUs of each guidance branch's SP group. With an even machine count each branch
+    takes half of the machines, so no attention traffic crosses between the halves; otherwise half of each machine."""
+    if cfg == 1:
+        return machines, gpus_per_machine
+    if machines % cfg == 0:
+        return machines // cfg, gpus_per_machine
+    if gpus_per_machine % cfg == 0:
+        return machines, gpus_per_machine // cfg
+    raise ValueError(f"cfg={cfg} needs an even number of machines or of GPUs per machine, got {machines} x "
+                     f"{gpus_per_machine}; use cfg=1 or launch an even number of processes per machine")
 
 
 def resolve_layout(config: ParallelConfig, world_size: int, heads: int | None) -> Layout:

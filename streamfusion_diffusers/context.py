@@ -1,6 +1,7 @@
 """ParallelContext: a resolved layout bound to the running torch.distributed job."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -10,9 +11,9 @@ import torch.distributed as dist
 
 from .backends import Transport, make_transport, nvshmem
 from .backends.emulated import EmulatedTransport
-from .config import Layout, ParallelConfig, machine_shape, resolve_layout
+from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .links import parse_link
-from .mesh import Mesh
+from .mesh import CfgGroups, Mesh
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,8 @@ class ParallelContext:
 
     Meshes are built collectively: either eagerly by `init_parallel` (when the layout does not depend on the
     heads) or at the first `sp_attention` call for a head count, which every rank makes together.
+    With CFG parallelism (config.cfg > 1) `rank` and `world_size` are this rank's place and size in its
+    guidance branch's SP group: sequence parallelism sees only its branch. `global_rank` is the job's rank.
     """
 
     def __init__(self, config: ParallelConfig):
@@ -31,39 +34,90 @@ class ParallelContext:
                                    "with torchrun / `streamfusion launch`) before init_parallel")
             _join_launched_job(config.timeout_s)
         self.config = config
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.global_rank, self.job_size = dist.get_rank(), dist.get_world_size()
+        self.machines, self.gpus_per_machine = machine_shape(config, self.job_size)
         dist_backend = dist.get_backend()
         if config.backend in ("nccl", "gloo") and config.backend != dist_backend:
             raise ValueError(f"backend {config.backend!r} asked for, but the process group runs {dist_backend!r}; "
                              f"use backend='torch' to take whatever the process group runs")
         self.transport: Transport = make_transport(config.backend, strict=config.strict, timeout_s=config.timeout_s)
         if config.emulate_link is not None:
-            _, gpus_per_machine = machine_shape(config, self.world_size)
             device = torch.device("cuda", torch.cuda.current_device()) if dist_backend == "nccl" else torch.device("cpu")
-            self.transport = EmulatedTransport(self.transport, parse_link(config.emulate_link), gpus_per_machine,
-                                               self.rank, device)
+            self.transport = EmulatedTransport(self.transport, parse_link(config.emulate_link),
+                                               self.gpus_per_machine, self.global_rank, device)
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
         self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape
+        self._cfg: CfgGroups | None = None
+        if config.cfg != "auto":
+            self.resolve_cfg()
+
+    def resolve_cfg(self, batch: int | None = None) -> int:
+        """The CFG degree, fixed at the first call (collective: it creates the branch groups). cfg="auto" takes 2
+        when `batch` (the guidance batch the transformer sees) is 2 and the job splits into two branches, else 1."""
+        if self._cfg is None:
+            degree = self.config.cfg
+            if degree == "auto":
+                degree = 2 if batch == 2 and self._cfg_fits(2) else 1
+                if self.global_rank == 0:
+                    logger.info("streamfusion: cfg='auto' chose cfg=%d (batch %s)", degree, batch)
+            self._cfg = CfgGroups.build(self.machines, self.gpus_per_machine, degree, self.global_rank,
+                                        self.config.timeout_s)
+        return self._cfg.degree
+
+    def _cfg_fits(self, degree: int) -> bool:
+        try:
+            n, m = cfg_shape(self.machines, self.gpus_per_machine, degree)
+            if self.config.ulysses is not None or self.config.ring is not None:
+                resolve_layout(self._branch_config(n, m), n * m, None)
+        except ValueError:
+            return False
+        return True
+
+    def _branch_config(self, machines: int, gpus_per_machine: int) -> ParallelConfig:
+        return dataclasses.replace(self.config, machines=machines, gpus_per_machine=gpus_per_machine, cfg=1)
+
+    @property
+    def cfg(self) -> CfgGroups:
+        """The CFG dimension: the branches, this rank's SP group and its CFG group (resolves cfg='auto' to 1 if
+        nothing resolved it yet)."""
+        self.resolve_cfg()
+        return self._cfg
+
+    @property
+    def rank(self) -> int:
+        return self.cfg.sp.index
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.sp.size
+
+    @property
+    def branch_shape(self) -> tuple[int, int]:
+        """(machines, GPUs per machine) of one guidance branch: the cluster sequence parallelism sees."""
+        return cfg_shape(self.machines, self.gpus_per_machine, self.cfg.degree)
 
     def layout(self, heads: int | None = None) -> Layout:
-        """The layout this context runs for a given head count (validates; builds nothing). With method "auto",
-        the last one chosen for that head count (it is chosen at the first sp_attention call)."""
+        """The SP layout this context runs for a given head count (validates; builds nothing): with CFG
+        parallelism, that of one branch (cfg_shape: half of the machines, or half of every machine). With method
+        "auto", the last one chosen for that head count (it is chosen at the first sp_attention call)."""
         if self.config.method == "auto":
             found = [c.layout for key, c in self.chosen.items() if key[1] == heads]
             if not found:
                 raise ValueError(f"method 'auto' has not chosen a layout for {heads} heads yet: it does so at the "
                                  f"first sp_attention call")
             return found[-1]
-        return resolve_layout(self.config, self.world_size, heads)
+        n, m = self.branch_shape
+        return resolve_layout(self._branch_config(n, m), self.world_size, heads)
 
     def mesh_of(self, layout: Layout) -> Mesh:
         """The mesh of a resolved layout, built (collectively) on first use."""
         mesh = self._meshes.get(layout)
         if mesh is None:
-            mesh = self._meshes[layout] = _shared_mesh(layout, self.rank, self.config.timeout_s)
-            if self.rank == 0:
-                logger.info("streamfusion: %s on %d ranks", layout, self.world_size)
+            mesh = self._meshes[layout] = _shared_mesh(layout, self.global_rank, self.config.timeout_s, self.cfg)
+            if self.global_rank == 0:
+                cfg = f", cfg={self.cfg.degree}" if self.cfg.degree > 1 else ""
+                logger.info("streamfusion: %s on %d ranks%s", layout, self.job_size, cfg)
         return mesh
 
     def mesh(self, heads: int | None = None) -> Mesh:
@@ -74,18 +128,18 @@ class ParallelContext:
         return mesh
 
     def __repr__(self) -> str:
-        return f"ParallelContext({self.config}, rank={self.rank}/{self.world_size})"
+        return f"ParallelContext({self.config}, rank={self.global_rank}/{self.job_size})"
 
 
 _MESHES: dict[tuple, Mesh] = {}
 
 
-def _shared_mesh(layout: Layout, rank: int, timeout_s: float) -> Mesh:
-    """One Mesh per layout for the whole process group, shared by every context of the job: a job comparing
-    many contexts (bench, tune) then creates each layout's process groups (NCCL communicators) once."""
-    key = (dist.group.WORLD, layout, timeout_s)
+def _shared_mesh(layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:
+    """One Mesh per layout and CFG split for the whole process group, shared by every context of the job: a job
+    comparing many contexts (bench, tune) then creates each layout's process groups (NCCL communicators) once."""
+    key = (dist.group.WORLD, layout, timeout_s, cfg.branches)
     if key not in _MESHES:
-        _MESHES[key] = Mesh(layout, rank, timeout_s)
+        _MESHES[key] = Mesh(layout, rank, timeout_s, cfg)
     return _MESHES[key]
 
 
@@ -120,7 +174,6 @@ def init_parallel(config: ParallelConfig | None = None) -> ParallelContext:
     ctx = ParallelContext(config or ParallelConfig())
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
-    machine_shape(config, ctx.world_size)
-    if fixed:
+    if fixed and config.cfg != "auto":
         ctx.mesh(None)
     return ctx

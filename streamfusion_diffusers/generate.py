@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from . import ParallelConfig, init_parallel, shutdown
-from .config import METHODS, resolve_layout
+from .config import METHODS, cfg_shape, resolve_layout
 from .models import MODELS, ModelSpec
+from .phases import PhaseTimer
 from .recipes import load_recipes
 from .spawn import run_local
 
@@ -69,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default float32 on the CPU, bfloat16 on GPUs")
     parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even where GPUs exist")
+    parser.add_argument("--cfg-parallel", nargs="?", const="2", choices=("1", "2", "auto"), default="1",
+                        help="compute the two classifier-free-guidance branches at once, each on half of the ranks "
+                             "(one branch per half of the machines when the machine count is even); "
+                             "'auto': when guidance is on")
+    parser.add_argument("--true-cfg-scale", type=float, default=None,
+                        help="Flux: true classifier-free guidance with an empty negative prompt when > 1")
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class Job:
     frames: int
     steps: int
     guidance_scale: float
+    true_cfg_scale: float | None
     max_sequence_length: int
     seed: int
     dtype: str
@@ -104,6 +112,24 @@ def image_tokens(spec: ModelSpec, height: int, width: int, frames: int) -> int:
     p, p_t = cfg["patch_size"], cfg.get("patch_size_t") or 1
     latent_frames = (frames - 1) // cfg["temporal_compression_ratio"] + 1
     return (latent_frames // p_t) * (height // spec.vae_scale // p) * (width // spec.vae_scale // p)
+
+
+def guided(spec: ModelSpec, guidance_scale: float, true_cfg_scale: float | None) -> bool:
+    """Whether the pipeline runs two guidance branches: CogVideoX with guidance > 1, Flux with true CFG > 1
+    (Flux's guidance_scale is distilled guidance, one branch)."""
+    if spec.family == "flux":
+        return true_cfg_scale is not None and true_cfg_scale > 1
+    return guidance_scale > 1
+
+
+def cfg_degree(option: str, is_guided: bool) -> int:
+    """--cfg-parallel as a CFG degree: 'auto' takes 2 when guidance is on; 2 without guidance is an error."""
+    if option == "auto":
+        return 2 if is_guided else 1
+    if option == "2" and not is_guided:
+        raise ValueError("--cfg-parallel needs two guidance branches: CogVideoX with --guidance-scale > 1, Flux with "
+                         "--true-cfg-scale > 1; or drop --cfg-parallel")
+    return int(option)
 
 
 def make_job(args: argparse.Namespace) -> Job:
@@ -131,16 +157,21 @@ def make_job(args: argparse.Namespace) -> Job:
                               ulysses=args.ulysses, ring=args.ring, torus=args.torus, recipe=args.recipe)
     if args.backend:
         parallel = dataclasses.replace(parallel, backend=args.backend)
+    guidance_scale = args.guidance_scale or spec.guidance_scale
+    cfg = cfg_degree(args.cfg_parallel, guided(spec, guidance_scale, args.true_cfg_scale))
+    parallel = dataclasses.replace(parallel, cfg=cfg)
+    branch_machines, branch_gpus = cfg_shape(machines, gpus_per_machine, cfg)
     if parallel.method == "auto":
         load_recipes(args.recipe)  # a missing recipe fails here, not at the first attention call
     else:
-        resolve_layout(parallel, world, spec.transformer["num_attention_heads"])
+        resolve_layout(dataclasses.replace(parallel, machines=branch_machines, gpus_per_machine=branch_gpus, cfg=1),
+                       world // cfg, spec.transformer["num_attention_heads"])
     tokens = image_tokens(spec, height, width, frames)
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
-               steps=args.steps or spec.steps, guidance_scale=args.guidance_scale or spec.guidance_scale,
+               steps=args.steps or spec.steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=args.max_sequence_length or spec.max_sequence_length, seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
                gpu=gpu, output=args.output)
@@ -217,9 +248,12 @@ def run_rank(job: Job) -> dict | None:
                                   output_type="pil" if rank == 0 else "latent")
     if job.spec.family == "cogvideox":
         kwargs["num_frames"] = job.frames
+    if job.true_cfg_scale is not None:
+        kwargs.update(true_cfg_scale=job.true_cfg_scale, negative_prompt="")
     built = time.perf_counter()
+    phases = PhaseTimer(device)
     with torch.inference_mode():
-        result = pipe(**kwargs)
+        result = phases.call(pipe, **kwargs)
     finished = timer.now()
     if rank != 0:
         return None
@@ -229,9 +263,10 @@ def run_rank(job: Job) -> dict | None:
         "steps": job.steps, "guidance_scale": job.guidance_scale, "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel),
-        "layout": str(ctx.layout(transformer.config.num_attention_heads)),
+        "layout": str(ctx.layout(transformer.config.num_attention_heads)), "cfg": ctx.cfg.degree,
         "layout_choice": sorted({c.why for c in ctx.chosen.values()}) or None,  # method auto: why
-        "step_latency_s": timer.latencies, "generate_s": finished - built, "build_s": built - started,
+        "step_latency_s": timer.latencies, "phases_s": phases.seconds,
+        "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
     }
     record["outputs"] = _write_output(job, result)
@@ -258,8 +293,10 @@ def main(args: argparse.Namespace) -> int:
     if record is not None:
         steps = record["step_latency_s"]
         mean_ms = 1e3 * sum(steps) / max(len(steps), 1)
-        print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({record['layout']}), "
+        cfg = f"cfg {record['cfg']} x " if record["cfg"] > 1 else ""
+        print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}), "
               f"{len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
+        print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
         print(f"wrote {', '.join(record['outputs'][:3])}{' ...' if len(record['outputs']) > 3 else ''} and "
               f"{Path(job.output) / 'run.json'}")
     return 0

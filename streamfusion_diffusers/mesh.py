@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from .config import Layout
+from .config import Layout, cfg_shape
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,63 @@ class Group:
         return len(self.ranks)
 
 
+def cfg_branches(machines: int, gpus_per_machine: int, cfg: int) -> tuple[tuple[int, ...], ...]:
+    """Global ranks of each guidance branch, in the branch's SP rank order (see `config.cfg_shape`): contiguous
+    halves of the machines when the machine count is even, else the same half of every machine."""
+    n, m = cfg_shape(machines, gpus_per_machine, cfg)
+    if n != machines:
+        return tuple(tuple(range(b * n * m, (b + 1) * n * m)) for b in range(cfg))
+    return tuple(tuple(machine * gpus_per_machine + b * m + local for machine in range(n) for local in range(m))
+                 for b in range(cfg))
+
+
+@dataclass(frozen=True)
+class CfgGroups:
+    """The classifier-free-guidance dimension as this rank sees it: its branch's SP group (the "world" of every
+    mesh built for it) and the group of the ranks at the same SP position in every branch."""
+
+    branches: tuple[tuple[int, ...], ...]
+    sp: Group
+    cfg: Group
+
+    @property
+    def degree(self) -> int:
+        return len(self.branches)
+
+    @classmethod
+    def build(cls, machines: int, gpus_per_machine: int, cfg: int, rank: int, timeout_s: float) -> "CfgGroups":
+        """Collective when cfg > 1 (every rank creates every branch's and every position's process group)."""
+        branches = cfg_branches(machines, gpus_per_machine, cfg)
+        if cfg == 1:
+            world = dist.group.WORLD if len(branches[0]) > 1 else None
+            return cls(branches, Group(branches[0], rank, world, "world"), Group((rank,), 0, None, "cfg"))
+        timeout = datetime.timedelta(seconds=timeout_s)
+
+        def mine(all_groups: tuple[tuple[int, ...], ...], name: str) -> Group:
+            found = None
+            for ranks in all_groups:
+                pg = dist.new_group(list(ranks), timeout=timeout) if len(ranks) > 1 else None
+                if rank in ranks:
+                    found = Group(ranks, ranks.index(rank), pg, name)
+            return found
+
+        sp = mine(branches, "world")
+        cfg_group = mine(tuple(zip(*branches)), "cfg")
+        return cls(branches, sp, cfg_group)
+
+
 class Mesh:
     """This rank's coordinates in a layout and the torus, intra-Ulysses, ring and world groups it belongs to.
 
-    Creating a Mesh is collective: every rank of the job must build the same layouts in the same order.
+    With CFG parallelism the layout is one branch's SP layout: its ranks are positions in the branch, mapped to
+    global ranks through `cfg.branches`, and "world" is the branch's SP group. Creating a Mesh is collective:
+    every rank of the job must build the same layouts in the same order.
     """
 
-    def __init__(self, layout: Layout, rank: int, timeout_s: float):
+    def __init__(self, layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups | None = None):
+        branches = cfg.branches if cfg is not None else (tuple(range(layout.world_size)),)
         self.layout, self.rank = layout, rank
-        self.t, self.u, self.r = layout.coords(rank)
+        self.t, self.u, self.r = layout.coords(cfg.sp.index if cfg is not None else rank)
         timeout = datetime.timedelta(seconds=timeout_s)
         lay = layout
         dims = {
@@ -48,15 +96,19 @@ class Mesh:
         }
         groups: dict[str, Group] = {}
         for name, (size, to_rank, (n_a, n_b)) in dims.items():
-            for a in range(n_a):
-                for b in range(n_b):
-                    ranks = tuple(to_rank(i, a, b) for i in range(size))
-                    pg = dist.new_group(list(ranks), timeout=timeout) if size > 1 else None
-                    if rank in ranks:
-                        groups[name] = Group(ranks, ranks.index(rank), pg, name)
+            for branch in branches:
+                for a in range(n_a):
+                    for b in range(n_b):
+                        ranks = tuple(branch[to_rank(i, a, b)] for i in range(size))
+                        pg = dist.new_group(list(ranks), timeout=timeout) if size > 1 else None
+                        if rank in ranks:
+                            groups[name] = Group(ranks, ranks.index(rank), pg, name)
         self.torus, self.ulysses, self.ring = groups["torus"], groups["ulysses"], groups["ring"]
-        world = tuple(range(layout.world_size))
-        self.world = Group(world, rank, dist.group.WORLD if layout.world_size > 1 else None, "world")
+        if cfg is not None:
+            self.world = cfg.sp
+        else:
+            world = tuple(range(layout.world_size))
+            self.world = Group(world, rank, dist.group.WORLD if layout.world_size > 1 else None, "world")
 
     def part_len(self, seq_lens: Sequence[int], t: int, r: int) -> int:
         """Tokens of torus part t as held by ring peer r: its intra-Ulysses group's slices together."""

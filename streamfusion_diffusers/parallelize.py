@@ -24,6 +24,7 @@ from diffusers.models.embeddings import CogVideoXPatchEmbed
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from torch import Tensor
 
+from .cfg import CFG_HOOK, cfg_hook
 from .context import ParallelContext
 from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from .sequence import gather, split_sizes
@@ -146,8 +147,8 @@ class SequenceGatherHook(ModelHook):
         self.ctx, self.state = ctx, state
 
     def post_forward(self, module: torch.nn.Module, output: Tensor) -> Tensor:
-        # group None: a ParallelContext spans the default (world) process group
-        return gather(output, list(self.state.layout.image_lens), None, dim=1)
+        # the SP group: the whole job, or with CFG parallelism this rank's guidance branch
+        return gather(output, list(self.state.layout.image_lens), self.ctx.cfg.sp.pg, dim=1)
 
 
 class VideoWindowEmbedHook(ModelHook):
@@ -236,8 +237,8 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     plan = plan_for(transformer)
     if getattr(transformer, "_streamfusion", None) is not None:
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
-    auto = ctx.config.method == "auto"  # it chooses the layout at the first attention call
-    if not auto:
+    # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
+    if ctx.config.method != "auto" and ctx.config.cfg != "auto":
         ctx.layout(transformer.config.num_attention_heads)
     original = dict(transformer.attn_processors)
     foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
@@ -252,11 +253,13 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     ]
     if plan.embed_module is not None:
         hooks.append((transformer.get_submodule(plan.embed_module), VideoWindowEmbedHook(state), EMBED_HOOK))
+    if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
+        hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
     for module, hook, name in hooks:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
-    logger.info("parallelized %s over %d ranks (%s)", type(transformer).__name__, ctx.world_size,
-                "method auto" if auto else ctx.layout(transformer.config.num_attention_heads))
+    logger.info("parallelized %s over %d ranks (%s, cfg=%s)", type(transformer).__name__, ctx.job_size,
+                ctx.config.label, ctx.config.cfg)
     return transformer
 
 

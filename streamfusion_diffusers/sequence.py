@@ -24,6 +24,8 @@ def shard(x: Tensor, rank: int, world_size: int, dim: int = 1) -> Tensor:
 
 def gather(x: Tensor, seq_lens: list[int], group: dist.ProcessGroup | None = None, dim: int = 1) -> Tensor:
     """All-gather every rank's slice along dim and concatenate them in rank order; slices may differ in length."""
+    if len(seq_lens) == 1:
+        return x
     longest = max(seq_lens)
     pad = list(x.shape)
     pad[dim] = longest - x.shape[dim]

@@ -159,13 +159,14 @@ def attention_plan(ctx, q: Tensor, seq_lens: list[int], joint_len: int):
     choice = ctx.chosen.get(key)
     if choice is None:
         config = ctx.config
-        gpus = config.gpus_per_machine or ctx.world_size // config.machines
+        machines, gpus = ctx.branch_shape  # with CFG parallelism, one guidance branch's cluster
         shape = Workload("seen", sum(seq_lens), joint_len, heads, head_dim, 1, batch=b)
-        cluster = Cluster(config.machines, gpus, config.emulate_link or REAL_LINK, config.backend)
-        box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if ctx.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
+        decide = ctx.global_rank == 0
+        box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
+        dist.broadcast_object_list(box, src=0)  # every branch runs the same shapes together: one choice for all
         choice = ctx.chosen[key] = box[0]
-        if ctx.rank == 0:
+        if decide:
             logger.info("streamfusion auto: %s (%s)", choice.layout, choice.why)
     return ctx.mesh_of(choice.layout), choice.kernel
 

@@ -1,0 +1,146 @@
+"""Classifier-free-guidance parallelism: the two guidance branches of a step computed at once, each by its own half
+of the ranks.
+
+`CfgSplitHook`, the outermost hook `parallelize` puts on the transformer when cfg > 1, hands each branch its part
+of the guidance (the SP split hook inside it then cuts that part's tokens over the branch's SP group) and
+all-gathers the noise predictions across the branches, so the pipeline's guidance math sees what it always did.
+The branches exchange one noise prediction per step; their attention traffic stays inside each branch, which
+`config.cfg_shape` places on its own machines when it can.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+from diffusers import FluxTransformer2DModel
+from diffusers.hooks import ModelHook
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from torch import Tensor
+
+from .context import ParallelContext
+from .sequence import gather
+
+logger = logging.getLogger(__name__)
+
+CFG_HOOK = "streamfusion_cfg"
+# forward arguments that carry the guidance batch on dim 0 (Flux and CogVideoX); ids, rotary tables are shared
+BATCHED = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance", "ofs")
+
+
+class CfgSplitHook(ModelHook):
+    """Runs this branch's part of each guidance batch and all-gathers the branches' outputs.
+
+    One call with the batch [uncond ; cond] (CogVideoX): branch b computes the b-th half. Two calls of batch 1
+    per step (Flux with true_cfg_scale > 1, after `pair_calls`): the first call is deferred and returns an empty
+    tensor, the second runs the first call's inputs on branch 0 and its own on branch 1 at once, fills the first
+    call's tensor in place and returns its own. The pipeline reads neither before the second call; a step with
+    only one call (true CFG off) is flushed before the scheduler step reads it.
+    """
+
+    def __init__(self, ctx: ParallelContext):
+        super().__init__()
+        self.ctx = ctx
+        self.signature: inspect.Signature | None = None
+        self.pending: tuple[inspect.BoundArguments, Tensor] | None = None
+        self.scheduler: Any = None
+        self.warned = False
+
+    def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
+        self.signature = inspect.signature(module.forward)
+        return module
+
+    def deinitalize_hook(self, module: torch.nn.Module) -> torch.nn.Module:  # diffusers' spelling
+        if self.scheduler is not None:
+            del self.scheduler.step  # the instance attribute set by pair_calls; the class method shows again
+            self.scheduler = None
+        return module
+
+    def pair_calls(self, scheduler: Any) -> None:
+        """Pair a pipeline's cond and uncond calls (Flux); a pending call is flushed before each scheduler step."""
+        step = scheduler.step
+
+        def flushed_step(*args: Any, **kwargs: Any) -> Any:
+            self.flush()
+            return step(*args, **kwargs)
+
+        scheduler.step, self.scheduler = flushed_step, scheduler
+
+    def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        bound = self.signature.bind(*args, **kwargs)
+        batch = bound.arguments["hidden_states"].shape[0]
+        degree = self.ctx.resolve_cfg(batch)
+        if degree == 1:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        if batch % degree == 0:
+            out = self._forward(self._branch(bound, batch, degree))
+            return _with_sample(out, gather(_sample(out), [batch // degree] * degree, self.ctx.cfg.cfg.pg, dim=0))
+        if self.scheduler is not None and self.pending is None:
+            placeholder = torch.empty((*bound.arguments["hidden_states"].shape[:-1], module.proj_out.out_features),
+                                      dtype=module.proj_out.weight.dtype, device=module.proj_out.weight.device)
+            self.pending = bound, placeholder
+            return _output(bound, placeholder)
+        if self.pending is not None:
+            first, placeholder = self.pending
+            self.pending = None
+            out = self._forward(first if self.ctx.cfg.cfg.index == 0 else bound)
+            both = gather(_sample(out), [batch] * degree, self.ctx.cfg.cfg.pg, dim=0)
+            placeholder.copy_(both[:batch])
+            return _with_sample(out, both[batch:])
+        self._warn_unguided(batch)
+        return self.fn_ref.original_forward(*args, **kwargs)
+
+    def flush(self) -> None:
+        """Compute a deferred call whose pair never came (every branch the same inputs) into its tensor."""
+        if self.pending is None:
+            return
+        first, placeholder = self.pending
+        self.pending = None
+        self._warn_unguided(placeholder.shape[0])
+        placeholder.copy_(_sample(self._forward(first)))
+
+    def _forward(self, bound: inspect.BoundArguments) -> Any:
+        return self.fn_ref.original_forward(*bound.args, **bound.kwargs)
+
+    def _branch(self, bound: inspect.BoundArguments, batch: int, degree: int) -> inspect.BoundArguments:
+        per, branch = batch // degree, self.ctx.cfg.cfg.index
+        for name in BATCHED:
+            value = bound.arguments.get(name)
+            if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == batch:
+                bound.arguments[name] = value[branch * per:(branch + 1) * per]
+        return bound
+
+    def _warn_unguided(self, batch: int) -> None:
+        if not self.warned and self.ctx.global_rank == 0:
+            logger.warning("cfg=%d but the transformer got batch %d in one call per step (guidance off?): every "
+                           "branch computes it whole; use cfg=1 (or 'auto') for unguided runs",
+                           self.ctx.cfg.degree, batch)
+        self.warned = True
+
+
+def cfg_hook(target: Any, transformer: torch.nn.Module, ctx: ParallelContext) -> CfgSplitHook:
+    """The CFG hook for `parallelize(target, ctx)`; for a Flux pipeline, pairing its cond and uncond calls."""
+    hook = CfgSplitHook(ctx)
+    if isinstance(transformer, FluxTransformer2DModel) and hasattr(target, "scheduler"):
+        hook.pair_calls(target.scheduler)
+    return hook
+
+
+def _sample(output: Any) -> Tensor:
+    return output[0] if isinstance(output, tuple) else output.sample
+
+
+def _with_sample(output: Any, sample: Tensor) -> Any:
+    if isinstance(output, tuple):
+        return (sample, *output[1:])
+    output.sample = sample
+    return output
+
+
+def _output(bound: inspect.BoundArguments, sample: Tensor) -> Any:
+    """The transformer's output for `sample`, as its return_dict argument asks."""
+    return Transformer2DModelOutput(sample=sample) if bound.arguments.get("return_dict", True) else (sample,)
+
+
+__all__ = ["CFG_HOOK", "CfgSplitHook", "cfg_hook"]

@@ -1,0 +1,85 @@
+"""Where a generation's time goes: text encoding, denoising, VAE decode and the whole call, per pipeline call.
+
+A user waits for all of it, not for one layer. `PhaseTimer.attach(pipe)` wraps the pipeline's `encode_prompt`
+and `vae.decode` and hooks the transformer; on GPUs every mark synchronizes the device first, so a phase is the
+time its kernels took, not the time to queue them.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+PHASES = ("text_encoding", "denoising", "decode", "total")
+
+
+class PhaseTimer:
+    """Seconds per phase of the pipeline calls made while attached (phases summed over calls).
+
+    text_encoding: every `encode_prompt` call (Flux with true CFG makes two). denoising: from the first
+    transformer call's start to the last one's end, scheduler steps between them included. decode: every
+    `vae.decode` call. total: the whole `pipe(...)` call, measured by `call`.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._denoise: list[float] = []  # [start of the first transformer call, end of the latest one]
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _timed(self, phase: str, fn: Callable) -> Callable:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = self.now()
+            out = fn(*args, **kwargs)
+            self.seconds[phase] += self.now() - start
+            return out
+
+        return timed
+
+    def _transformer_start(self, *_: Any) -> None:
+        if not self._denoise:
+            self._denoise = [self.now(), 0.0]
+
+    def _transformer_end(self, *_: Any) -> None:
+        self._denoise[1] = self.now()
+
+    @contextmanager
+    def attach(self, pipe: Any) -> Iterator[PhaseTimer]:
+        """Time the phases of the pipeline calls made inside the block; the pipeline is left as it was."""
+        wrapped = [(pipe, "encode_prompt", "text_encoding"), (pipe.vae, "decode", "decode")]
+        saved = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in wrapped]
+        for obj, name, phase in wrapped:
+            setattr(obj, name, self._timed(phase, getattr(obj, name)))
+        handles = [pipe.transformer.register_forward_pre_hook(self._transformer_start),
+                   pipe.transformer.register_forward_hook(self._transformer_end)]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+            for obj, name, previous in saved:
+                if previous is None:
+                    delattr(obj, name)
+                else:
+                    setattr(obj, name, previous)
+
+    def call(self, pipe: Any, **kwargs: Any) -> Any:
+        """pipe(**kwargs) with its phases added to `seconds`."""
+        self._denoise = []
+        with self.attach(pipe):
+            start = self.now()
+            out = pipe(**kwargs)
+            self.seconds["total"] += self.now() - start
+        if self._denoise:
+            self.seconds["denoising"] += self._denoise[1] - self._denoise[0]
+        return out
+
+
+__all__ = ["PHASES", "PhaseTimer"]

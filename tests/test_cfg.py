@@ -1,0 +1,150 @@
+"""CFG parallelism over 4 gloo processes (2 guidance branches x SP 2): the same video and noise predictions as
+one process, each branch's attention groups inside its half of the machines, and the branch placement rules."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case
+
+from streamfusion_diffusers import ParallelConfig, generate, init_parallel
+from streamfusion_diffusers.config import cfg_shape
+from streamfusion_diffusers.mesh import cfg_branches
+from streamfusion_diffusers.models.build import build_pipeline, build_transformer
+from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers.spawn import ProcessPool
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(WORLD) as p:
+        yield p
+
+
+def test_branches_span_machines_when_they_can():
+    assert cfg_branches(2, 2, 2) == ((0, 1), (2, 3))  # one branch per machine
+    assert cfg_branches(4, 2, 2) == ((0, 1, 2, 3), (4, 5, 6, 7))  # one branch per half of the machines
+    assert cfg_branches(1, 4, 2) == ((0, 1), (2, 3))  # one machine: each branch on half of it
+    assert cfg_branches(3, 2, 2) == ((0, 2, 4), (1, 3, 5))  # odd machine count: half of every machine
+    assert cfg_branches(2, 2, 1) == ((0, 1, 2, 3),)
+    assert cfg_shape(4, 8, 2) == (2, 8) and cfg_shape(3, 8, 2) == (3, 4)
+    with pytest.raises(ValueError, match="even number of machines or of GPUs per machine"):
+        cfg_shape(3, 1, 2)
+    with pytest.raises(ValueError, match="cfg must be 1, 2 or 'auto'"):
+        ParallelConfig(cfg=4)
+
+
+GUIDED = {"tiny-cogvideox": dict(num_frames=9, guidance_scale=6.0),  # one call of batch [uncond ; cond]
+          "tiny-flux": dict(true_cfg_scale=4.0, negative_prompt="blurry")}  # two calls of batch 1
+
+
+def _pipeline(config: ParallelConfig, name: str = "tiny-cogvideox", guided: bool = True) -> dict:
+    """On every rank: a tiny pipeline (guided: two branches per step) unparallelized and parallelized, the batch
+    and tokens a block held, the transformer calls per step, and the ranks of this rank's attention groups."""
+    pipe = build_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    seen: list[tuple[int, int]] = []
+    pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["hidden_states"].shape[:2])), with_kwargs=True)
+    kwargs = GUIDED[name] if guided else {"num_frames": 9} if name == "tiny-cogvideox" else {}
+
+    def run() -> np.ndarray:
+        out = pipe(prompt="a red cat under a blue sky", height=64, width=64, num_inference_steps=2,
+                   generator=torch.Generator().manual_seed(0), output_type="np", **kwargs)
+        return out.frames if name == "tiny-cogvideox" else out.images
+
+    reference = run()
+    full, calls = seen[-1], len(seen)
+    ctx = init_parallel(config)
+    parallelize(pipe, ctx)
+    out = run()
+    calls = (calls, len(seen) - calls)
+    unparallelize(pipe)
+    mesh = ctx.mesh(pipe.transformer.config.num_attention_heads)
+    groups = {g.name: g.ranks for g in (mesh.torus, mesh.ulysses, mesh.ring, mesh.world)}
+    return {"error": float(np.linalg.norm(out - reference) / np.linalg.norm(reference)), "full": full,
+            "block": seen[-1], "calls": calls, "restored": type(pipe.scheduler).step is pipe.scheduler.step.__func__,
+            "cfg": ctx.cfg.degree, "groups": groups, "rank": dist.get_rank()}
+
+
+@pytest.mark.parametrize(("method", "cfg"), [("torus", 2), ("usp", "auto")])
+def test_cogvideox_pipeline_with_cfg_parallel_is_exact(pool, method, cfg):
+    config = ParallelConfig(machines=2, gpus_per_machine=2, method=method, cfg=cfg)
+    for res in pool.run(_pipeline, config):
+        assert res["cfg"] == 2, res
+        assert res["full"][0] == 2 and res["block"][0] == 1, res  # one guidance branch per half
+        assert res["block"][1] in (res["full"][1] // 2, res["full"][1] // 2 + 1), res  # SP 2 inside the branch
+        branch = (0, 1) if res["rank"] < 2 else (2, 3)  # 2 machines: one branch on each
+        assert all(set(ranks) <= set(branch) for ranks in res["groups"].values()), res
+        assert res["error"] <= TOL, res
+
+
+@pytest.mark.parametrize("guided", [True, False], ids=["true-cfg", "no-true-cfg"])
+def test_flux_pipeline_with_cfg_parallel_is_exact(pool, guided):
+    """Flux calls its transformer twice per step with true CFG: each branch computes one call, both at once; with
+    true CFG off the one call per step is computed whole by every branch."""
+    config = ParallelConfig(machines=1, gpus_per_machine=4, method="torus", cfg=2)
+    for res in pool.run(_pipeline, config, "tiny-flux", guided):
+        assert res["cfg"] == 2 and res["restored"], res
+        assert res["calls"] == ((4, 2) if guided else (2, 2)), res  # per branch: one block call per step
+        assert res["block"][1] in (res["full"][1] // 2, res["full"][1] // 2 + 1), res
+        assert res["error"] <= TOL, res
+
+
+def _transformer(config: ParallelConfig, case: Case) -> dict:
+    """On every rank: a batch-2 transformer forward with cfg parallelism against the unparallelized one."""
+    model = build_transformer(case.config, seed=3)
+    inputs = case.inputs(4)
+    with torch.no_grad():
+        reference = model(**inputs).sample
+        ctx = init_parallel(config)
+        parallelize(model, ctx)
+        out = model(**inputs, return_dict=False)[0]
+        unparallelize(model)
+    return {"error": ((out - reference).norm() / reference.norm()).item(), "cfg": ctx.cfg.degree}
+
+
+@pytest.mark.parametrize("case", [FLUX_CASES["text-joint-batch2"], COGVIDEOX_CASES["rope-text-joint"]],
+                         ids=["flux", "cogvideox"])
+def test_transformer_batch2_with_cfg_parallel_is_exact(pool, case):
+    case = Case(case.family, case.grid, case.text, batch=2, overrides=case.overrides)
+    config = ParallelConfig(machines=1, gpus_per_machine=4, method="torus", cfg=2)
+    for res in pool.run(_transformer, config, case):
+        assert res["cfg"] == 2 and res["error"] <= TOL, res
+
+
+def test_auto_keeps_one_branch_for_an_unguided_batch(pool):
+    config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus", cfg="auto")
+    for res in pool.run(_transformer, config, COGVIDEOX_CASES["rope-text-joint"]):
+        assert res["cfg"] == 1 and res["error"] <= TOL, res
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_generate_cfg_parallel_records_two_branches(pool, tmp_path):
+    job = generate.make_job(_args("--model", "tiny-cogvideox", "--cfg-parallel", "--steps", "2",
+                                  "--output", str(tmp_path)))
+    assert job.parallel.cfg == 2
+    run = pool.run(generate.run_rank, job)[0]
+    assert run["cfg"] == 2 and run["layout"].startswith("torus 1x2")  # each branch on one of the 2 machines
+    assert json.loads((tmp_path / "run.json").read_text())["cfg"] == 2
+    phases = run["phases_s"]
+    assert all(phases[p] > 0 for p in ("text_encoding", "denoising", "decode")), phases
+    assert phases["total"] >= phases["text_encoding"] + phases["denoising"] + phases["decode"], phases
+
+
+def test_generate_cfg_parallel_needs_guidance():
+    with pytest.raises(ValueError, match="--true-cfg-scale > 1"):
+        generate.make_job(_args("--cfg-parallel"))  # tiny Flux, no true CFG
+    assert generate.make_job(_args("--cfg-parallel", "auto")).parallel.cfg == 1
+    assert generate.make_job(_args("--cfg-parallel", "--true-cfg-scale", "3")).parallel.cfg == 2
