@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default float32 on the CPU, bfloat16 on GPUs")
     parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even where GPUs exist")
+    parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
+                        help="split the VAE decode's tiles over the ranks (default; diffusers' tiled decode, "
+                             "gathered); --no-vae-split decodes untiled on rank 0")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class Job:
     world_size: int
     gpu: bool
     output: str
+    vae_split: bool = True
 
     @property
     def spec(self) -> ModelSpec:
@@ -139,7 +143,7 @@ def make_job(args: argparse.Namespace) -> Job:
                steps=args.steps or spec.steps, guidance_scale=args.guidance_scale or spec.guidance_scale,
                max_sequence_length=args.max_sequence_length or spec.max_sequence_length, seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
-               gpu=gpu, output=args.output)
+               gpu=gpu, output=args.output, vae_split=args.vae_split)
 
 
 class StepTimer:
@@ -201,7 +205,7 @@ def run_rank(job: Job) -> dict | None:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
     else:
         pipe = build_pipeline(job.model, seed=job.seed, dtype=dtype, device=device)
-    transformer = parallelize(pipe, ctx)
+    transformer = parallelize(pipe, ctx, vae=job.vae_split)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     timer = StepTimer(device)
     transformer.register_forward_pre_hook(timer.start)
@@ -210,7 +214,7 @@ def run_rank(job: Job) -> dict | None:
                                   max_sequence_length=job.max_sequence_length,
                                   generator=torch.Generator("cpu").manual_seed(job.seed),
                                   callback_on_step_end=timer.step_end,
-                                  output_type="pil" if rank == 0 else "latent")
+                                  output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent")
     if job.spec.family == "cogvideox":
         kwargs["num_frames"] = job.frames
     built = time.perf_counter()
@@ -224,7 +228,7 @@ def run_rank(job: Job) -> dict | None:
         "height": job.height, "width": job.width, "frames": job.frames if job.spec.family == "cogvideox" else None,
         "steps": job.steps, "guidance_scale": job.guidance_scale, "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
-        "config": dataclasses.asdict(job.parallel),
+        "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
         "layout": str(ctx.layout(transformer.config.num_attention_heads)),
         "step_latency_s": timer.latencies, "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
