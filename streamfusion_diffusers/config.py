@@ -11,7 +11,7 @@ Method = Literal["ulysses", "ring", "usp", "tas", "torus"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
 BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "nvshmem")
 KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
-COMM_DTYPES: tuple[str | None, ...] = (None, "fp8")
+COMM_DTYPES: tuple[str | None, ...] = (None, "fp8", "int8")
 
 
 def divisors(n: int) -> list[int]:
@@ -32,8 +32,9 @@ class ParallelConfig:
     "sdpa", "fused"). timeout_s: the longest any collective may wait before it fails instead of hanging.
     strict: raise instead of falling back when the asked-for backend cannot run. emulate_link: make transfers
     between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's
-    GPUs, split into `machines` groups, stand in for a cluster. comm_dtype: "fp8" sends the chunks that cross
-    machines as float8 with per-token-and-head scales (backends/fp8.py); None sends them as they are.
+    GPUs, split into `machines` groups, stand in for a cluster. comm_dtype: "fp8" (float8_e4m3fn) or "int8"
+    sends the chunks that cross machines as one byte per value with per-token-and-head scales
+    (backends/quantized.py); None sends them as they are.
     """
 
     machines: int = 1
@@ -61,7 +62,7 @@ class ParallelConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.comm_dtype not in COMM_DTYPES:
-            raise ValueError(f"comm_dtype {self.comm_dtype!r} is not one of None, 'fp8'")
+            raise ValueError(f"comm_dtype {self.comm_dtype!r} is not one of None, 'fp8', 'int8'")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.emulate_link is not None:

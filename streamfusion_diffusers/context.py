@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .backends import Transport, make_transport, nvshmem
 from .backends.emulated import EmulatedTransport
-from .backends.fp8 import Fp8Transport
+from .backends.quantized import QuantizedTransport
 from .config import Layout, ParallelConfig, machine_shape, resolve_layout
 from .links import parse_link
 from .mesh import Mesh
@@ -43,12 +43,12 @@ class ParallelContext:
             device = torch.device("cuda", torch.cuda.current_device()) if dist_backend == "nccl" else torch.device("cpu")
             self.transport = EmulatedTransport(self.transport, parse_link(config.emulate_link), gpus_per_machine,
                                                self.rank, device)
-        if config.comm_dtype == "fp8":
+        if config.comm_dtype is not None:
             if self.transport.name.startswith("nvshmem"):
-                raise ValueError("comm_dtype='fp8' runs over the torch transport (NCCL or gloo), not nvshmem; "
-                                 "use backend='torch' with it, or comm_dtype=None")
+                raise ValueError(f"comm_dtype={config.comm_dtype!r} runs over the torch transport (NCCL or gloo), "
+                                 f"not nvshmem; use backend='torch' with it, or comm_dtype=None")
             _, gpus_per_machine = machine_shape(config, self.world_size)
-            self.transport = Fp8Transport(self.transport, gpus_per_machine, self.rank)
+            self.transport = QuantizedTransport(self.transport, config.comm_dtype, gpus_per_machine, self.rank)
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
 

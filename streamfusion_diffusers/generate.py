@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default float32 on the CPU, bfloat16 on GPUs")
     parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even where GPUs exist")
+    parser.add_argument("--comm-dtype", choices=("fp8", "int8"), default=None,
+                        help="send the attention chunks that cross machines as 1-byte values with per-token-and-head "
+                             "scales (fp8: float8_e4m3fn; int8); intra-machine traffic is untouched")
     parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
                         help="split the VAE decode's tiles over the ranks (default; diffusers' tiled decode, "
                              "gathered); --no-vae-split decodes untiled on rank 0")
@@ -134,6 +137,8 @@ def make_job(args: argparse.Namespace) -> Job:
                                   ulysses=args.ulysses, ring=args.ring, torus=args.torus)
     if args.backend:
         parallel = dataclasses.replace(parallel, backend=args.backend)
+    if args.comm_dtype:
+        parallel = dataclasses.replace(parallel, comm_dtype=args.comm_dtype)
     resolve_layout(parallel, world, spec.transformer["num_attention_heads"])
     tokens = image_tokens(spec, height, width, frames)
     if tokens < world:

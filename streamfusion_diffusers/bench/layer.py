@@ -55,6 +55,7 @@ class Setup:
     warmup: int
     seed: int
     timeout_s: float = 300.0  # per case: a case that takes longer dumps every stack and exits
+    comm_dtype: str | None = None  # "fp8": inter-machine chunks in FP8 (backends/fp8.py)
 
 
 def device_of_job() -> torch.device:
@@ -83,18 +84,22 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     table = []
     for case in tqdm(cases, desc=w.name, disable=rank != 0, leave=False):
         if case.method == "bound":
-            ms, err = bound_ms, 0.0
+            ms, err, sq = bound_ms, 0.0, 0.0
         else:
             with deadline(setup.timeout_s):
                 call = _callable(case, setup, device)
                 out = call(q, k_loc, v_loc)
                 err = (out.float() - ref.float()).abs().max().item()
+                sq = (out.float() - ref.float()).pow(2).sum().item()
                 ms = median_ms(lambda: call(q, k_loc, v_loc), setup.iters, setup.warmup, device)  # noqa: B023
         worst = torch.tensor([err], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        sums = torch.tensor([sq, ref.float().pow(2).sum().item()], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)  # the whole output's relative error: squared norms summed over the ranks
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         table.append(dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=case.label,
-                          ms=ms, vs_bound=ms / bound_ms, max_abs_err=worst.item(), rel_err=None, peak_gib=peak))
+                          ms=ms, vs_bound=ms / bound_ms, max_abs_err=worst.item(),
+                          rel_err=(sums[0] / sums[1]).sqrt().item(), peak_gib=peak))
     return table
 
 
@@ -102,7 +107,8 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
     """The ParallelConfig of one of our cases on the setup's cluster and transport."""
     return ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method=case.method,
                           ulysses=case.ulysses if case.method not in ("ulysses", "ring") else None,
-                          torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link)
+                          torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link,
+                          comm_dtype=setup.comm_dtype)
 
 
 def _callable(case: Case, setup: Setup, device: torch.device):
