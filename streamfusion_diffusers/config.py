@@ -11,6 +11,7 @@ Method = Literal["ulysses", "ring", "usp", "tas", "torus", "auto"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
 BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "nvshmem")
 KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
+COMM_DTYPES: tuple[str | None, ...] = (None, "fp8", "int8")
 
 
 def divisors(n: int) -> list[int]:
@@ -37,7 +38,8 @@ class ParallelConfig:
     looks (a packaged name, a YAML file or a folder of them; None: the packaged recipes). cfg: classifier-free-
     guidance parallelism, 1 or 2 branches (world = cfg x SP degree; each branch computes one half of the
     guidance batch over its own SP group) or "auto" (2 when the transformer's first batch is 2 and the world
-    splits in two, else 1).
+    splits in two, else 1). comm_dtype: "fp8" (float8_e4m3fn) or "int8" sends the chunks that cross machines as
+    one byte per value with per-token-and-head scales (backends/quantized.py); None sends them as they are.
     """
 
     machines: int = 1
@@ -53,6 +55,7 @@ class ParallelConfig:
     emulate_link: str | None = None
     recipe: str | None = None
     cfg: int | Literal["auto"] = 1
+    comm_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS + ("auto",):
@@ -68,6 +71,8 @@ class ParallelConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.comm_dtype not in COMM_DTYPES:
+            raise ValueError(f"comm_dtype {self.comm_dtype!r} is not one of None, 'fp8', 'int8'")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.emulate_link is not None:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from .backends import Transport, make_transport, nvshmem
 from .backends.emulated import EmulatedTransport
+from .backends.quantized import QuantizedTransport
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .links import parse_link
 from .mesh import CfgGroups, Mesh
@@ -45,6 +46,12 @@ class ParallelContext:
             device = torch.device("cuda", torch.cuda.current_device()) if dist_backend == "nccl" else torch.device("cpu")
             self.transport = EmulatedTransport(self.transport, parse_link(config.emulate_link),
                                                self.gpus_per_machine, self.global_rank, device)
+        if config.comm_dtype is not None:
+            if self.transport.name.startswith("nvshmem"):
+                raise ValueError(f"comm_dtype={config.comm_dtype!r} runs over the torch transport (NCCL or gloo), "
+                                 f"not nvshmem; use backend='torch' with it, or comm_dtype=None")
+            self.transport = QuantizedTransport(self.transport, config.comm_dtype, self.gpus_per_machine,
+                                                self.global_rank)
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
         self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape

@@ -76,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'auto': when guidance is on")
     parser.add_argument("--true-cfg-scale", type=float, default=None,
                         help="Flux: true classifier-free guidance with an empty negative prompt when > 1")
+    parser.add_argument("--comm-dtype", choices=("fp8", "int8"), default=None,
+                        help="send the attention chunks that cross machines as 1-byte values with per-token-and-head "
+                             "scales (fp8: float8_e4m3fn; int8); intra-machine traffic is untouched")
+    parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
+                        help="split the VAE decode's tiles over the ranks (default; diffusers' tiled decode, "
+                             "gathered); --no-vae-split decodes untiled on rank 0")
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class Job:
     world_size: int
     gpu: bool
     output: str
+    vae_split: bool = True
 
     @property
     def spec(self) -> ModelSpec:
@@ -157,6 +164,8 @@ def make_job(args: argparse.Namespace) -> Job:
                               ulysses=args.ulysses, ring=args.ring, torus=args.torus, recipe=args.recipe)
     if args.backend:
         parallel = dataclasses.replace(parallel, backend=args.backend)
+    if args.comm_dtype:
+        parallel = dataclasses.replace(parallel, comm_dtype=args.comm_dtype)
     guidance_scale = args.guidance_scale or spec.guidance_scale
     cfg = cfg_degree(args.cfg_parallel, guided(spec, guidance_scale, args.true_cfg_scale))
     parallel = dataclasses.replace(parallel, cfg=cfg)
@@ -174,7 +183,7 @@ def make_job(args: argparse.Namespace) -> Job:
                steps=args.steps or spec.steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=args.max_sequence_length or spec.max_sequence_length, seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
-               gpu=gpu, output=args.output)
+               gpu=gpu, output=args.output, vae_split=args.vae_split)
 
 
 class StepTimer:
@@ -236,7 +245,7 @@ def run_rank(job: Job) -> dict | None:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
     else:
         pipe = build_pipeline(job.model, seed=job.seed, dtype=dtype, device=device)
-    transformer = parallelize(pipe, ctx)
+    transformer = parallelize(pipe, ctx, vae=job.vae_split)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     timer = StepTimer(device)
     transformer.register_forward_pre_hook(timer.start)
@@ -245,7 +254,7 @@ def run_rank(job: Job) -> dict | None:
                                   max_sequence_length=job.max_sequence_length,
                                   generator=torch.Generator("cpu").manual_seed(job.seed),
                                   callback_on_step_end=timer.step_end,
-                                  output_type="pil" if rank == 0 else "latent")
+                                  output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent")
     if job.spec.family == "cogvideox":
         kwargs["num_frames"] = job.frames
     if job.true_cfg_scale is not None:
@@ -262,7 +271,7 @@ def run_rank(job: Job) -> dict | None:
         "height": job.height, "width": job.width, "frames": job.frames if job.spec.family == "cogvideox" else None,
         "steps": job.steps, "guidance_scale": job.guidance_scale, "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
-        "config": dataclasses.asdict(job.parallel),
+        "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
         "layout": str(ctx.layout(transformer.config.num_attention_heads)), "cfg": ctx.cfg.degree,
         "layout_choice": sorted({c.why for c in ctx.chosen.values()}) or None,  # method auto: why
         "step_latency_s": timer.latencies, "phases_s": phases.seconds,

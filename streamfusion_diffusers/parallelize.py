@@ -28,6 +28,7 @@ from .cfg import CFG_HOOK, cfg_hook
 from .context import ParallelContext
 from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from .sequence import gather, split_sizes
+from .vae import is_split, split_vae_decode, unsplit_vae_decode
 
 logger = logging.getLogger(__name__)
 
@@ -226,12 +227,13 @@ def _transformer(target: Any) -> torch.nn.Module:
     return target.transformer if hasattr(target, "transformer") else target
 
 
-def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
+def parallelize(target: Any, ctx: ParallelContext, vae: bool = True) -> torch.nn.Module:
     """Run a pipeline's (or a bare) Flux / CogVideoX transformer sequence-parallel over ctx's ranks.
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
-    Returns the transformer.
+    With `vae` (and a pipeline), the VAE decode is split over the ranks too (`streamfusion_diffusers.vae`):
+    every rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """
     transformer = _transformer(target)
     plan = plan_for(transformer)
@@ -258,6 +260,8 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     for module, hook, name in hooks:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
+    if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
+        split_vae_decode(target.vae, ctx.global_rank, ctx.job_size)
     logger.info("parallelized %s over %d ranks (%s, cfg=%s)", type(transformer).__name__, ctx.job_size,
                 ctx.config.label, ctx.config.cfg)
     return transformer
@@ -273,6 +277,8 @@ def unparallelize(target: Any) -> torch.nn.Module:
         module._diffusers_hook.remove_hook(name, recurse=False)
     transformer.set_attn_processor(dict(installed.processors))
     transformer._streamfusion = None
+    if is_split(getattr(target, "vae", None)):
+        unsplit_vae_decode(target.vae)
     return transformer
 
 

@@ -56,6 +56,7 @@ class Setup:
     seed: int
     timeout_s: float = 300.0  # per case: a case that takes longer dumps every stack and exits
     recipe: str | None = None  # where method "auto" looks for its layout (None: the packaged recipes)
+    comm_dtype: str | None = None  # "fp8" / "int8": inter-machine chunks as 1-byte values (backends/quantized.py)
 
 
 def device_of_job() -> torch.device:
@@ -85,23 +86,28 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
             calls.append(lambda: attention_with_lse(q, k, v))
-            errors.append(0.0)
+            errors.append((0.0, 0.0))
             labels.append(case.label)
             continue
         with deadline(setup.timeout_s):
             call, ctx = _callable(case, setup, device)
-            out = call(q, k_loc, v_loc)
-            errors.append((out.float() - ref.float()).abs().max().item())
+            diff = call(q, k_loc, v_loc).float() - ref.float()
+            errors.append((diff.abs().max().item(), diff.pow(2).sum().item()))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
             labels.append(auto_label(ctx) if case.method == "auto" else case.label)
-    worst = torch.tensor(errors, dtype=torch.float64, device=device)
+    worst = torch.tensor([e[0] for e in errors], dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    # the whole output's relative error: squared norms summed over the ranks
+    sums = torch.tensor([e[1] for e in errors] + [ref.float().pow(2).sum().item()], dtype=torch.float64,
+                        device=device)
+    dist.all_reduce(sums)
+    rel = (sums[:-1] / sums[-1]).sqrt().tolist()
     stats = interleaved_ms(calls, setup.iters, setup.warmup, device, setup.timeout_s)
     bound_ms = next((s.median for c, s in zip(cases, stats) if c.method == "bound"), None)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return [dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=name, **s.row(),
-                 vs_bound=s.median / bound_ms if bound_ms else None, max_abs_err=err, rel_err=None, peak_gib=peak)
-            for case, name, s, err in zip(cases, labels, stats, worst.tolist())]
+                 vs_bound=s.median / bound_ms if bound_ms else None, max_abs_err=err, rel_err=r, peak_gib=peak)
+            for case, name, s, err, r in zip(cases, labels, stats, worst.tolist(), rel)]
 
 
 def auto_label(ctx) -> str:
@@ -115,7 +121,7 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
     return ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method=case.method,
                           ulysses=case.ulysses if case.method not in ("ulysses", "ring", "auto") else None,
                           torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link,
-                          recipe=setup.recipe)
+                          recipe=setup.recipe, comm_dtype=setup.comm_dtype)
 
 
 def _callable(case: Case, setup: Setup, device: torch.device):

@@ -48,6 +48,25 @@ COGVIDEOX_5B: dict[str, Any] = {
     "use_rotary_positional_embeddings": True,
 }
 
+# The VAEs' `vae/config.json` of the same two models (only what differs from diffusers' defaults where it is long).
+FLUX_DEV_VAE: dict[str, Any] = {
+    "block_out_channels": (128, 256, 512, 512),
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "up_block_types": ("UpDecoderBlock2D",) * 4,
+    "latent_channels": 16,
+    "layers_per_block": 2,
+    "norm_num_groups": 32,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+}
+
+COGVIDEOX_5B_VAE: dict[str, Any] = {  # AutoencoderKLCogVideoX's defaults are CogVideoX's VAE; 5b scales by 0.7
+    "scaling_factor": 0.7,
+}
+
 # 8 heads: enough for Ulysses over 8 ranks; one joint and one single block, so both Flux block kinds run.
 TINY_FLUX: dict[str, Any] = {
     "attention_head_dim": 16,
