@@ -34,12 +34,18 @@ class Mesh:
     """This rank's coordinates in a layout and the torus, intra-Ulysses, ring and world groups it belongs to.
 
     Creating a Mesh is collective: every rank of the job must build the same layouts in the same order.
+    `worlds` lists every sequence-parallel world of the job as global ranks in sequence order, when a job runs
+    several side by side (xDiT's CFG branches); None: one world, ranks 0..P-1. `rank` is this process's place
+    in its own world. Every rank creates every world's groups, in one order, as torch.distributed requires.
     """
 
-    def __init__(self, layout: Layout, rank: int, timeout_s: float):
+    def __init__(self, layout: Layout, rank: int, timeout_s: float,
+                 worlds: Sequence[Sequence[int]] | None = None):
         self.layout, self.rank = layout, rank
         self.t, self.u, self.r = layout.coords(rank)
         timeout = datetime.timedelta(seconds=timeout_s)
+        me = dist.get_rank() if worlds else rank
+        all_worlds = [tuple(w) for w in worlds] if worlds else [tuple(range(layout.world_size))]
         lay = layout
         dims = {
             "torus": (lay.torus, lambda i, a, b: lay.rank(i, a, b), (lay.ulysses_intra, lay.ring)),
@@ -47,16 +53,21 @@ class Mesh:
             "ring": (lay.ring, lambda i, a, b: lay.rank(a, b, i), (lay.torus, lay.ulysses_intra)),
         }
         groups: dict[str, Group] = {}
-        for name, (size, to_rank, (n_a, n_b)) in dims.items():
-            for a in range(n_a):
-                for b in range(n_b):
-                    ranks = tuple(to_rank(i, a, b) for i in range(size))
-                    pg = dist.new_group(list(ranks), timeout=timeout) if size > 1 else None
-                    if rank in ranks:
-                        groups[name] = Group(ranks, ranks.index(rank), pg, name)
+        for world in all_worlds:
+            for name, (size, to_rank, (n_a, n_b)) in dims.items():
+                for a in range(n_a):
+                    for b in range(n_b):
+                        ranks = tuple(world[to_rank(i, a, b)] for i in range(size))
+                        pg = dist.new_group(list(ranks), timeout=timeout) if size > 1 else None
+                        if me in ranks:
+                            groups[name] = Group(ranks, ranks.index(me), pg, name)
         self.torus, self.ulysses, self.ring = groups["torus"], groups["ulysses"], groups["ring"]
-        world = tuple(range(layout.world_size))
-        self.world = Group(world, rank, dist.group.WORLD if layout.world_size > 1 else None, "world")
+        if not worlds:
+            self.world = Group(all_worlds[0], rank, dist.group.WORLD if layout.world_size > 1 else None, "world")
+        for world in all_worlds if worlds else ():
+            pg = dist.new_group(list(world), timeout=timeout) if len(world) > 1 else None
+            if me in world:
+                self.world = Group(world, rank, pg, "world")
 
     def part_len(self, seq_lens: Sequence[int], t: int, r: int) -> int:
         """Tokens of torus part t as held by ring peer r: its intra-Ulysses group's slices together."""
