@@ -27,6 +27,7 @@ from .layout import XDiTJob, parallel_config, refuse_unsupported
 __all__ = ["disable", "enable"]
 
 logger = logging.getLogger(__name__)
+_contexts: dict[tuple[Any, ...], ParallelContext] = {}  # one per layout and worlds: enable/disable cycles reuse groups
 
 
 def read_job(pipe: Any) -> XDiTJob:
@@ -76,7 +77,10 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
             logger.info("streamfusion: xfuser runs no sequence parallelism (ulysses x ring = 1); nothing to replace")
         return None
     machines = machines if machines is not None else _launched_machines()
-    ctx = init_parallel(parallel_config(job, method, machines, backend, **config), worlds=job.sp_worlds)
+    key = (parallel_config(job, method, machines, backend, **config), job.sp_worlds)
+    if key not in _contexts:
+        _contexts[key] = init_parallel(key[0], worlds=job.sp_worlds)
+    ctx = _contexts[key]
     install(pipe.transformer, ctx, _split_text)
     if dist.get_rank() == 0:
         logger.info("streamfusion: xfuser's %s attention now runs %s in each of its %d sequence-parallel groups",
