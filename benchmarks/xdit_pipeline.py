@@ -68,6 +68,12 @@ def transformer_output(pipe: Any, args: dict[str, Any]) -> torch.Tensor:
     return seen[0]
 
 
+def quiet(pipe: Any) -> Any:
+    """No progress bar from every rank at every call (xfuser's pipelines use the wrapped pipeline's)."""
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def wrap(pipe: Any, engine_config: Any) -> Any:
     from xfuser import xFuserCogVideoXPipeline, xFuserFluxPipeline
 
@@ -83,7 +89,7 @@ def check(name: str, text: int, engine_config: Any, args: argparse.Namespace) ->
     from xfuser.core.distributed import get_sequence_parallel_rank, get_sequence_parallel_world_size
 
     family = MODELS[name].family
-    pipe = build_pipeline(name, dtype=torch.bfloat16, device="cuda")
+    pipe = quiet(build_pipeline(name, dtype=torch.bfloat16, device="cuda"))
     call = call_args(name, text, {})
     reference = transformer_output(pipe, call)  # the whole model on one GPU, before xfuser wraps it
     sp, sp_rank = get_sequence_parallel_world_size(), get_sequence_parallel_rank()
@@ -108,7 +114,7 @@ def check(name: str, text: int, engine_config: Any, args: argparse.Namespace) ->
 
 def timed(name: str, engine_config: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     spec = MODELS[name]
-    pipe = build_pipeline(name, dtype=torch.bfloat16, device="cuda")
+    pipe = quiet(build_pipeline(name, dtype=torch.bfloat16, device="cuda"))
     xpipe = wrap(pipe, engine_config)
     call = call_args(name, spec.max_sequence_length, TIMED[name])
     step = lambda: xpipe(**call, generator=torch.Generator("cuda").manual_seed(0))  # noqa: E731
