@@ -5,6 +5,7 @@ import dataclasses
 import datetime
 import logging
 import os
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,9 +27,11 @@ class ParallelContext:
     heads) or at the first `sp_attention` call for a head count, which every rank makes together.
     With CFG parallelism (config.cfg > 1) `rank` and `world_size` are this rank's place and size in its
     guidance branch's SP group: sequence parallelism sees only its branch. `global_rank` is the job's rank.
+    worlds: the SP groups, when the job's caller placed them itself (xDiT's CFG branches and data-parallel
+    copies): each one's global ranks in sequence order; the config then describes one of them.
     """
 
-    def __init__(self, config: ParallelConfig):
+    def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None):
         if not dist.is_initialized():
             if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
                 raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch "
@@ -36,7 +39,9 @@ class ParallelContext:
             _join_launched_job(config.timeout_s)
         self.config = config
         self.global_rank, self.job_size = dist.get_rank(), dist.get_world_size()
-        self.machines, self.gpus_per_machine = machine_shape(config, self.job_size)
+        self.worlds = _check_worlds(worlds) if worlds else None
+        self.machines, self.gpus_per_machine = machine_shape(config, len(self.worlds[0]) if self.worlds
+                                                             else self.job_size)
         dist_backend = dist.get_backend()
         if config.backend in ("nccl", "gloo") and config.backend != dist_backend:
             raise ValueError(f"backend {config.backend!r} asked for, but the process group runs {dist_backend!r}; "
@@ -56,7 +61,11 @@ class ParallelContext:
         self._by_heads: dict[int | None, Mesh] = {}
         self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape
         self._cfg: CfgGroups | None = None
-        if config.cfg != "auto":
+        if self.worlds:
+            if config.cfg != 1:
+                raise ValueError("with worlds given, the caller splits the guidance batch: leave cfg=1")
+            self._cfg = CfgGroups.of_branches(self.worlds, self.global_rank, config.timeout_s)
+        elif config.cfg != "auto":
             self.resolve_cfg()
 
     def resolve_cfg(self, batch: int | None = None) -> int:
@@ -102,6 +111,8 @@ class ParallelContext:
     @property
     def branch_shape(self) -> tuple[int, int]:
         """(machines, GPUs per machine) of one guidance branch: the cluster sequence parallelism sees."""
+        if self.worlds:
+            return self.machines, self.gpus_per_machine
         return cfg_shape(self.machines, self.gpus_per_machine, self.cfg.degree)
 
     def layout(self, heads: int | None = None) -> Layout:
@@ -150,6 +161,17 @@ def _shared_mesh(layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) ->
     return _MESHES[key]
 
 
+def _check_worlds(worlds: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """Worlds must split the job into disjoint, equal, ascending rank lists (process groups keep rank order)."""
+    out = tuple(tuple(w) for w in worlds)
+    flat = sorted(r for w in out for r in w)
+    if flat != list(range(dist.get_world_size())) or len({len(w) for w in out}) != 1 \
+            or any(list(w) != sorted(w) for w in out):
+        raise ValueError(f"worlds {out} must split ranks 0..{dist.get_world_size() - 1} into disjoint groups of "
+                         f"one size, each in ascending order")
+    return out
+
+
 def _join_launched_job(timeout_s: float) -> None:
     """Create the default process group of a job that torchrun, `streamfusion launch` or accelerate started
     (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK set): NCCL with one GPU per process, else gloo."""
@@ -171,14 +193,15 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def init_parallel(config: ParallelConfig | None = None) -> ParallelContext:
+def init_parallel(config: ParallelConfig | None = None,
+                  worlds: Sequence[Sequence[int]] | None = None) -> ParallelContext:
     """Bind a ParallelConfig to the running job; checks the world size at once. Under a launcher that set
     RANK and WORLD_SIZE it creates the process group too; with backend "nvshmem" it starts NVSHMEM.
 
     When the layout does not depend on the head count (ulysses or ring given, or method ulysses/ring), the
     process groups are created here; otherwise at the first attention call, by every rank together.
     """
-    ctx = ParallelContext(config or ParallelConfig())
+    ctx = ParallelContext(config or ParallelConfig(), worlds)
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":

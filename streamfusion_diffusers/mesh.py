@@ -60,6 +60,11 @@ class CfgGroups:
         if cfg == 1:
             world = dist.group.WORLD if len(branches[0]) > 1 else None
             return cls(branches, Group(branches[0], rank, world, "world"), Group((rank,), 0, None, "cfg"))
+        return cls.of_branches(branches, rank, timeout_s)
+
+    @classmethod
+    def of_branches(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float) -> "CfgGroups":
+        """Groups for branches the caller placed (xDiT's SP groups); collective, like `build`."""
         timeout = datetime.timedelta(seconds=timeout_s)
 
         def mine(all_groups: tuple[tuple[int, ...], ...], name: str) -> Group:
