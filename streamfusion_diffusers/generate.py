@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default float32 on the CPU, bfloat16 on GPUs")
     parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even where GPUs exist")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Job:
     world_size: int
     gpu: bool
     output: str
+    cuda_graph: bool = False
 
     @property
     def spec(self) -> ModelSpec:
@@ -135,11 +138,14 @@ def make_job(args: argparse.Namespace) -> Job:
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
+    if args.cuda_graph and not gpu:
+        from .graphs import NO_GPU
+        raise ValueError(NO_GPU)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=args.steps or spec.steps, guidance_scale=args.guidance_scale or spec.guidance_scale,
                max_sequence_length=args.max_sequence_length or spec.max_sequence_length, seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
-               gpu=gpu, output=args.output)
+               gpu=gpu, output=args.output, cuda_graph=args.cuda_graph)
 
 
 class StepTimer:
@@ -201,7 +207,7 @@ def run_rank(job: Job) -> dict | None:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
     else:
         pipe = build_pipeline(job.model, seed=job.seed, dtype=dtype, device=device)
-    transformer = parallelize(pipe, ctx)
+    transformer = parallelize(pipe, ctx, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     timer = StepTimer(device)
     transformer.register_forward_pre_hook(timer.start)
@@ -224,7 +230,7 @@ def run_rank(job: Job) -> dict | None:
         "height": job.height, "width": job.width, "frames": job.frames if job.spec.family == "cogvideox" else None,
         "steps": job.steps, "guidance_scale": job.guidance_scale, "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
-        "config": dataclasses.asdict(job.parallel),
+        "config": dataclasses.asdict(job.parallel), "cuda_graph": job.cuda_graph,
         "layout": str(ctx.layout(transformer.config.num_attention_heads)),
         "step_latency_s": timer.latencies, "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,

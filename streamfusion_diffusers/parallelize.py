@@ -25,6 +25,7 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from torch import Tensor
 
 from .context import ParallelContext
+from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from .sequence import gather, split_sizes
 
@@ -225,8 +226,10 @@ def _transformer(target: Any) -> torch.nn.Module:
     return target.transformer if hasattr(target, "transformer") else target
 
 
-def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
+def parallelize(target: Any, ctx: ParallelContext, cuda_graph: bool = False) -> torch.nn.Module:
     """Run a pipeline's (or a bare) Flux / CogVideoX transformer sequence-parallel over ctx's ranks.
+
+    cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
@@ -237,6 +240,8 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     if getattr(transformer, "_streamfusion", None) is not None:
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
     ctx.layout(transformer.config.num_attention_heads)
+    if cuda_graph:
+        check_graphable(ctx)
     original = dict(transformer.attn_processors)
     foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
     if foreign:
@@ -250,6 +255,8 @@ def parallelize(target: Any, ctx: ParallelContext) -> torch.nn.Module:
     ]
     if plan.embed_module is not None:
         hooks.append((transformer.get_submodule(plan.embed_module), VideoWindowEmbedHook(state), EMBED_HOOK))
+    if cuda_graph:  # registered last, so outermost: the split and gather hooks run inside the captured forward
+        hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
     for module, hook, name in hooks:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
