@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
 from streamfusion_diffusers.config import METHODS
+from streamfusion_diffusers.graphs import capture
 from streamfusion_diffusers.kernels.sdpa import attention_with_lse_sdpa
 from streamfusion_diffusers.sequence import split_sizes
 
@@ -157,17 +158,8 @@ def graph_capture(world: int, workload: str, warmup: int, iters: int, kernel: st
     eager = call()
     eager_ms = slowest(time_ms(call, warmup, iters))
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            call()  # warm-up on the capture stream
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
         dist.barrier()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = call()
-        torch.cuda.synchronize()
+        graph, static_out = capture(call, warmup=1)
         dist.barrier()
         graph.replay()
         torch.cuda.synchronize()

@@ -82,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
                         help="split the VAE decode's tiles over the ranks (default; diffusers' tiled decode, "
                              "gathered); --no-vae-split decodes untiled on rank 0")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class Job:
     gpu: bool
     output: str
     vae_split: bool = True
+    cuda_graph: bool = False
 
     @property
     def spec(self) -> ModelSpec:
@@ -179,11 +182,14 @@ def make_job(args: argparse.Namespace) -> Job:
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
+    if args.cuda_graph and not gpu:
+        from .graphs import NO_GPU
+        raise ValueError(NO_GPU)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=args.steps or spec.steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=args.max_sequence_length or spec.max_sequence_length, seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
-               gpu=gpu, output=args.output, vae_split=args.vae_split)
+               gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph)
 
 
 class StepTimer:
@@ -245,7 +251,7 @@ def run_rank(job: Job) -> dict | None:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
     else:
         pipe = build_pipeline(job.model, seed=job.seed, dtype=dtype, device=device)
-    transformer = parallelize(pipe, ctx, vae=job.vae_split)
+    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     timer = StepTimer(device)
     transformer.register_forward_pre_hook(timer.start)
@@ -272,6 +278,7 @@ def run_rank(job: Job) -> dict | None:
         "steps": job.steps, "guidance_scale": job.guidance_scale, "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
+        "cuda_graph": job.cuda_graph,
         "layout": str(ctx.layout(transformer.config.num_attention_heads)), "cfg": ctx.cfg.degree,
         "layout_choice": sorted({c.why for c in ctx.chosen.values()}) or None,  # method auto: why
         "step_latency_s": timer.latencies, "phases_s": phases.seconds,

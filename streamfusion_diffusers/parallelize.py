@@ -26,9 +26,11 @@ from torch import Tensor
 
 from .cfg import CFG_HOOK, cfg_hook
 from .context import ParallelContext
+from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from .sequence import gather, split_sizes
 from .vae import is_split, split_vae_decode, unsplit_vae_decode
+from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
 logger = logging.getLogger(__name__)
 
@@ -227,8 +229,13 @@ def _transformer(target: Any) -> torch.nn.Module:
     return target.transformer if hasattr(target, "transformer") else target
 
 
-def parallelize(target: Any, ctx: ParallelContext, vae: bool = True) -> torch.nn.Module:
+def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
+                waves: int | str = 1) -> torch.nn.Module:
     """Run a pipeline's (or a bare) Flux / CogVideoX transformer sequence-parallel over ctx's ranks.
+
+    cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
+    waves: run each block's tokens in this many waves so one wave's transfers overlap the other's compute
+    (`waves.py`), or "auto" (2 where the per-GPU share fills the GPU's SMs twice over, else 1).
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
@@ -242,6 +249,10 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True) -> torch.nn
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
     if ctx.config.method != "auto" and ctx.config.cfg != "auto":
         ctx.layout(transformer.config.num_attention_heads)
+    if cuda_graph:
+        check_graphable(ctx)
+    if waves != "auto" and (not isinstance(waves, int) or waves < 1):
+        raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     original = dict(transformer.attn_processors)
     foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
     if foreign:
@@ -255,6 +266,10 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True) -> torch.nn
     ]
     if plan.embed_module is not None:
         hooks.append((transformer.get_submodule(plan.embed_module), VideoWindowEmbedHook(state), EMBED_HOOK))
+    if waves != 1:
+        hooks += [(block, WavesHook(ctx, state, waves), WAVES_HOOK) for block in blocks_to_cut(transformer)]
+    if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
+        hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
     for module, hook, name in hooks:

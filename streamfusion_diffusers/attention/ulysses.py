@@ -6,7 +6,7 @@ head-part-major, [T, B, L_part, h, D], so each torus chunk Q_{l,tau} is one cont
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -22,37 +22,63 @@ def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
 
 def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> list[Tensor]:
     """[B, L_rank, H, D] tensors -> [T, B, L_part, h, D]: this rank's heads over its intra-Ulysses peers' slices."""
+    return post_scatter_heads(xs, mesh, transport, seq_lens)()
+
+
+def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport,
+                       seq_lens: Sequence[int]) -> Callable[[], list[Tensor]]:
+    """`scatter_heads` in two halves: post the all-to-all now, and return the call that waits for it and lays
+    the result out, so that other work (the next wave's projections, waves.py) runs while it travels."""
     lay = mesh.layout
     n_t, n_u = lay.torus, lay.ulysses_intra
     b, length, heads, d = xs[0].shape
     h = heads // (n_t * n_u)
     if n_u == 1:
-        return [x.view(b, length, n_t, h, d).permute(2, 0, 1, 3, 4).contiguous() for x in xs]
+        out = [x.view(b, length, n_t, h, d).permute(2, 0, 1, 3, 4).contiguous() for x in xs]
+        return lambda: out
     stacked = torch.stack([x.view(b, length, n_t, n_u, h, d) for x in xs])  # [n, B, L, T, U', h, D]
     send = stacked.permute(4, 0, 1, 2, 3, 5, 6).contiguous()  # peer-major: [U', n, B, L, T, h, D]
     lens = _peer_lens(mesh, seq_lens)
     per_token = len(xs) * b * n_t * h * d
     recv = send.new_empty(per_token * sum(lens))
-    transport.all_to_all(recv, send.view(-1), [per_token * n for n in lens], [per_token * length] * n_u,
-                         mesh.ulysses).wait()
-    pieces = [p.view(len(xs), b, n, n_t, h, d) for p, n in zip(recv.split([per_token * n for n in lens]), lens)]
-    gathered = torch.cat(pieces, dim=2).permute(0, 3, 1, 2, 4, 5).contiguous()  # [n, T, B, L_part, h, D]
-    return list(gathered.unbind(0))
+    handle = transport.all_to_all(recv, send.view(-1), [per_token * n for n in lens], [per_token * length] * n_u,
+                                  mesh.ulysses)
+
+    def finish() -> list[Tensor]:
+        handle.wait()
+        pieces = [p.view(len(xs), b, n, n_t, h, d) for p, n in zip(recv.split([per_token * n for n in lens]), lens)]
+        gathered = torch.cat(pieces, dim=2).permute(0, 3, 1, 2, 4, 5).contiguous()  # [n, T, B, L_part, h, D]
+        return list(gathered.unbind(0))
+
+    return finish
 
 
 def gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> Tensor:
     """The inverse of `scatter_heads` for one tensor given as its T head parts [B, L_part, h, D] each."""
+    return post_gather_heads(out, mesh, transport, seq_lens)()
+
+
+def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
+                      seq_lens: Sequence[int]) -> Callable[[], Tensor]:
+    """`gather_heads` in two halves, as `post_scatter_heads`."""
     lay = mesh.layout
     n_t, n_u = lay.torus, lay.ulysses_intra
     b, _, h, d = out[0].shape
     stacked = out[0].unsqueeze(2) if n_t == 1 else torch.stack(list(out), dim=2)  # [B, L_part, T, h, D]
     if n_u == 1:
-        return stacked.reshape(b, -1, n_t * h, d)
+        result = stacked.reshape(b, -1, n_t * h, d)
+        return lambda: result
     lens = _peer_lens(mesh, seq_lens)
     length = lens[mesh.u]
     send = torch.cat([p.reshape(-1) for p in stacked.split(lens, dim=1)])  # peer-major: [U', B, L, T, h, D]
     per_token = b * n_t * h * d
     recv = send.new_empty(n_u * per_token * length)
-    transport.all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in lens], mesh.ulysses).wait()
-    # recv: [U', B, L, T, h, D] -> [B, L, T, U', h, D] -> [B, L, H, D]
-    return recv.view(n_u, b, length, n_t, h, d).permute(1, 2, 3, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)
+    handle = transport.all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in lens],
+                                  mesh.ulysses)
+
+    def finish() -> Tensor:
+        handle.wait()
+        # recv: [U', B, L, T, h, D] -> [B, L, T, U', h, D] -> [B, L, H, D]
+        return recv.view(n_u, b, length, n_t, h, d).permute(1, 2, 3, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)
+
+    return finish

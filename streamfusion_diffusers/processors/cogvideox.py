@@ -25,6 +25,15 @@ class CogVideoXSPAttnProcessor(SPAttnProcessor):
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         reject_mask(attention_mask)
+        query, key, value = self.project(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+        return self.output(attn, self.attend(query, key, value), encoder_hidden_states.size(1))
+
+    @staticmethod
+    def project(attn: Attention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V as [B, L, H, D], text rows first: everything before attention, per token (waves.py runs it
+        for one wave of tokens at a time; RoPE covers the video rows it is given)."""
         text_seq_length = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         batch_size = hidden_states.shape[0]
@@ -47,11 +56,14 @@ class CogVideoXSPAttnProcessor(SPAttnProcessor):
             query[:, text_seq_length:] = apply_rotary_emb(query[:, text_seq_length:], image_rotary_emb, sequence_dim=1)
             if not attn.is_cross_attention:
                 key[:, text_seq_length:] = apply_rotary_emb(key[:, text_seq_length:], image_rotary_emb, sequence_dim=1)
+        return query, key, value
 
-        hidden_states = self.attend(query, key, value)
-        hidden_states = hidden_states.reshape(batch_size, -1, attn.heads * head_dim)
+    @staticmethod
+    def output(attn: Attention, hidden_states: torch.Tensor, text_seq_length: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention output [B, L, H, D] (text rows first) through the output projection: (video, text)."""
+        hidden_states = hidden_states.flatten(2, 3)
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-
         encoder_hidden_states, hidden_states = hidden_states.split(
             [text_seq_length, hidden_states.size(1) - text_seq_length], dim=1
         )

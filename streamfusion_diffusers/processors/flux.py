@@ -25,6 +25,17 @@ class FluxSPAttnProcessor(SPAttnProcessor):
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         reject_mask(attention_mask)
+        query, key, value = self.project(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+        hidden_states = self.attend(query, key, value).to(query.dtype)
+        text_len = None if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        return self.output(attn, hidden_states, text_len)
+
+    @staticmethod
+    def project(attn: FluxAttention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
+                image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V as [B, L, H, D], text rows first: everything before attention, per token (waves.py runs it
+        for one wave of tokens at a time)."""
         query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
             attn, hidden_states, encoder_hidden_states
         )
@@ -32,7 +43,7 @@ class FluxSPAttnProcessor(SPAttnProcessor):
         key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
         value = value.unflatten(-1, (-1, attn.head_dim))
 
-        if attn.added_kv_proj_dim is not None:
+        if encoder_query is not None:
             encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
             encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
             encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
@@ -43,13 +54,15 @@ class FluxSPAttnProcessor(SPAttnProcessor):
         if image_rotary_emb is not None:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        return query, key, value
 
-        hidden_states = self.attend(query, key, value)
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-
-        if encoder_hidden_states is None:
+    @staticmethod
+    def output(attn: FluxAttention, hidden_states: torch.Tensor, text_len: int | None
+               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The attention output [B, L, H, D] (text rows first) through the output projections."""
+        hidden_states = hidden_states.flatten(2, 3)
+        if text_len is None:
             return hidden_states
-        text_len = encoder_hidden_states.shape[1]
         encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
             [text_len, hidden_states.shape[1] - text_len], dim=1
         )

@@ -1,0 +1,91 @@
+"""`parallelize(..., cuda_graph=True)`: the whole sharded forward replayed from a CUDA graph is bit-identical to
+eager, on fresh inputs at every replay and across shapes; on the CPU the flag is refused naming the fix."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.distributed as dist
+from model_cases import COGVIDEOX_CASES, FLUX_CASES, Case, context
+from torch.utils._pytree import tree_map_only
+
+from streamfusion_diffusers import ParallelConfig
+from streamfusion_diffusers.cli import main as cli_main
+from streamfusion_diffusers.models.build import build_transformer
+from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers.spawn import ProcessPool
+
+GPUS = torch.cuda.device_count()
+CASES = {"flux": FLUX_CASES["text-sharded-uneven-image"], "flux-joint": FLUX_CASES["text-joint-batch2"],
+         "cogvideox": COGVIDEOX_CASES["rope-text-joint"]}
+
+
+def _refused() -> str:
+    model = build_transformer(CASES["flux"].config)
+    try:
+        parallelize(model, context(ParallelConfig(method="ulysses")), cuda_graph=True)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_cpu_refuses_cuda_graph_naming_the_fix():
+    with ProcessPool(2) as pool:
+        errors = pool.run(_refused)
+    assert all("cuda_graph needs a GPU" in e and "drop --cuda-graph" in e for e in errors), errors
+
+
+def test_generate_refuses_cuda_graph_on_the_cpu(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["generate", "--cpu", "--cuda-graph"])
+    assert exit_info.value.code == 2
+    assert "drop --cuda-graph" in capsys.readouterr().err
+
+
+def _cuda_inputs(case: Case, seed: int) -> dict:
+    return tree_map_only(torch.Tensor, lambda x: x.cuda().to(torch.bfloat16) if x.is_floating_point() else x.cuda(),
+                         case.inputs(seed))
+
+
+def graph_vs_eager(config: ParallelConfig, case: Case, seed: int) -> list[float]:
+    """On every rank: max abs difference between graph replays and eager forwards, over three fresh inputs
+    (the first captures, the others replay) and then a second shape (a second capture)."""
+    model = build_transformer(case.config, seed=seed, dtype=torch.bfloat16, device=torch.device("cuda"))
+    ctx = context(config)
+    grown = Case(case.family, (case.grid[0] + 2, *case.grid[1:]), case.text, case.batch, case.overrides)
+    calls = [_cuda_inputs(case, seed + i) for i in range(3)] + [_cuda_inputs(grown, seed + 3)]
+    diffs = []
+    with torch.inference_mode():
+        parallelize(model, ctx)
+        eager = [model(**inputs).sample for inputs in calls]
+        unparallelize(model)
+        parallelize(model, ctx, cuda_graph=True)
+        graphed = [model(**inputs).sample for inputs in calls]
+        graphs = len(model._diffusers_hook.get_hook("streamfusion_cuda_graph").graphs)
+        unparallelize(model)
+    for e, g in zip(eager, graphed):
+        diffs.append((e.float() - g.float()).abs().max().item())
+    dist.barrier()
+    return diffs + [float(graphs)]
+
+
+@pytest.fixture(scope="module")
+def gpu_pool():
+    with ProcessPool(GPUS, backend="nccl") as pool:
+        yield pool
+
+
+BACKENDS = ["torch"] + (["nvshmem"] if importlib.util.find_spec("nvshmem") else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 or more CUDA GPUs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", ["ulysses", "usp", "torus"])
+@pytest.mark.parametrize("case", CASES)
+def test_graph_replay_is_bit_identical_to_eager(gpu_pool, case, method, backend):
+    config = ParallelConfig(machines=2 if method == "torus" else 1, method=method, backend=backend, strict=True)
+    for rank, diffs in enumerate(gpu_pool.run(graph_vs_eager, config, CASES[case], 7)):
+        assert diffs[:-1] == [0.0] * 4, f"rank {rank}: {diffs}"
+        assert diffs[-1] == 2, f"rank {rank}: expected one graph per shape, got {diffs[-1]}"
