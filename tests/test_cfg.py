@@ -62,7 +62,7 @@ def _pipeline(config: ParallelConfig, name: str = "tiny-cogvideox", guided: bool
     reference = run()
     full, calls = seen[-1], len(seen)
     ctx = init_parallel(config)
-    parallelize(pipe, ctx)
+    parallelize(pipe, ctx, vae=False)  # the decode split is tests/test_vae_p3.py's; here the branches alone
     out = run()
     calls = (calls, len(seen) - calls)
     unparallelize(pipe)
@@ -136,7 +136,8 @@ def test_generate_cfg_parallel_records_two_branches(pool, tmp_path):
                                   "--output", str(tmp_path)))
     assert job.parallel.cfg == 2
     run = pool.run(generate.run_rank, job)[0]
-    assert run["cfg"] == 2 and run["layout"].startswith("torus 1x2")  # each branch on one of the 2 machines
+    # method auto (generate's default) chose each branch's layout on one of the 2 machines
+    assert run["cfg"] == 2 and " 1x2" in run["layout"] and run["layout_choice"], run
     assert json.loads((tmp_path / "run.json").read_text())["cfg"] == 2
     phases = run["phases_s"]
     assert all(phases[p] > 0 for p in ("text_encoding", "denoising", "decode")), phases
