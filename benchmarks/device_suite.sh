@@ -2,11 +2,11 @@
 # Issues 4 and 5 on one GPU host of P GPUs (nvidia-h200-x2, -x4, -x8): layers on NCCL and NVSHMEM, the xDiT
 # comparison, block and step against diffusers, N virtual machines over emulated links, a layer profile.
 # Run from the project root on the device machine, with ../shared/device/wheels.sh's wheels carried in .whl/:
-#   bash benchmarks/device_suite.sh [layer] [real] [emulated] [step] [profile]     (default: all; one 10-minute
-#   device call fits about two parts on x2, one on x8)
+#   bash benchmarks/device_suite.sh [gputests] [auto] [layer] [real] [emulated] [step] [profile]
+#   (default: layer real emulated step profile; one 10-minute device call fits about two parts on x2, one on x8)
 # Settings (environment): GPUS (default: all visible), MACHINES (virtual machine counts for `emulated`, default
 # every divisor of P in 2 .. P/2, or 2 when P = 2), LINKS (default "p4de dgx"), REAL_WORKLOADS,
-# EMU_WORKLOADS, STEP_WORKLOADS (space-separated bench workloads). Short tables go to stdout; every log, table,
+# EMU_WORKLOADS, STEP_WORKLOADS, AUTO_WORKLOADS (space-separated bench workloads), RECIPE (where method auto looks). Short tables go to stdout; every log, table,
 # JSON and plot into $OUT/suite.tar.gz. Each workload runs in its own job, so one failure costs one row.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -28,6 +28,28 @@ launch="$sf launch --nproc-per-node $P"
 heap="--recipe cogvideox-5b --frames 321 --height 768 --width 1360"  # the largest layer any part runs
 table() { grep -E '^\| [a-z]|MISMATCH|Error|error:' "$1" | grep -v -- '---' | cut -c1-160; }
 echo "P=$P machines for emulation: $MACHINES; links: $LINKS"
+
+if [[ " $parts " == *" gputests "* ]]; then
+  echo "== GPU tests (pytest -m gpu)"
+  timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12
+fi
+
+if [[ " $parts " == *" auto "* ]]; then
+  AUTO_WORKLOADS=${AUTO_WORKLOADS:-flux-dev:1024 flux-dev:2048 flux-dev:4096 cogvideox-5b:49}
+  echo "== bench: method auto against every layout of ours and xDiT's USP, real 1x$P, one job per workload"
+  for w in $AUTO_WORKLOADS; do
+    name=auto-${w/:/-}
+    timeout 200 $launch $heap -m streamfusion_diffusers bench --workloads $w --machines 1 ${RECIPE:+--recipe $RECIPE} \
+      --layouts all --methods auto,ulysses,ring,usp,tas,torus,xdit-usp --iters 10 --timeout 60 --out "$work/$name" \
+      > "$work/$name.log" 2>&1
+    echo "-- $w rc=$?"; table "$work/$name.log"; grep -E "PASS|FAIL" "$work/$name.log" | head -3
+  done
+  name=auto-emu-${P}x1-p4de-flux-dev-4096
+  timeout 200 $launch $heap -m streamfusion_diffusers bench --workloads flux-dev:4096 --machines $P \
+    --emulate-link p4de ${RECIPE:+--recipe $RECIPE} --layouts all --methods auto,usp,tas,torus --iters 5 --warmup 2 \
+    --timeout 120 --out "$work/$name" > "$work/$name.log" 2>&1
+  echo "-- emulated ${P}x1 p4de flux-dev:4096 rc=$?"; table "$work/$name.log"; grep -E "PASS|FAIL" "$work/$name.log" | head -3
+fi
 
 if [[ " $parts " == *" layer "* ]]; then
   echo "== layer_bench: every machine shape, NCCL vs NVSHMEM, CUDA graph"
