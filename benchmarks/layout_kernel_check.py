@@ -5,12 +5,14 @@ and F.scaled_dot_product_attention without LSE (what xDiT's Ulysses runs). Inter
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from streamfusion_diffusers.bench.timing import interleaved_ms
 from streamfusion_diffusers.kernels.sdpa import _call
 
 dev = torch.device("cuda")
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29511", rank=0, world_size=1)  # timing syncs ranks
 for name, L, H, D in [("flux4096-U2", 66_048, 12, 128), ("flux2048-U2", 16_896, 12, 128),
                       ("cog49-U2", 18_002, 24, 64)]:
     q, k, v = (torch.randn(1, L, H, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
