@@ -93,6 +93,18 @@ def test_empty_chunks_are_skipped() -> None:
     assert (p.result(torch.float32) - attention_with_lse_reference(q, k, v, 8 ** -0.5)[0]).abs().max() < 2e-6
 
 
+def test_sdpa_final_call_joins_the_key_chunks_without_lse() -> None:
+    """Queries that see every key at once take one SDPA call over the joined chunks (no LSE, no merge)."""
+    q, k, v = _rand(2, 7, 3, 16), _rand(2, 11, 3, 16), _rand(2, 11, 3, 16)
+    parts, rows = [Partial(), Partial()], _chunks(7, [4])
+    cols = _chunks(11, [3, 9])
+    attend_chunks(parts, [q[:, r] for r in rows], [(k[:, c], v[:, c]) for c in cols], kernel="sdpa", finalize=True)
+    ref = attention_with_lse_reference(q, k, v, 16 ** -0.5)[0]
+    out = torch.cat([p.result(torch.float32) for p in parts], 1)
+    assert all(p.final and p.lse is None for p in parts)
+    assert (out - ref).abs().max() < 2e-6
+
+
 # --- Triton kernels in Triton's CPU interpreter -------------------------------------------------------------
 # The interpreter must be chosen before triton is imported, so the tests below run in a child pytest with
 # TRITON_INTERPRET=1, started by test_triton_kernels_in_the_interpreter (skipped only without triton).

@@ -25,8 +25,9 @@ class Queries:
     chunks: list[Tensor]
     partials: list[Partial]
 
-    def attend(self, blocks: Sequence[KVBlock], scale: float | None, kernel: str) -> None:
-        attend_chunks(self.partials, self.chunks, blocks, scale, kernel)
+    def attend(self, blocks: Sequence[KVBlock], scale: float | None, kernel: str, last: bool = False) -> None:
+        """last: no more key/value blocks will come for these queries (their outputs are final)."""
+        attend_chunks(self.partials, self.chunks, blocks, scale, kernel, finalize=last)
 
 
 def _post_step(kv: KVBlock, step: int, peer_lens: Sequence[int], ring: Group, transport: Transport
@@ -41,18 +42,19 @@ def _post_step(kv: KVBlock, step: int, peer_lens: Sequence[int], ring: Group, tr
 
 
 def ring_attend(queries: Queries, kv: KVBlock, peer_lens: Sequence[int], ring: Group, transport: Transport,
-                scale: float | None, kernel: str, extra: Sequence[KVBlock] = ()) -> list[KVBlock]:
+                scale: float | None, kernel: str, extra: Sequence[KVBlock] = (), last: bool = False) -> list[KVBlock]:
     """Attend `queries` to the union of every ring peer's `kv` (peer j holds peer_lens[j] tokens) plus `extra`.
 
+    last: this set is the queries' final one (their outputs are finished by the last ring step).
     Returns all blocks of the set, this rank's own first, for reuse.
     """
     blocks = [kv]
     pending = _post_step(kv, 1, peer_lens, ring, transport) if ring.size > 1 else None
-    queries.attend([*extra, kv], scale, kernel)
+    queries.attend([*extra, kv], scale, kernel, last and ring.size == 1)
     for step in range(1, ring.size):
         block, handle = pending
         pending = _post_step(kv, step + 1, peer_lens, ring, transport) if step + 1 < ring.size else None
         handle.wait()
-        queries.attend([block], scale, kernel)
+        queries.attend([block], scale, kernel, last and step + 1 == ring.size)
         blocks.append(block)
     return blocks

@@ -87,9 +87,10 @@ class TorusSchedule:
                                          [(k_buf, src), (v_buf, src)], self.mesh.torus)
         return src, (k_buf, v_buf), handle
 
-    def _ring(self, queries: Queries, kv: KVBlock, part: int, extra: Sequence[KVBlock] = ()) -> list[KVBlock]:
+    def _ring(self, queries: Queries, kv: KVBlock, part: int, extra: Sequence[KVBlock] = (),
+              last: bool = False) -> list[KVBlock]:
         return ring_attend(queries, kv, self.part_lens[part], self.mesh.ring, self.transport,
-                           self.scale, self.kernel, extra)
+                           self.scale, self.kernel, extra, last)
 
     # --- stages ------------------------------------------------------------------------------------------
     def pull_q(self) -> tuple[int, KVBlock, Handle] | None:
@@ -115,7 +116,8 @@ class TorusSchedule:
                     queries.chunks.append(self.joint.q)
                     queries.partials.append(self.joint.partial)
                     joint_kv = [(self.joint.k, self.joint.v)]
-                local_blocks = joint_kv + self._ring(queries, (self.k[t], self.v[t]), t, joint_kv)
+                # with T = 1 this ring pass is every key the queries see (Ulysses, USP): it finishes them
+                local_blocks = joint_kv + self._ring(queries, (self.k[t], self.v[t]), t, joint_kv, last=n == 1)
             else:
                 queries.attend(local_blocks, self.scale, self.kernel)
         return kv_in_flight
