@@ -1,0 +1,179 @@
+"""What one `streamfusion generate` run is: its command-line options and the validated Job they make.
+
+Everything is checked here, before any process starts or any model is built: the layout against the heads,
+the CFG split against the cluster, the token count against the ranks, the recipe file for method "auto".
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import ParallelConfig
+from .config import METHODS, cfg_shape, resolve_layout
+from .models import MODELS, ModelSpec
+from .recipes import load_recipes
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_PROMPT = "a photo of a red cat on a quiet street at sunset"
+SPAWN_SHAPE = (2, 2)  # machines x GPUs (processes) per machine when not under torchrun
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny-flux",
+                        help="tiny-* build small random models for the CPU; flux-dev / cogvideox-5b are real size")
+    parser.add_argument("--weights", default=None,
+                        help="hub id or local folder of a diffusers pipeline (default: random weights)")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
+    parser.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
+    parser.add_argument("--frames", type=int, default=None, help="video frames, CogVideoX only (default: the model's)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance-scale", type=float, default=None)
+    parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the model's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--method", choices=METHODS + ("auto",), default="auto",
+                        help="default auto: the layout of the recipe entry for this shape and cluster (see --recipe), "
+                             "else the cost model's fastest; chosen at the first attention call and logged")
+    parser.add_argument("--ulysses", type=int, default=None, help="Ulysses degree U (default: from the heads)")
+    parser.add_argument("--ring", type=int, default=None, help="Ring degree R (default: P / U)")
+    parser.add_argument("--torus", type=int, default=None, help="Torus degree T (torus method only)")
+    parser.add_argument("--machines", type=int, default=None,
+                        help=f"machines N (default {SPAWN_SHAPE[0]} when spawning, the node count under torchrun)")
+    parser.add_argument("--gpus-per-machine", type=int, default=None,
+                        help=f"processes per machine M (default {SPAWN_SHAPE[1]} when spawning, "
+                             f"LOCAL_WORLD_SIZE under torchrun)")
+    parser.add_argument("--backend", choices=("torch", "nvshmem"), default=None,
+                        help="transport: torch (NCCL on GPUs, gloo on the CPU) or nvshmem (one-sided, GPUs; falls back "
+                             "to torch with one warning where it cannot run); default torch")
+    parser.add_argument("--recipe", default=None,
+                        help="where --method auto looks: a packaged recipe (flux-dev), a YAML path or a folder of "
+                             "them (streamfusion tune --out); default: the packaged recipes")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="default float32 on the CPU, bfloat16 on GPUs")
+    parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
+    parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even where GPUs exist")
+    parser.add_argument("--cfg-parallel", nargs="?", const="2", choices=("1", "2", "auto"), default="1",
+                        help="compute the two classifier-free-guidance branches at once, each on half of the ranks "
+                             "(one branch per half of the machines when the machine count is even); "
+                             "'auto': when guidance is on")
+    parser.add_argument("--true-cfg-scale", type=float, default=None,
+                        help="Flux: true classifier-free guidance with an empty negative prompt when > 1")
+    parser.add_argument("--comm-dtype", choices=("fp8", "int8"), default=None,
+                        help="send the attention chunks that cross machines as 1-byte values with per-token-and-head "
+                             "scales (fp8: float8_e4m3fn; int8); intra-machine traffic is untouched")
+    parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
+                        help="split the VAE decode's tiles over the ranks (default; diffusers' tiled decode, "
+                             "gathered); --no-vae-split decodes untiled on rank 0")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything every rank needs to run the same generation."""
+
+    model: str
+    weights: str | None
+    prompt: str
+    height: int
+    width: int
+    frames: int
+    steps: int
+    guidance_scale: float
+    true_cfg_scale: float | None
+    max_sequence_length: int
+    seed: int
+    dtype: str
+    parallel: ParallelConfig
+    world_size: int
+    gpu: bool
+    output: str
+    vae_split: bool = True
+    cuda_graph: bool = False
+
+    @property
+    def spec(self) -> ModelSpec:
+        return MODELS[self.model]
+
+
+def image_tokens(spec: ModelSpec, height: int, width: int, frames: int) -> int:
+    """Image/video tokens the transformer sees: latent size / patch size, frames compressed 4x for CogVideoX."""
+    cfg = spec.transformer
+    if spec.family == "flux":
+        return (height // spec.vae_scale // 2) * (width // spec.vae_scale // 2)
+    p, p_t = cfg["patch_size"], cfg.get("patch_size_t") or 1
+    latent_frames = (frames - 1) // cfg["temporal_compression_ratio"] + 1
+    return (latent_frames // p_t) * (height // spec.vae_scale // p) * (width // spec.vae_scale // p)
+
+
+def guided(spec: ModelSpec, guidance_scale: float, true_cfg_scale: float | None) -> bool:
+    """Whether the pipeline runs two guidance branches: CogVideoX with guidance > 1, Flux with true CFG > 1
+    (Flux's guidance_scale is distilled guidance, one branch)."""
+    if spec.family == "flux":
+        return true_cfg_scale is not None and true_cfg_scale > 1
+    return guidance_scale > 1
+
+
+def cfg_degree(option: str, is_guided: bool) -> int:
+    """--cfg-parallel as a CFG degree: 'auto' takes 2 when guidance is on; 2 without guidance is an error."""
+    if option == "auto":
+        return 2 if is_guided else 1
+    if option == "2" and not is_guided:
+        raise ValueError("--cfg-parallel needs two guidance branches: CogVideoX with --guidance-scale > 1, Flux with "
+                         "--true-cfg-scale > 1; or drop --cfg-parallel")
+    return int(option)
+
+
+def make_job(args: argparse.Namespace) -> Job:
+    """Resolve defaults and check the layout against the model, before any process starts."""
+    if importlib.util.find_spec("diffusers") is None:
+        raise ValueError("streamfusion generate needs diffusers: pip install 'streamfusion-diffusers[diffusers]'")
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if under_torchrun:
+        world = int(os.environ["WORLD_SIZE"])
+        per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        machines = args.machines or max(world // per_machine, 1)
+        gpus_per_machine = args.gpus_per_machine or world // machines
+        gpu = torch.cuda.is_available() and not args.cpu
+    else:
+        machines = args.machines or SPAWN_SHAPE[0]
+        gpus_per_machine = args.gpus_per_machine or SPAWN_SHAPE[1]
+        world = machines * gpus_per_machine
+        gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world and not args.cpu
+    spec = MODELS[args.model]
+    height, width = args.height or spec.height, args.width or spec.width
+    frames = args.frames or spec.frames
+    if args.recipe and args.method != "auto":
+        raise ValueError(f"--recipe is what --method auto reads; drop --method {args.method} or --recipe")
+    parallel = ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine, method=args.method,
+                              ulysses=args.ulysses, ring=args.ring, torus=args.torus, recipe=args.recipe)
+    if args.backend:
+        parallel = dataclasses.replace(parallel, backend=args.backend)
+    if args.comm_dtype:
+        parallel = dataclasses.replace(parallel, comm_dtype=args.comm_dtype)
+    guidance_scale = args.guidance_scale or spec.guidance_scale
+    cfg = cfg_degree(args.cfg_parallel, guided(spec, guidance_scale, args.true_cfg_scale))
+    parallel = dataclasses.replace(parallel, cfg=cfg)
+    branch_machines, branch_gpus = cfg_shape(machines, gpus_per_machine, cfg)
+    if parallel.method == "auto":
+        load_recipes(args.recipe)  # a missing recipe fails here, not at the first attention call
+    else:
+        resolve_layout(dataclasses.replace(parallel, machines=branch_machines, gpus_per_machine=branch_gpus, cfg=1),
+                       world // cfg, spec.transformer["num_attention_heads"])
+    tokens = image_tokens(spec, height, width, frames)
+    if tokens < world:
+        raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
+                         f"raise --height/--width or run on fewer processes")
+    if args.cuda_graph and not gpu:
+        from .graphs import NO_GPU
+        raise ValueError(NO_GPU)
+    return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
+               steps=args.steps or spec.steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
+               max_sequence_length=args.max_sequence_length or spec.max_sequence_length, seed=args.seed,
+               dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
+               gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph)
