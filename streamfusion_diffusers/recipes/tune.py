@@ -29,6 +29,7 @@ from ..verify import DTYPES, TOLERANCE
 from . import load_recipe
 from .calibrate import fit
 from .choose import Cluster, gpu_of, ranked, schedule_key
+from .predictions import load_records, table
 from .regenerate import from_cost_model, merge_from, parse_shapes
 from .store import layout_fields, link_name, write_recipe, write_records
 
@@ -68,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="merge the measured entries and measurements.json of tune runs' --out folders (e.g. "
                              "fetched from a device) into the recipes under --out, refit the calibration and predict "
                              "the remaining cost-model entries again; runs no job")
+    parser.add_argument("--report", nargs="+", default=None, metavar="FILE",
+                        help="print the cost model's predictions against the measurements in tune's "
+                             "measurements.json or bench's results.json files, before and after fitting it "
+                             "(a markdown table for BENCHMARKS.md); runs no job")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
 
 
@@ -180,6 +185,9 @@ def main(args: argparse.Namespace) -> int:
     specs = workload_specs(args.workloads)
     if args.top < 1:
         raise ValueError(f"--top must be at least 1, got {args.top}")
+    if args.report:
+        print(table(load_records(args.report)))
+        return 0
     if args.merge_from:
         return merge_from(args.merge_from, Path(args.out))
     if args.from_cost_model:
