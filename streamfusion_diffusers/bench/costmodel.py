@@ -28,6 +28,12 @@ class Gpu:
     intra: Link = NVLINK
     stage_us: float = 0.0  # fixed cost of each group of transfers posted together (sync, bookkeeping)
     layer_us: float = 0.0  # fixed cost of one sp_attention call (Python, layout checks, buffers)
+    inter_latency_us: float = 0.0  # per message between machines, beyond the link's own latency (transport)
+    overlap: float = 1.0  # share of the shorter of a stage's compute and transfer that the longer one hides
+
+    def hidden(self, compute: float, transfer: float) -> float:
+        """Seconds of a stage whose compute and transfer run side by side."""
+        return max(compute, transfer) + (1.0 - self.overlap) * min(compute, transfer)
 
     def attention_s(self, flops: float, head_dim: int) -> float:
         tflops = self.attention_tflops.get(head_dim) or min(self.attention_tflops.values())
@@ -77,8 +83,9 @@ class _Rank:
             self.bytes[kind] += elements * self.elem
             per_link.setdefault(kind, []).append(elements * self.elem)
         stage = self.gpu.stage_us * 1e-6 if per_link else 0.0
+        extra = {"intra": 0.0, "inter": self.gpu.inter_latency_us * 1e-6}
         return stage + max((({"intra": self.gpu.intra, "inter": self.inter})[k].seconds(sum(v), len(v))
-                            for k, v in per_link.items()), default=0.0)
+                            + len(v) * extra[k] for k, v in per_link.items()), default=0.0)
 
     def attend(self, rows: float, key_blocks: list[float]) -> float:
         """Launch-and-merge attention of `rows` queries over K/V blocks (the unfused kernel path)."""
@@ -99,7 +106,7 @@ class _Rank:
         total = 0.0
         for step in range(1, lay.ring):
             peer = lay.rank(self.t, self.u, (r + step) % lay.ring)
-            total += max(computes[step - 1], self.send([(peer, kv)]))
+            total += self.gpu.hidden(computes[step - 1], self.send([(peer, kv)]))
         return total + computes[-1]
 
     def layer(self) -> float:
@@ -117,13 +124,13 @@ class _Rank:
                 compute = self.ring_pass(self.lp + self.joint_rows, extra_keys=w.text_tokens)
             else:
                 compute = self.attend(self.lp, [w.text_tokens] + [self.lp] * lay.ring)
-            time += max(compute, transfer)
+            time += self.gpu.hidden(compute, transfer)
         for k in range(1, n):  # Pull KV
             transfer = self.send([(torus_peer[k + 1], 2 * chunk)]) if k + 1 < n else 0.0
-            time += max(self.ring_pass((n - 1) * self.lp + self.joint_rows), transfer)
+            time += self.gpu.hidden(self.ring_pass((n - 1) * self.lp + self.joint_rows), transfer)
         if n > 1:  # Push O
             transfer = self.send([(torus_peer[k], chunk) for k in range(1, n)])
-            time += max(self.attend(self.lp, [self.lp] * ((n - 1) * lay.ring)), transfer)
+            time += self.gpu.hidden(self.attend(self.lp, [self.lp] * ((n - 1) * lay.ring)), transfer)
         time += self.send([(p, slice_heads) for p in peers_u])  # gather heads (o)
         if w.text_tokens:  # joint output all-gather over the world
             share = w.batch * self.joint_rows * self.h * w.head_dim

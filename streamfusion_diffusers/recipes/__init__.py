@@ -30,11 +30,13 @@ class Recipe:
     path: str
     calibration: dict | None = None
 
-    def entry(self, machines: int, gpus_per_machine: int, **size: int) -> dict:
-        """The entry for this cluster shape and size; the nearest size of the same shape when none is exact."""
+    def entry(self, machines: int, gpus_per_machine: int, link: str | None = None, **size: int) -> dict:
+        """The entry for this cluster shape (and inter-machine link, when given) and size; the nearest size of
+        the same shape when none is exact."""
         given = {k: v for k, v in size.items() if k in SIZE_KEYS and v is not None}
         same_shape = [e for e in self.entries
-                      if (e["machines"], e["gpus_per_machine"]) == (machines, gpus_per_machine)]
+                      if (e["machines"], e["gpus_per_machine"]) == (machines, gpus_per_machine)
+                      and (link is None or machines == 1 or e.get("link") == link)]
         if not same_shape:
             shapes = sorted({(e["machines"], e["gpus_per_machine"]) for e in self.entries})
             raise ValueError(f"recipe {self.path} has no entry for {machines} x {gpus_per_machine} GPUs; it covers "
@@ -42,8 +44,8 @@ class Recipe:
                              f"(--method/--ulysses/--ring) yourself")
         return min(same_shape, key=lambda e: sum(abs(e.get(k, 0) - v) for k, v in given.items()))
 
-    def config(self, machines: int, gpus_per_machine: int, **size: int) -> ParallelConfig:
-        e = self.entry(machines, gpus_per_machine, **size)
+    def config(self, machines: int, gpus_per_machine: int, link: str | None = None, **size: int) -> ParallelConfig:
+        e = self.entry(machines, gpus_per_machine, link, **size)
         return ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine,
                               **{k: e[k] for k in LAYOUT_KEYS if e.get(k) is not None})
 

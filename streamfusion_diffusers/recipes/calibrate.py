@@ -18,7 +18,9 @@ from ..bench.costmodel import Gpu, predict
 from ..bench.workloads import Workload
 from .choose import Cluster, entry_layout
 
-FITTED = ("launch_us", "stage_us", "layer_us")
+# fitted fixed costs: (name, finite-difference step, lower bound, upper bound)
+FITTED = (("launch_us", 1.0, 0.0, None), ("stage_us", 1.0, 0.0, None), ("layer_us", 1.0, 0.0, None),
+          ("inter_latency_us", 1.0, 0.0, None), ("overlap", 0.01, 0.0, 1.0))
 
 
 def attention_rates(records: list[dict]) -> dict[int, float]:
@@ -46,32 +48,47 @@ def _rms(x: np.ndarray) -> float:
     return float(math.sqrt(np.mean(np.square(x)))) if len(x) else 0.0
 
 
-def fit(records: list[dict], base: Gpu | None = None, rounds: int = 6) -> dict:
-    """The calibration mapping for a recipe header (Gpu field names, plus how well it fits)."""
+def _gpu(base: Gpu, theta: np.ndarray, dims: list[int]) -> Gpu:
+    fixed = {name: float(v) for (name, *_), v in zip(FITTED, theta)}
+    return replace(base, **fixed, attention_tflops={d: float(v) for d, v in zip(dims, theta[len(FITTED):])})
+
+
+def fit(records: list[dict], base: Gpu | None = None, rounds: int = 8) -> dict:
+    """The calibration mapping for a recipe header (Gpu field names, plus how well it fits).
+
+    Parameters: the fixed costs in FITTED and the attention rate per head dim the timed layouts reach (their
+    kernels split and merge where the bound makes one call), started from the bound's rates."""
     rates = attention_rates(records)
-    gpu = replace(base or Gpu(), attention_tflops=rates) if rates else (base or Gpu())
+    gpu = replace(base or Gpu(), attention_tflops={**(base or Gpu()).attention_tflops, **rates})
     layers = [r for r in records if r["kind"] == "layer" and r["ms"] > 0]
     out: dict = {"attention_tflops": dict(gpu.attention_tflops)}
     if not layers:
         return out
-    theta = np.array([getattr(gpu, name) for name in FITTED], dtype=float)
-    at = lambda t: replace(gpu, **dict(zip(FITTED, map(float, t))))  # noqa: E731
+    dims = sorted(gpu.attention_tflops)
+    steps = np.array([f[1] for f in FITTED] + [1.0] * len(dims))
+    low = np.array([f[2] for f in FITTED] + [1.0] * len(dims))
+    high = np.array([np.inf if f[3] is None else f[3] for f in FITTED] + [np.inf] * len(dims))
+    theta = np.array([getattr(gpu, f[0]) for f in FITTED] + [gpu.attention_tflops[d] for d in dims], dtype=float)
     before = residual = _residuals(layers, gpu)
     best = (_rms(residual), theta)
     for _ in range(rounds):
-        step = 1.0  # microseconds; the model is piecewise linear, so a finite difference is its slope
-        jacobian = np.stack([(_residuals(layers, at(theta + step * np.eye(len(FITTED))[i])) - residual) / step
-                             for i in range(len(FITTED))], axis=1)
+        # the model is piecewise linear in each parameter, so a finite difference is its slope
+        jacobian = np.stack([(_residuals(layers, _gpu(gpu, theta + steps[i] * np.eye(len(theta))[i], dims))
+                              - residual) / steps[i] for i in range(len(theta))], axis=1)
         delta = np.linalg.lstsq(jacobian, -residual, rcond=None)[0]
-        theta = np.maximum(theta + delta, 0.0)
-        residual = _residuals(layers, at(theta))
-        if _rms(residual) < best[0] - 1e-9:
-            best = (_rms(residual), theta)
+        for shrink in (1.0, 0.5, 0.25, 0.125, 0.0625):  # the slopes hold piecewise: halve a step that overshoots
+            trial = np.clip(theta + shrink * delta, low, high)
+            trial_residual = _residuals(layers, _gpu(gpu, trial, dims))
+            if _rms(trial_residual) < best[0] - 1e-9:
+                break
         else:
             break
+        theta, residual, best = trial, trial_residual, (_rms(trial_residual), trial)
     rms, theta = best
-    final = _residuals(layers, at(theta))
-    out.update({name: round(float(v), 3) for name, v in zip(FITTED, theta)})
+    fitted = _gpu(gpu, theta, dims)
+    final = _residuals(layers, fitted)
+    out = {"attention_tflops": {d: round(r, 3) for d, r in fitted.attention_tflops.items()},
+           **{f[0]: round(getattr(fitted, f[0]), 4) for f in FITTED}}
     out.update({"fitted_on": f"{len(layers)} measured layouts", "rms_error_before": round(_rms(before), 4),
                 "rms_error": round(rms, 4), "max_error": round(float(np.max(np.abs(final))), 4)})
     return out

@@ -5,7 +5,9 @@ the real one); the K best predicted, plus plain Ulysses and USP, are timed at th
 repetitions interleaved across them (optionally the best two again at block level). The fastest becomes a
 recipe entry (`source: measured`) merged into <out>/<model>.yaml; every case's measured and predicted time goes
 to <out>/measurements.json, from which the cost model's overheads are fitted into the recipe headers.
-`--from-cost-model` writes predicted entries (`source: cost model`) for shapes nobody measured, with no job.
+`--from-cost-model` writes predicted entries (`source: cost model`) for shapes nobody measured, and
+`--merge-from` merges device runs' outputs into a recipe folder (the packaged one: recipes/regenerate.py);
+neither runs a job.
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from ..verify import DTYPES, TOLERANCE
 from . import load_recipe
 from .calibrate import fit
 from .choose import Cluster, gpu_of, ranked, schedule_key
-from .store import label, layout_fields, link_name, write_recipe, write_records
+from .predictions import load_records, table
+from .regenerate import from_cost_model, merge_from, parse_shapes
+from .store import layout_fields, link_name, write_recipe, write_records
 
 DEFAULT_TOP = 6
 
@@ -39,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--machines", type=int, default=1, help="machines N (virtual ones with --emulate-link)")
     parser.add_argument("--gpus-per-machine", type=int, default=None, help="default: world size / N (8 locally)")
     parser.add_argument("--shapes", default=None,
-                        help="--from-cost-model only: several cluster shapes, e.g. 1x2,1x4,2x8 (default N x M)")
+                        help="--from-cost-model only: several cluster shapes NxM[:LINK], e.g. 1x2,2x8,2x1:p4de "
+                             "(default N x M; LINK defaults to --emulate-link, else real)")
     parser.add_argument("--emulate-link", default=None, help="slow the inter-machine link: dgx, p4de, p5 or GBPS:US")
     parser.add_argument("--backend", default="torch", help="transport of our methods: torch or nvshmem")
     parser.add_argument("--kernel", default="auto", help="attention kernel: auto, reference, sdpa or fused")
@@ -60,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-cost-model", action="store_true",
                         help="write the cost model's choice (source: cost model) where no entry was measured; "
                              "runs no job")
+    parser.add_argument("--merge-from", nargs="+", default=None, metavar="FOLDER",
+                        help="merge the measured entries and measurements.json of tune runs' --out folders (e.g. "
+                             "fetched from a device) into the recipes under --out, refit the calibration and predict "
+                             "the remaining cost-model entries again; runs no job")
+    parser.add_argument("--report", nargs="+", default=None, metavar="FILE",
+                        help="print the cost model's predictions against the measurements in tune's "
+                             "measurements.json or bench's results.json files, before and after fitting it "
+                             "(a markdown table for BENCHMARKS.md); runs no job")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
 
 
@@ -160,36 +173,23 @@ def _entry(spec: str, w: Workload, rows: list[dict], cases: list[Case], info: di
 
 
 def _from_cost_model(args: argparse.Namespace, specs: list[str]) -> int:
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else \
-        [(args.machines, args.gpus_per_machine or 8)]
-    link = link_name(args.emulate_link)
-    elem = DTYPES[args.dtype or "bfloat16"].itemsize
-    date = datetime.date.today().isoformat()
-    out = Path(args.out)
-    by_model: dict[str, list[dict]] = {}
-    for spec in specs:
-        w = parse_workload(spec)
-        path = out / f"{_model(spec)}.yaml"
-        calibration = load_recipe(str(path)).calibration if path.is_file() else None
-        for n, m in shapes:
-            cluster = Cluster(n, m, link, args.backend)
-            best, *rest = ranked(w, cluster, gpu_of(calibration), elem)
-            entry = {"model": _model(spec), **_size(spec, w), "machines": n, "gpus_per_machine": m, "link": link,
-                     **layout_fields(best.layout), "backend": args.backend, "kernel": args.kernel,
-                     "predicted_ms": round(best.layer_ms, 4)}
-            if rest:
-                entry["runner_up"] = {"layout": label(rest[0].layout), "predicted_ms": round(rest[0].layer_ms, 4)}
-                entry["margin"] = round(rest[0].layer_ms / best.layer_ms - 1, 4)
-            by_model.setdefault(_model(spec), []).append({**entry, "source": "cost model", "date": date})
-    for model, entries in by_model.items():
-        print(f"wrote {write_recipe(out / f'{model}.yaml', model, entries)} ({len(entries)} cost-model entries)")
-    return 0
+    default = [f"{args.machines}x{args.gpus_per_machine or 8}"]
+    shapes = parse_shapes(args.shapes or ",".join(default), link_name(args.emulate_link))
+    workloads = [(_model(spec), w, {"model": _model(spec), **_size(spec, w)})
+                 for spec, w in ((spec, parse_workload(spec)) for spec in specs)]
+    return from_cost_model(workloads, shapes, Path(args.out), args.backend, args.kernel,
+                           DTYPES[args.dtype or "bfloat16"].itemsize)
 
 
 def main(args: argparse.Namespace) -> int:
     specs = workload_specs(args.workloads)
     if args.top < 1:
         raise ValueError(f"--top must be at least 1, got {args.top}")
+    if args.report:
+        print(table(load_records(args.report)))
+        return 0
+    if args.merge_from:
+        return merge_from(args.merge_from, Path(args.out))
     if args.from_cost_model:
         return _from_cost_model(args, specs)
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)

@@ -1,0 +1,117 @@
+"""Regenerating a recipe folder (the packaged one): cost-model entries where nothing was measured, and
+`streamfusion tune`'s measured entries merged in from device runs.
+
+The packaged recipes are built in two steps, both through `streamfusion tune`:
+  tune --from-cost-model --shapes 1x2,1x8,2x8,2x1:p4de,... --out streamfusion_diffusers/recipes
+  tune --merge-from <device run's recipes folder> --out streamfusion_diffusers/recipes
+The first writes the cost model's choice for every shape (`source: cost model`), never over a measured entry;
+the second merges measured entries and measurements.json in, refits the calibration on the merged records and
+predicts the remaining cost-model entries again with it, so that nothing in the folder is predicted by a
+model older than the measurements beside it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from collections import Counter
+from pathlib import Path
+
+from ..bench.workloads import Workload
+from ..links import parse_link
+from . import load_recipe
+from .calibrate import fit
+from .choose import REAL_LINK, Cluster, entry_workload, gpu_of, ranked
+from .store import label, layout_fields, write_recipe, write_records
+
+
+def parse_shapes(text: str, default_link: str) -> list[tuple[int, int, str]]:
+    """'1x2,2x8,2x1:p4de,4x1:25:10' -> (machines, gpus per machine, link); the link defaults to --emulate-link
+    (or "real"). One-machine shapes have no inter-machine link."""
+    shapes = []
+    for spec in (s.strip() for s in text.split(",") if s.strip()):
+        shape, _, link = spec.partition(":")
+        try:
+            n, m = (int(x) for x in shape.split("x"))
+        except ValueError:
+            raise ValueError(f"shape {spec!r} is not like 2x8 or 2x1:p4de") from None
+        link = link or default_link
+        if link != REAL_LINK:
+            parse_link(link)
+        shapes.append((n, m, REAL_LINK if n == 1 else link))
+    return shapes
+
+
+def predicted_entry(base: dict, w: Workload, cluster: Cluster, calibration: dict | None, kernel: str,
+                    elem_bytes: int = 2) -> dict:
+    """A `source: cost model` entry: `base` (model and size fields) with the cost model's fastest layout."""
+    best, *rest = ranked(w, cluster, gpu_of(calibration), elem_bytes)
+    entry = {**base, "machines": cluster.machines, "gpus_per_machine": cluster.gpus_per_machine,
+             "link": cluster.link, **layout_fields(best.layout), "backend": cluster.backend, "kernel": kernel,
+             "predicted_ms": round(best.layer_ms, 4)}
+    if rest:
+        entry["runner_up"] = {"layout": label(rest[0].layout), "predicted_ms": round(rest[0].layer_ms, 4)}
+        entry["margin"] = round(rest[0].layer_ms / best.layer_ms - 1, 4)
+    return {**entry, "source": "cost model", "date": datetime.date.today().isoformat()}
+
+
+def from_cost_model(workloads: list[tuple[str, Workload, dict]], shapes: list[tuple[int, int, str]], out: Path,
+                    backend: str, kernel: str, elem_bytes: int) -> int:
+    """Cost-model entries for every (model, workload, size fields) on every shape, merged into <out>/<model>.yaml
+    with the calibration already in its header (measured entries kept)."""
+    by_model: dict[str, list[dict]] = {}
+    for model, w, base in workloads:
+        path = out / f"{model}.yaml"
+        calibration = load_recipe(str(path)).calibration if path.is_file() else None
+        by_model.setdefault(model, []).extend(
+            predicted_entry(base, w, Cluster(n, m, link, backend), calibration, kernel, elem_bytes)
+            for n, m, link in shapes)
+    for model, entries in by_model.items():
+        print(f"wrote {write_recipe(out / f'{model}.yaml', model, entries)} ({len(entries)} cost-model entries)")
+    return 0
+
+
+SIZE_FIELDS = ("model", "resolution", "height", "frames", "width", "tokens", "text_tokens", "heads", "head_dim")
+
+
+def repredict(path: Path, calibration: dict | None) -> int:
+    """Predict the cost-model entries of one recipe file again with `calibration`; returns how many."""
+    recipe = load_recipe(str(path))
+    fresh = []
+    for e in recipe.entries:
+        w = entry_workload(e, recipe.model)
+        if e.get("source") == "cost model" and w is not None:
+            cluster = Cluster(e["machines"], e["gpus_per_machine"], e.get("link", REAL_LINK), e.get("backend", "torch"))
+            base = {k: e[k] for k in SIZE_FIELDS if k in e}
+            fresh.append(predicted_entry(base, w, cluster, calibration, e.get("kernel", "auto")))
+    write_recipe(path, recipe.model, fresh, calibration)
+    return len(fresh)
+
+
+def merge_from(sources: list[str], out: Path) -> int:
+    """Merge tune's outputs (folders with <model>.yaml and measurements.json) into the recipes under `out`."""
+    records, measured = [], {}
+    for source in map(Path, sources):
+        if not source.is_dir():
+            raise ValueError(f"--merge-from {source}: not a folder; give the --out folder of a tune run")
+        found = sorted(source.glob("*.yaml"))
+        if not found:
+            raise ValueError(f"--merge-from {source}: no <model>.yaml in it; give the --out folder of a tune run")
+        for path in found:
+            recipe = load_recipe(str(path))
+            measured.setdefault(recipe.model, []).extend(e for e in recipe.entries if e.get("source") == "measured")
+        if (source / "measurements.json").is_file():
+            records += json.loads((source / "measurements.json").read_text())["records"]
+    every = write_records(out / "measurements.json", records) if records else []
+    calibration = None
+    if records:  # the device most of the new records were measured on
+        device = Counter(r["device"] for r in records).most_common(1)[0][0]
+        calibration = fit([r for r in every if r["device"] == device])
+        print(f"calibration fitted on {calibration.get('fitted_on', 'no layouts')} of {device}: rms error "
+              f"{calibration.get('rms_error_before', 0):.1%} -> {calibration.get('rms_error', 0):.1%}")
+    for model, entries in measured.items():
+        write_recipe(out / f"{model}.yaml", model, entries, calibration)
+        print(f"merged {len(entries)} measured entries into {out / f'{model}.yaml'}")
+    for path in sorted(out.glob("*.yaml")):
+        n = repredict(path, calibration or load_recipe(str(path)).calibration)
+        print(f"predicted {n} cost-model entries of {path} again")
+    return 0
