@@ -1,0 +1,59 @@
+"""`streamfusion bench --level e2e` on 2 CPU processes: whole tiny Flux (true CFG) and CogVideoX generations, each
+phase timed for ours and for one process alone, ours' outputs checked against the one-process pipeline's; the
+GPU-only baselines skipped with their reason."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamfusion_diffusers.bench.e2e_command import _baseline_layouts
+from streamfusion_diffusers.cli import main
+from streamfusion_diffusers.phases import PHASES
+
+OURS = {"ours", "ours-no-vae-split", "ours-cfg"}
+
+
+def test_e2e_times_every_phase_and_matches_one_process(tmp_path, capsys):
+    out = tmp_path / "e2e"
+    rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "flux-dev:64,cogvideox-5b:9:64:64",
+               "--model-size", "tiny", "--machines", "1", "--gpus-per-machine", "2", "--steps", "2",
+               "--true-cfg-scale", "2.0", "--iters", "2", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    result = json.loads((out / "results.json").read_text())
+    rows = result["rows"]
+    for workload in ("flux-dev 64x64", "cogvideox-5b 9f 64x64"):
+        mine = {r["system"]: r for r in rows if r["workload"] == workload}
+        assert set(mine) == OURS | {"one-gpu"}, mine
+        for r in mine.values():
+            assert all(0 < r["phases"][p]["min"] <= r["phases"][p]["median"] <= r["phases"][p]["max"]
+                       for p in PHASES), r
+            assert r["phases"]["total"]["median"] >= r["phases"]["denoising"]["median"], r
+        assert mine["one-gpu"]["rel_err"] is None
+        for system in OURS:  # exact against one process (float32), the VAE split against diffusers' tiled decode
+            assert mine[system]["ok"] and mine[system]["rel_err"] <= 1e-4, mine[system]
+        assert mine["ours"]["reference"].endswith("tiled decode")
+        assert mine["ours-no-vae-split"]["reference"] == "one-gpu, untiled decode"
+        assert mine["ours-cfg"]["layout"].startswith("cfg 2 x ")
+    assert "diffusers-cp skipped" in captured.err and "xfuser skipped" in captured.err
+    table = (out / "table.md").read_text()
+    assert "### flux-dev 64x64" in table and "| ours-cfg | cfg 2 x " in table and "x one-gpu" in table
+    assert any(line.startswith("cogvideox-5b 9f 64x64: ") and "vs one-gpu" in line for line in result["summary"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--level", "e2e,step", "--workloads", "flux-dev:64"), "run it on its own"),
+    (("--level", "e2e", "--methods", "torus", "--workloads", "flux-dev:64"), "unknown system"),
+    (("--level", "e2e", "--workloads", "custom:64:8:8:16"), "whole pipelines"),
+])
+def test_e2e_refuses_bad_requests_before_any_process(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--cpu", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_baseline_layouts():
+    assert _baseline_layouts("U2R1,cfg2U1R1") == {(1, 2, 1), (2, 1, 1)} and _baseline_layouts("best") is None
+    with pytest.raises(ValueError, match="like U2R1 or cfg2U1R1"):
+        _baseline_layouts("2x1")
