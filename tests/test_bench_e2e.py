@@ -54,6 +54,36 @@ def test_e2e_refuses_bad_requests_before_any_process(argv, message, capsys):
 
 
 def test_baseline_layouts():
-    assert _baseline_layouts("U2R1,cfg2U1R1") == {(1, 2, 1), (2, 1, 1)} and _baseline_layouts("best") is None
-    with pytest.raises(ValueError, match="like U2R1 or cfg2U1R1"):
+    assert _baseline_layouts("U2R1,xfuser:cfg2U1R1") == {(None, 1, 2, 1), ("xfuser", 2, 1, 1)}
+    assert _baseline_layouts("best") is None
+    with pytest.raises(ValueError, match="like U2R1, cfg2U1R1 or xfuser:U2R1"):
         _baseline_layouts("2x1")
+
+
+def test_gpu_cases_are_planned_per_baseline():
+    """On 2 GPUs (planned here, not run): diffusers' CP at each Ulysses x Ring layout for Flux, xfuser with and
+    without its CFG split for CogVideoX when installed, ours-cfg only where guidance has two branches."""
+    import argparse
+
+    import torch
+
+    from streamfusion_diffusers.bench import command
+    from streamfusion_diffusers.bench.e2e_command import _setup, e2e_cases
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--level", "e2e", "--steps", "5", "--iters", "2", "--warmup", "1"])
+    flux = _setup("flux-dev:2048", args, "real", torch.bfloat16, 2)
+    cog = _setup("cogvideox-5b:49:480:720", args, "real", torch.bfloat16, 2)
+    assert (flux.height, flux.width, flux.full) == (2048, 2048, True)
+    assert (cog.frames, cog.height, cog.width, cog.guidance_scale) == (49, 480, 720, 6.0)
+    notes: list[str] = []
+    systems = ["one-gpu", "ours", "ours-cfg", "diffusers-cp", "xfuser"]
+    labels = [c.label for c in e2e_cases(systems, flux, 2, True, "U2R1,U1R2,xfuser:cfg2U1R1", notes)]
+    assert labels == ["one-gpu", "ours", "diffusers-cp U2R1", "diffusers-cp U1R2"]
+    labels = [c.label for c in e2e_cases(systems, cog, 2, True, "U2R1,U1R2,xfuser:cfg2U1R1", notes)]
+    xfuser = [] if "xfuser skipped: not installed" in " ".join(notes) else ["xfuser cfg2 U1R1", "xfuser U2R1",
+                                                                            "xfuser U1R2"]
+    assert labels == ["one-gpu", "ours", "ours-cfg", *xfuser]
+    assert any("ours-cfg skipped for flux-dev 2048x2048" in n for n in notes)
+    assert any("no context-parallel plan for CogVideoX" in n for n in notes)

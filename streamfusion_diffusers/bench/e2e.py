@@ -194,10 +194,16 @@ def _diffusers_cp(pipe: Any, setup: E2ESetup, case: E2ECase, device: torch.devic
 
 
 def _xfuser(pipe: Any, setup: E2ESetup, case: E2ECase, device: torch.device) -> tuple[dict, Tensor]:
-    """xfuser imported here only: it refuses to import without a GPU. Its process groups are made per layout."""
+    """xfuser imported here only: it refuses to import without a GPU. It joins the job's process group (its world
+    group made from ours) and makes its CFG / SP groups per layout, destroyed after."""
     from xfuser import xFuserArgs, xFuserCogVideoXPipeline
-    from xfuser.core.distributed.parallel_state import destroy_model_parallel, model_parallel_is_initialized
+    from xfuser.core.distributed.parallel_state import (
+        destroy_model_parallel,
+        init_distributed_environment,
+        model_parallel_is_initialized,
+    )
 
+    init_distributed_environment(world_size=dist.get_world_size(), rank=dist.get_rank(), local_rank=device.index)
     if model_parallel_is_initialized():
         destroy_model_parallel()
     engine_config, _ = xFuserArgs(model="random-weights", ulysses_degree=case.ulysses, ring_degree=case.ring,

@@ -38,18 +38,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with its own guidance scale")
 
 
-def _baseline_layouts(spec: str) -> set[tuple[int, int, int]] | None:
-    """--layouts for the baselines as (cfg, ulysses, ring): 'best' / 'all' (None: every one), or U2R1,cfg2U1R1."""
+def _baseline_layouts(spec: str) -> set[tuple[str | None, int, int, int]] | None:
+    """--layouts for the baselines as (system or None for both, cfg, ulysses, ring): 'best' / 'all' (None: every
+    layout), or items like U2R1, cfg2U1R1, xfuser:U2R1 (a system prefix limits an item to that baseline)."""
     if spec in ("best", "all"):
         return None
     wanted = set()
     for item in (s.strip() for s in spec.split(",") if s.strip()):
-        match = re.fullmatch(r"(?:cfg(\d))?U(\d+)R(\d+)(?:T\d+)?", item)
+        match = re.fullmatch(r"(?:(diffusers-cp|xfuser):)?(?:cfg(\d))?U(\d+)R(\d+)", item)
         if not match:
-            raise ValueError(f"layout {item!r} is not like U2R1 or cfg2U1R1 (the e2e baselines' layouts)")
-        cfg, u, r = (int(x) if x else 1 for x in match.groups())
-        wanted.add((cfg, u, r))
+            raise ValueError(f"layout {item!r} is not like U2R1, cfg2U1R1 or xfuser:U2R1 (the e2e baselines' "
+                             f"layouts)")
+        system, *degrees = match.groups()
+        cfg, u, r = (int(x) if x else 1 for x in degrees)
+        wanted.add((system, cfg, u, r))
     return wanted
+
+
+def _wanted(wanted: set | None, system: str, cfg: int, u: int, r: int) -> bool:
+    return wanted is None or bool({(system, cfg, u, r), (None, cfg, u, r)} & wanted)
 
 
 def _degrees(world: int, heads: int, ring_ok: bool) -> list[tuple[int, int]]:
@@ -90,11 +97,11 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
         elif system == "diffusers-cp":
             half = setup.dtype in (torch.float16, torch.bfloat16)  # diffusers' ring needs cuDNN's LSE
             cases += [E2ECase(system, u, r) for u, r in _degrees(world, heads, half)
-                      if wanted is None or (1, u, r) in wanted]
+                      if _wanted(wanted, system, 1, u, r)]
         elif system == "xfuser":
             for cfg in ((2, 1) if is_guided and world % 2 == 0 else (1,)):
                 cases += [E2ECase(system, u, r, cfg) for u, r in _degrees(world // cfg, heads, True)
-                          if wanted is None or (cfg, u, r) in wanted]
+                          if _wanted(wanted, system, cfg, u, r)]
         else:
             cases.append(E2ECase(system))
     return cases
