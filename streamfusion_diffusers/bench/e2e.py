@@ -18,6 +18,7 @@ Baselines get a fresh transformer each (diffusers' and xfuser's changes to it ca
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -258,8 +259,14 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
         peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0,
                             dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        gc.collect()  # a baseline's transformer, kept alive by its hooks' reference cycles until collected
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         if phases is None:  # the untimed reference run
             continue
+        if dist.get_rank() == 0:
+            print(f"e2e {setup.name} {case.label}: " + ", ".join(f"{p} {phases[p]['median']:.3f} s" for p in PHASES),
+                  flush=True)
         rel = _relative(out, refs[ref_kind]) if refs is not None and case.system != "one-gpu" else None
         rows.append(dict(workload=setup.name, system=case.system, case=case.label, layout=layout, phases=phases,
                          rel_err=rel, reference=None if case.system == "one-gpu" else f"one-gpu, {ref_kind} decode",

@@ -59,6 +59,17 @@ def _wanted(wanted: set | None, system: str, cfg: int, u: int, r: int) -> bool:
     return wanted is None or bool({(system, cfg, u, r), (None, cfg, u, r)} & wanted)
 
 
+def _xfuser_missing() -> str | None:
+    """Why xfuser cannot run here, or None; tried on every rank before the job, so all ranks skip it alike."""
+    if importlib.util.find_spec("xfuser") is None:
+        return "not installed (pip install 'streamfusion-diffusers[xdit]')"
+    try:
+        import xfuser  # noqa: F401
+    except Exception as err:  # xfuser raises NotImplementedError without a GPU, ImportError for missing parts
+        return f"it does not import ({type(err).__name__}: {err})"
+    return None
+
+
 def _degrees(world: int, heads: int, ring_ok: bool) -> list[tuple[int, int]]:
     return [(u, world // u) for u in range(world, 0, -1) if world % u == 0 and heads % u == 0
             and (ring_ok or u == world)]
@@ -92,8 +103,8 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
             skip(NO_GPU.format("xfuser", "xfuser 0.7.0 raises 'No Accelerators available' on import without one"))
         elif system == "xfuser" and family != "cogvideox":
             skip(f"xfuser skipped for {setup.name}: the e2e level compares xfuser on CogVideoX, diffusers-cp on Flux")
-        elif system == "xfuser" and importlib.util.find_spec("xfuser") is None:
-            skip("xfuser skipped: not installed (pip install 'streamfusion-diffusers[xdit]')")
+        elif system == "xfuser" and (broken := _xfuser_missing()):
+            skip(f"xfuser skipped: {broken}")
         elif system == "diffusers-cp":
             half = setup.dtype in (torch.float16, torch.bfloat16)  # diffusers' ring needs cuDNN's LSE
             cases += [E2ECase(system, u, r) for u, r in _degrees(world, heads, half)
