@@ -18,7 +18,7 @@ def test_e2e_times_every_phase_and_matches_one_process(tmp_path, capsys):
     out = tmp_path / "e2e"
     rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "flux-dev:64,cogvideox-5b:9:64:64",
                "--model-size", "tiny", "--machines", "1", "--gpus-per-machine", "2", "--steps", "2",
-               "--true-cfg-scale", "2.0", "--iters", "2", "--out", str(out)])
+               "--true-cfg-scale", "2.0", "--iters", "2", "--warmup", "0", "--out", str(out)])
     captured = capsys.readouterr()
     assert rc == 0, captured.out + captured.err
     result = json.loads((out / "results.json").read_text())
@@ -87,3 +87,21 @@ def test_gpu_cases_are_planned_per_baseline():
     assert labels == ["one-gpu", "ours", "ours-cfg", *xfuser]
     assert any("ours-cfg skipped for flux-dev 2048x2048" in n for n in notes)
     assert any("no context-parallel plan for CogVideoX" in n for n in notes)
+
+
+@pytest.mark.parametrize(("name", "sizes"), [
+    ("flux-dev", {"text_encoder": 123.06e6, "text_encoder_2": 4762.3e6, "vae": 83.82e6, "transformer": 11901.4e6}),
+    ("cogvideox-5b", {"text_encoder": 4762.3e6, "vae": 215.58e6, "transformer": 5570.3e6}),
+])
+def test_full_pipelines_have_the_real_models_sizes(name, sizes):
+    """CLIP-L, T5-XXL's encoder and the real VAEs (parameter counts of the released checkpoints), built on the meta
+    device: shapes only, no memory."""
+    import torch
+
+    from streamfusion_diffusers.models.full import build_full_pipeline
+
+    pipe = build_full_pipeline(name, device="meta")
+    counts = {k: sum(p.numel() for p in v.parameters()) for k, v in pipe.components.items()
+              if isinstance(v, torch.nn.Module)}
+    assert counts.keys() == sizes.keys()
+    assert all(abs(counts[k] - sizes[k]) / sizes[k] < 1e-4 for k in sizes), counts
