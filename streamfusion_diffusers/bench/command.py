@@ -4,7 +4,8 @@ layer: one attention layer: ours (ulysses, ring, usp, tas, torus, on the chosen 
 emulated slow link), xDiT's USP ("xdit-usp", through yunchang) and the no-communication bound.
 block / step: one transformer block and one whole denoising step of Flux or CogVideoX, built from its diffusers
 config with random weights: ours through `parallelize`, diffusers' own context parallelism ("diffusers-cp",
-GPUs only) and the bound. Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the
+GPUs only) and the bound.
+e2e (on its own): whole generations against one GPU, diffusers-cp and xfuser (`bench/e2e.py`). Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the
 torchrun job it runs in. Writes table.md, results.json and plot.png under --out.
 """
 from __future__ import annotations
@@ -54,18 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "step (one whole transformer forward); default layer; or e2e alone (whole generations: "
                              "text encoding, denoising, VAE decode, against one GPU, diffusers-cp and xfuser)")
     parser.add_argument("--model-size", choices=("real", "tiny"), default=None,
-                        help="block/step levels: the model's real config or its tiny twin (default real on GPUs, "
+                        help="block/step/e2e levels: the model's real config or its tiny twin (default real on GPUs, "
                              "tiny on the CPU; custom workloads always build a tiny Flux of their heads)")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated from {', '.join(METHODS + tuple(BASELINES))}, auto (default: all but "
                              f"ring and auto, with xdit-usp at layer level and diffusers-cp at block/step); the bound "
-                             f"always runs; auto is the layout method='auto' chooses (see --recipe)")
+                             f"always runs; auto is the layout method='auto' chooses (see --recipe); e2e: from "
+                             f"{', '.join(e2e_command.SYSTEMS)} (default all)")
     parser.add_argument("--recipe", default=None,
                         help="where method auto looks: a packaged recipe name, a YAML file or a folder of them "
                              "(e.g. the --out of streamfusion tune); default: the packaged recipes")
     parser.add_argument("--layouts", default="best",
                         help="'best' (time every UxR, report each method's fastest), 'all', or a list like "
-                             "U8R1,U4R2,U4R2T2")
+                             "U8R1,U4R2,U4R2T2; e2e: the baselines' layouts, e.g. U2R1,xfuser:cfg2U1R1")
     parser.add_argument("--machines", type=int, default=1, help="machines N (virtual ones with --emulate-link)")
     parser.add_argument("--gpus-per-machine", type=int, default=None, help="default: world size / N (8 locally)")
     parser.add_argument("--backend", default="torch", help="transport of our methods: torch or nvshmem")

@@ -272,7 +272,6 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
                          rel_err=rel, reference=None if case.system == "one-gpu" else f"one-gpu, {ref_kind} decode",
                          peak_gib=peak.item() if device.type == "cuda" else None, steps=setup.steps,
                          iters=setup.iters))
-        out = None
     return rows
 
 

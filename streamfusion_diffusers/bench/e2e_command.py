@@ -184,9 +184,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                   "device": torch.cuda.get_device_name() if gpu else "cpu", "date": stamp, "levels": ["e2e"],
                   "model_size": size, "steps": args.steps}
     paths = e2e_report.write(rows, setup_info, notes, lines, out, title)
-    print(e2e_report.markdown(rows, title))
-    print("\n".join(lines))
-    print("wrote " + ", ".join(str(p) for p in paths))
+    if args.json:
+        print(paths[0].read_text())
+    else:
+        print(e2e_report.markdown(rows, title))
+        print("\n".join(lines))
+        print("wrote " + ", ".join(str(p) for p in paths))
     bad = [r for r in rows if not r["ok"]]
     for r in bad:
         what = "MISMATCH" if r["system"] in OURS else "note: baseline differs"
