@@ -254,8 +254,11 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
                 ref_kind = "untiled" if case.system == "ours-no-vae-split" else "tiled"
             elif case.system == "diffusers-cp":
                 phases, out = _diffusers_cp(pipe, setup, case, device)
+                layout = f"ulysses_degree={case.ulysses}, ring_degree={case.ring}"
             else:
                 phases, out = _xfuser(pipe, setup, case, device)
+                layout = (f"{'--use_cfg_parallel ' if case.cfg > 1 else ''}--ulysses_degree {case.ulysses} "
+                          f"--ring_degree {case.ring}")
         peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0,
                             dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
