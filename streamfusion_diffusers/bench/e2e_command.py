@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..generate import DEFAULT_PROMPT, guided
+from ..generate import DEFAULT_PROMPT, guided, image_tokens
 from ..models import MODELS
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES
@@ -81,6 +81,7 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
 
     spec = MODELS[setup.model]
     heads, family = spec.transformer["num_attention_heads"], spec.family
+    tokens = image_tokens(spec, setup.height, setup.width, setup.frames)
     is_guided = guided(spec, setup.guidance_scale, setup.true_cfg_scale)
     wanted = _baseline_layouts(layouts)
     cases: list[E2ECase] = []
@@ -99,6 +100,9 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
             skip(NO_GPU.format("diffusers-cp", "enable_parallelism places rank r on accelerator r"))
         elif system == "diffusers-cp" and family != "flux":
             skip(f"diffusers-cp skipped for {setup.name}: diffusers 0.42 has no context-parallel plan for CogVideoX")
+        elif system == "diffusers-cp" and (tokens % world or setup.max_sequence_length % world):
+            skip(f"diffusers-cp skipped for {setup.name}: it needs the {tokens} image and "
+                 f"{setup.max_sequence_length} text tokens each divisible by the {world} ranks")
         elif system == "xfuser" and not gpu:
             skip(NO_GPU.format("xfuser", "xfuser 0.7.0 raises 'No Accelerators available' on import without one"))
         elif system == "xfuser" and family != "cogvideox":
@@ -132,10 +136,10 @@ def _setup(spec: str, args: argparse.Namespace, size: str, dtype: torch.dtype, m
     else:
         frames, height, width = 4 * (w.grid[0] - 1) + 1, 8 * w.grid[1], 8 * w.grid[2]
     model_spec = MODELS[model]
+    true_cfg = args.true_cfg_scale if model_spec.family == "flux" else None
     return E2ESetup(w.name, model, size == "real", height, width, frames, args.steps, model_spec.guidance_scale,
-                    args.true_cfg_scale if model_spec.family == "flux" else None, model_spec.max_sequence_length, DEFAULT_PROMPT, args.seed, dtype,
-                    args.machines, m, args.backend, args.recipe, args.comm_dtype, args.iters, args.warmup,
-                    args.timeout)
+                    true_cfg, model_spec.max_sequence_length, DEFAULT_PROMPT, args.seed, dtype, args.machines, m,
+                    args.backend, args.recipe, args.comm_dtype, args.iters, args.warmup, args.timeout)
 
 
 def run_tasks(tasks: list[tuple[Any, list[Any]]]) -> list[dict]:
