@@ -5,8 +5,8 @@ emulated slow link), xDiT's USP ("xdit-usp", through yunchang) and the no-commun
 block / step: one transformer block and one whole denoising step of Flux or CogVideoX, built from its diffusers
 config with random weights: ours through `parallelize`, diffusers' own context parallelism ("diffusers-cp",
 GPUs only) and the bound.
-e2e (on its own): whole generations against one GPU, diffusers-cp and xfuser (`bench/e2e.py`). Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the
-torchrun job it runs in. Writes table.md, results.json and plot.png under --out.
+e2e (on its own): whole generations against one GPU, diffusers-cp and xfuser (`bench/e2e.py`).
+Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the torchrun job it runs in. Writes table.md, results.json and plot.png under --out.
 """
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "step (one whole transformer forward); default layer; or e2e alone (whole generations: "
                              "text encoding, denoising, VAE decode, against one GPU, diffusers-cp and xfuser)")
     parser.add_argument("--model-size", choices=("real", "tiny"), default=None,
-                        help="block/step/e2e levels: the model's real config or its tiny twin (default real on GPUs, "
-                             "tiny on the CPU; custom workloads always build a tiny Flux of their heads)")
+                        help="block/step/e2e levels: the model's real config or its tiny twin (default real on "
+                             "GPUs, tiny on the CPU; custom workloads always build a tiny Flux of their heads)")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated from {', '.join(METHODS + tuple(BASELINES))}, auto (default: all but "
                              f"ring and auto, with xdit-usp at layer level and diffusers-cp at block/step); the bound "
