@@ -6,7 +6,8 @@ block / step: one transformer block and one whole denoising step of Flux or CogV
 config with random weights: ours through `parallelize`, diffusers' own context parallelism ("diffusers-cp",
 GPUs only) and the bound.
 e2e (on its own): whole generations against one GPU, diffusers-cp and xfuser (`bench/e2e.py`).
-Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the torchrun job it runs in. Writes table.md, results.json and plot.png under --out.
+Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the torchrun job it runs in.
+Writes table.md, results.json and plot.png under --out.
 """
 from __future__ import annotations
 
