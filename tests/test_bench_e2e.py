@@ -42,6 +42,23 @@ def test_e2e_times_every_phase_and_matches_one_process(tmp_path, capsys):
     assert any(line.startswith("cogvideox-5b 9f 64x64: ") and "vs one-gpu" in line for line in result["summary"])
 
 
+def test_e2e_on_two_emulated_machines_with_fp8_transfers(tmp_path, capsys):
+    """2 x 1 over an emulated p4de link: ours with fp8 inter-machine transfers (checked loosely) and ours-cfg, whose
+    guidance branches sit one per machine; the baselines, whose transfers cannot be slowed, are skipped."""
+    out = tmp_path / "emu"
+    rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "cogvideox-5b:9:64:64", "--model-size", "tiny",
+               "--machines", "2", "--gpus-per-machine", "1", "--emulate-link", "p4de", "--comm-dtype", "fp8",
+               "--methods", "ours,ours-cfg,xfuser", "--steps", "2", "--iters", "1", "--warmup", "0",
+               "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    rows = {r["system"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert set(rows) == {"ours", "ours-cfg"} and all(r["ok"] for r in rows.values()), rows
+    assert 0 < rows["ours"]["rel_err"] <= 5e-2 and rows["ours-cfg"]["rel_err"] <= 1e-4, rows  # no link crossed
+    assert "--emulate-link slows our transfers only" in captured.err
+    assert "emulated as p4de, fp8 inter-machine transfers" in (out / "table.md").read_text()
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (("--level", "e2e,step", "--workloads", "flux-dev:64"), "run it on its own"),
     (("--level", "e2e", "--methods", "torus", "--workloads", "flux-dev:64"), "unknown system"),

@@ -79,6 +79,7 @@ class E2ESetup:
     backend: str = "torch"
     recipe: str | None = None
     comm_dtype: str | None = None
+    emulate_link: str | None = None  # ours only: the inter-machine link its transfers are slowed to
     iters: int = 3
     warmup: int = 1
     timeout_s: float = 300.0
@@ -164,7 +165,7 @@ def _one_gpu(pipe: Any, setup: E2ESetup, device: torch.device,
 def _ours(pipe: Any, setup: E2ESetup, case: E2ECase, device: torch.device) -> tuple[dict, Tensor | None, str]:
     config = ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method="auto",
                             backend=setup.backend, recipe=setup.recipe, comm_dtype=setup.comm_dtype,
-                            cfg=2 if case.system == "ours-cfg" else 1)
+                            emulate_link=setup.emulate_link, cfg=2 if case.system == "ours-cfg" else 1)
     ctx = init_parallel(config)
     split = case.system != "ours-no-vae-split"
     parallelize(pipe, ctx, vae=split)
