@@ -5,7 +5,9 @@
 # Flux.1-dev 2048 px (ours, ours without the VAE split, one GPU, diffusers' CP at U2R1 and U1R2) and CogVideoX-5b
 # 49 frames 480x720 with CFG (ours, ours with CFG parallel, one GPU, xfuser --use_cfg_parallel and U2R1).
 # Run from the project root with the wheels importable (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/e2e_device.sh [layer] [flux] [cogvideox]          (default: all three, in that order)
+#   bash benchmarks/e2e_device.sh [layer] [flux] [cogvideox] [emulated]   (default: the first three, in order)
+# emulated (a second call: about 4 minutes): CogVideoX on 2 x 1 over an emulated p4de link, ours with bf16 and
+# with fp8 inter-machine transfers, and ours with CFG parallel (one guidance branch per machine), against one GPU.
 # Settings: ITERS (default 2), STEPS (default 5), BUDGET. Each part gets what the earlier ones left of BUDGET;
 # short tables to stdout, every log, table.md and results.json under $OUT.
 set -u
@@ -36,4 +38,11 @@ if [[ " $parts " == *" cogvideox "* ]]; then
   echo "== CogVideoX-5b 49 frames 480x720, CFG on, whole generations: ours against one GPU and xfuser"
   part e2e-cogvideox $e2e --workloads cogvideox-5b:49:480:720 --methods one-gpu,ours,ours-cfg,xfuser \
     --layouts xfuser:cfg2U1R1,xfuser:U2R1 --out "$OUT/e2e-cogvideox"
+fi
+if [[ " $parts " == *" emulated "* ]]; then
+  emu="--workloads cogvideox-5b:49:480:720 --machines 2 --gpus-per-machine 1 --emulate-link p4de"
+  echo "== CogVideoX-5b 49 frames, 2 x 1 over an emulated p4de link: bf16 transfers, CFG parallel, one GPU"
+  part e2e-emu-bf16 $e2e $emu --methods one-gpu,ours,ours-cfg --out "$OUT/e2e-emu-bf16"
+  echo "== the same with fp8 inter-machine transfers"
+  part e2e-emu-fp8 $e2e $emu --methods ours --comm-dtype fp8 --out "$OUT/e2e-emu-fp8"
 fi
