@@ -7,7 +7,8 @@
    untiled and tiled (diffusers), and split over both GPUs; the split's difference to diffusers' tiled decode
    and diffusers' own tiled-vs-untiled difference.
 
-torchrun --nproc-per-node 2 benchmarks/vae_comm_bench.py
+torchrun --nproc-per-node 2 benchmarks/vae_comm_bench.py [--parts layer]   (streamfusion bench --level e2e times
+the VAE decode inside whole generations too: its decode column, ours split against one GPU)
 """
 from __future__ import annotations
 
@@ -89,13 +90,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layer-iters", type=int, default=10)
     parser.add_argument("--vae-iters", type=int, default=2)
+    parser.add_argument("--parts", default="layer,vae",
+                        help="comma-separated: layer (1-byte transfers), vae (decode split); default both")
     args = parser.parse_args()
     gpu = torch.cuda.is_available()
     if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if gpu else "gloo")
     dtype = torch.bfloat16 if gpu else torch.float32
-    lines = layer_table(args.layer_iters, dtype) + vae_table(args.vae_iters, dtype)
+    parts = {p.strip() for p in args.parts.split(",")}
+    lines = layer_table(args.layer_iters, dtype) if "layer" in parts else []
+    lines += vae_table(args.vae_iters, dtype) if "vae" in parts else []
     if dist.get_rank() == 0:
         for line, ok in lines:
             print(f"{'PASS' if ok else 'FAIL'}  {line}")

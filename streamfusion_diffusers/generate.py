@@ -76,6 +76,7 @@ def _write_output(job: Job, result: Any) -> list[str]:
 def run_rank(job: Job) -> dict | None:
     """One rank's share of the job; rank 0 decodes, writes the output and returns the run record."""
     from .models.build import build_pipeline, load_pipeline  # diffusers is an extra: imported only to run
+    from .models.full import build_full_pipeline
     from .parallelize import parallelize
 
     rank = dist.get_rank()
@@ -86,7 +87,9 @@ def run_rank(job: Job) -> dict | None:
     if job.weights:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
     else:
-        pipe = build_pipeline(job.model, seed=job.seed, dtype=dtype, device=device)
+        # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
+        build = build_pipeline if job.model.startswith("tiny-") else build_full_pipeline
+        pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     timer = StepTimer(device)

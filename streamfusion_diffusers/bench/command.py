@@ -4,8 +4,10 @@ layer: one attention layer: ours (ulysses, ring, usp, tas, torus, on the chosen 
 emulated slow link), xDiT's USP ("xdit-usp", through yunchang) and the no-communication bound.
 block / step: one transformer block and one whole denoising step of Flux or CogVideoX, built from its diffusers
 config with random weights: ours through `parallelize`, diffusers' own context parallelism ("diffusers-cp",
-GPUs only) and the bound. Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the
-torchrun job it runs in. Writes table.md, results.json and plot.png under --out.
+GPUs only) and the bound.
+e2e (on its own): whole generations against one GPU, diffusers-cp and xfuser (`bench/e2e.py`).
+Spawns a local job (gloo on the CPU, NCCL with a GPU per process) or joins the torchrun job it runs in.
+Writes table.md, results.json and plot.png under --out.
 """
 from __future__ import annotations
 
@@ -26,14 +28,14 @@ from ..config import METHODS, ParallelConfig, resolve_layout
 from ..links import parse_link
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES, TOLERANCE
-from . import report, xdit
+from . import e2e_command, report, xdit
 from .costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
 from .workloads import MODELS, Workload, is_flux, transformer_config
 
 logger = logging.getLogger(__name__)
 
-LEVELS = ("layer", "block", "step")
+LEVELS = ("layer", "block", "step", "e2e")
 BASELINES = {"xdit-usp": ("layer",), "diffusers-cp": ("block", "step")}  # the levels each baseline runs at
 # Block and step outputs against the unparallelized model, by relative error: float32 as the processor tests
 # hold it; half precision loosely, as rounding differs between two orders of summation through every block.
@@ -51,20 +53,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(flux-dev:1024,2048); default flux-dev:2048")
     parser.add_argument("--level", default="layer",
                         help="comma-separated from layer (one attention layer), block (one transformer block), "
-                             "step (one whole transformer forward); default layer")
+                             "step (one whole transformer forward); default layer; or e2e alone (whole generations: "
+                             "text encoding, denoising, VAE decode, against one GPU, diffusers-cp and xfuser)")
     parser.add_argument("--model-size", choices=("real", "tiny"), default=None,
-                        help="block/step levels: the model's real config or its tiny twin (default real on GPUs, "
-                             "tiny on the CPU; custom workloads always build a tiny Flux of their heads)")
+                        help="block/step/e2e levels: the model's real config or its tiny twin (default real on "
+                             "GPUs, tiny on the CPU; custom workloads always build a tiny Flux of their heads)")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated from {', '.join(METHODS + tuple(BASELINES))}, auto (default: all but "
                              f"ring and auto, with xdit-usp at layer level and diffusers-cp at block/step); the bound "
-                             f"always runs; auto is the layout method='auto' chooses (see --recipe)")
+                             f"always runs; auto is the layout method='auto' chooses (see --recipe); e2e: from "
+                             f"{', '.join(e2e_command.SYSTEMS)} (default all)")
     parser.add_argument("--recipe", default=None,
                         help="where method auto looks: a packaged recipe name, a YAML file or a folder of them "
                              "(e.g. the --out of streamfusion tune); default: the packaged recipes")
     parser.add_argument("--layouts", default="best",
                         help="'best' (time every UxR, report each method's fastest), 'all', or a list like "
-                             "U8R1,U4R2,U4R2T2")
+                             "U8R1,U4R2,U4R2T2; e2e: the baselines' layouts, e.g. U2R1,xfuser:cfg2U1R1")
     parser.add_argument("--machines", type=int, default=1, help="machines N (virtual ones with --emulate-link)")
     parser.add_argument("--gpus-per-machine", type=int, default=None, help="default: world size / N (8 locally)")
     parser.add_argument("--backend", default="torch", help="transport of our methods: torch or nvshmem")
@@ -73,14 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send inter-machine chunks as 1-byte values with per-token-and-head scales (checked "
                              f"against a relative error of {LOWP_REL_TOLERANCE:g} instead of the exact tolerance)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16 on GPU, else float32")
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=None, help="timed repetitions (default 20; e2e: 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed repetitions first (default 3; e2e: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds one case may take before the job prints every stack and exits (default 300)")
     parser.add_argument("--out", default=None, help="output folder (default outputs/bench-<time>)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
+    e2e_command.add_arguments(parser)
 
 
 def parse_workload(spec: str) -> Workload:
@@ -187,6 +192,12 @@ def main(args: argparse.Namespace) -> int:
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)
     m = args.gpus_per_machine or world // args.machines
     levels = parse_levels(args.level)
+    if "e2e" in levels:
+        if len(levels) > 1:
+            raise ValueError("--level e2e times whole generations in a table of its own: run it on its own")
+        args.iters, args.warmup = args.iters or 3, 1 if args.warmup is None else args.warmup
+        return e2e_command.run(args, _argv(args))
+    args.iters, args.warmup = args.iters or 20, 3 if args.warmup is None else args.warmup
     workloads = [parse_workload(s) for s in workload_specs(args.workloads)]
     methods = _methods(args.methods, levels)
     if "layer" in levels and "xdit-usp" in methods and not xdit.available():

@@ -1,0 +1,124 @@
+"""`streamfusion bench --level e2e` on 2 CPU processes: whole tiny Flux (true CFG) and CogVideoX generations, each
+phase timed for ours and for one process alone, ours' outputs checked against the one-process pipeline's; the
+GPU-only baselines skipped with their reason."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamfusion_diffusers.bench.e2e_command import _baseline_layouts
+from streamfusion_diffusers.cli import main
+from streamfusion_diffusers.phases import PHASES
+
+OURS = {"ours", "ours-no-vae-split", "ours-cfg"}
+
+
+def test_e2e_times_every_phase_and_matches_one_process(tmp_path, capsys):
+    out = tmp_path / "e2e"
+    rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "flux-dev:64,cogvideox-5b:9:64:64",
+               "--model-size", "tiny", "--machines", "1", "--gpus-per-machine", "2", "--steps", "2",
+               "--true-cfg-scale", "2.0", "--iters", "2", "--warmup", "0", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    result = json.loads((out / "results.json").read_text())
+    rows = result["rows"]
+    for workload in ("flux-dev 64x64", "cogvideox-5b 9f 64x64"):
+        mine = {r["system"]: r for r in rows if r["workload"] == workload}
+        assert set(mine) == OURS | {"one-gpu"}, mine
+        for r in mine.values():
+            assert all(0 < r["phases"][p]["min"] <= r["phases"][p]["median"] <= r["phases"][p]["max"]
+                       for p in PHASES), r
+            assert r["phases"]["total"]["median"] >= r["phases"]["denoising"]["median"], r
+        assert mine["one-gpu"]["rel_err"] is None
+        for system in OURS:  # exact against one process (float32), the VAE split against diffusers' tiled decode
+            assert mine[system]["ok"] and mine[system]["rel_err"] <= 1e-4, mine[system]
+        assert mine["ours"]["reference"].endswith("tiled decode")
+        assert mine["ours-no-vae-split"]["reference"] == "one-gpu, untiled decode"
+        assert mine["ours-cfg"]["layout"].startswith("cfg 2 x ")
+    assert "diffusers-cp skipped" in captured.err and "xfuser skipped" in captured.err
+    table = (out / "table.md").read_text()
+    assert "### flux-dev 64x64" in table and "| ours-cfg | cfg 2 x " in table and "x one-gpu" in table
+    assert any(line.startswith("cogvideox-5b 9f 64x64: ") and "vs one-gpu" in line for line in result["summary"])
+
+
+def test_e2e_on_two_emulated_machines_with_fp8_transfers(tmp_path, capsys):
+    """2 x 1 over an emulated p4de link: ours with fp8 inter-machine transfers (checked loosely) and ours-cfg, whose
+    guidance branches sit one per machine; the baselines, whose transfers cannot be slowed, are skipped."""
+    out = tmp_path / "emu"
+    rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "cogvideox-5b:9:64:64", "--model-size", "tiny",
+               "--machines", "2", "--gpus-per-machine", "1", "--emulate-link", "p4de", "--comm-dtype", "fp8",
+               "--methods", "ours,ours-cfg,xfuser", "--steps", "2", "--iters", "1", "--warmup", "0",
+               "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    rows = {r["system"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert set(rows) == {"ours", "ours-cfg"} and all(r["ok"] for r in rows.values()), rows
+    assert 0 < rows["ours"]["rel_err"] <= 5e-2 and rows["ours-cfg"]["rel_err"] <= 1e-4, rows  # no link crossed
+    assert "--emulate-link slows our transfers only" in captured.err
+    assert "emulated as p4de, fp8 inter-machine transfers" in (out / "table.md").read_text()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--level", "e2e,step", "--workloads", "flux-dev:64"), "run it on its own"),
+    (("--level", "e2e", "--methods", "torus", "--workloads", "flux-dev:64"), "unknown system"),
+    (("--level", "e2e", "--workloads", "custom:64:8:8:16"), "whole pipelines"),
+])
+def test_e2e_refuses_bad_requests_before_any_process(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--cpu", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_baseline_layouts():
+    assert _baseline_layouts("U2R1,xfuser:cfg2U1R1") == {(None, 1, 2, 1), ("xfuser", 2, 1, 1)}
+    assert _baseline_layouts("best") is None
+    with pytest.raises(ValueError, match="like U2R1, cfg2U1R1 or xfuser:U2R1"):
+        _baseline_layouts("2x1")
+
+
+def test_gpu_cases_are_planned_per_baseline():
+    """On 2 GPUs (planned here, not run): diffusers' CP at each Ulysses x Ring layout for Flux, xfuser with and
+    without its CFG split for CogVideoX when installed, ours-cfg only where guidance has two branches."""
+    import argparse
+
+    import torch
+
+    from streamfusion_diffusers.bench import command
+    from streamfusion_diffusers.bench.e2e_command import _setup, e2e_cases
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--level", "e2e", "--steps", "5", "--iters", "2", "--warmup", "1"])
+    flux = _setup("flux-dev:2048", args, "real", torch.bfloat16, 2)
+    cog = _setup("cogvideox-5b:49:480:720", args, "real", torch.bfloat16, 2)
+    assert (flux.height, flux.width, flux.full) == (2048, 2048, True)
+    assert (cog.frames, cog.height, cog.width, cog.guidance_scale) == (49, 480, 720, 6.0)
+    notes: list[str] = []
+    systems = ["one-gpu", "ours", "ours-cfg", "diffusers-cp", "xfuser"]
+    labels = [c.label for c in e2e_cases(systems, flux, 2, True, "U2R1,U1R2,xfuser:cfg2U1R1", notes)]
+    assert labels == ["one-gpu", "ours", "diffusers-cp U2R1", "diffusers-cp U1R2"]
+    labels = [c.label for c in e2e_cases(systems, cog, 2, True, "U2R1,U1R2,xfuser:cfg2U1R1", notes)]
+    xfuser = [] if "xfuser skipped: not installed" in " ".join(notes) else ["xfuser cfg2 U1R1", "xfuser U2R1",
+                                                                            "xfuser U1R2"]
+    assert labels == ["one-gpu", "ours", "ours-cfg", *xfuser]
+    assert any("ours-cfg skipped for flux-dev 2048x2048" in n for n in notes)
+    assert any("no context-parallel plan for CogVideoX" in n for n in notes)
+
+
+@pytest.mark.parametrize(("name", "sizes"), [
+    ("flux-dev", {"text_encoder": 123.06e6, "text_encoder_2": 4762.3e6, "vae": 83.82e6, "transformer": 11901.4e6}),
+    ("cogvideox-5b", {"text_encoder": 4762.3e6, "vae": 215.58e6, "transformer": 5570.3e6}),
+])
+def test_full_pipelines_have_the_real_models_sizes(name, sizes):
+    """CLIP-L, T5-XXL's encoder and the real VAEs (parameter counts of the released checkpoints), built on the meta
+    device: shapes only, no memory."""
+    import torch
+
+    from streamfusion_diffusers.models.full import build_full_pipeline
+
+    pipe = build_full_pipeline(name, device="meta")
+    counts = {k: sum(p.numel() for p in v.parameters()) for k, v in pipe.components.items()
+              if isinstance(v, torch.nn.Module)}
+    assert counts.keys() == sizes.keys()
+    assert all(abs(counts[k] - sizes[k]) / sizes[k] < 1e-4 for k in sizes), counts
