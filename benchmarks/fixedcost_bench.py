@@ -139,7 +139,8 @@ def main() -> int:
     lines = ratios(rows)
     device = torch.cuda.get_device_name() if gpu else "CPU processes"
     title = (f"Issue 11: fixed costs, 1 x {world} {device}, {'bf16' if gpu else 'float32'}, {args.backend}; layer: "
-             f"min / median / max of {args.layer_iters} interleaved; step: {args.step_iters} after {args.warmup} warm-up")
+             f"min / median / max of {args.layer_iters} interleaved; step: {args.step_iters} after {args.warmup} "
+             f"warm-up")
     out = Path(args.out)
     report.write(rows, {"world": world, "device": device, "args": vars(args)}, out, title)
     (out / "ratios.json").write_text(json.dumps(lines, indent=2))

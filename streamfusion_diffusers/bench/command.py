@@ -220,10 +220,10 @@ def main(args: argparse.Namespace) -> int:
             config = transformer_config(w, size)
             heads = config["num_attention_heads"]
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, heads)
-            tasks.append((bench_model, ModelSetup(setup, config, model_levels), variants.with_variants(
-                [Case("bound")] + [c for meth in methods if _runs_at(meth, model_levels[0], w, config, world, gpu, notes)
-                                   for c in _cases(meth, args.layouts, args.machines, m, heads, gpu, dtype)],
-                ways, model_levels)))
+            ours = [c for meth in methods if _runs_at(meth, model_levels[0], w, config, world, gpu, notes)
+                    for c in _cases(meth, args.layouts, args.machines, m, heads, gpu, dtype)]
+            tasks.append((bench_model, ModelSetup(setup, config, model_levels),
+                          variants.with_variants([Case("bound")] + ours, ways, model_levels)))
     rank0 = int(os.environ.get("RANK", 0)) == 0
     for note in notes if rank0 else ():
         print(f"streamfusion bench: {note}", file=sys.stderr)
