@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from streamfusion_diffusers.bench import report
+from streamfusion_diffusers.bench import report, xdit
 from streamfusion_diffusers.bench.command import _cases as bench_cases
 from streamfusion_diffusers.bench.command import _ok, parse_workload, run_tasks
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer
@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layer-iters", type=int, default=30)
     p.add_argument("--step-iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=240.0, help="seconds one case may take")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one case may take")
     p.add_argument("--cpu", action="store_true", help="a smoke run of this script: 2 gloo processes, tiny Flux, "
                    "float32, no CUDA graphs, no xDiT, no diffusers-cp")
     return p.parse_args()
@@ -127,6 +127,10 @@ def ratio_table(lines: list[dict]) -> str:
 
 def main() -> int:
     args = parse_args()
+    if not (args.no_xdit or args.cpu or xdit.available()):
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"fixedcost_bench: xDiT's USP left out ({xdit.INSTALL_HINT})")
+        args.no_xdit = True
     world, gpu = job_shape(2, args.cpu)
     if not gpu and not args.cpu:
         raise SystemExit("fixedcost_bench needs GPUs: run it under streamfusion launch / torchrun on a GPU host "
