@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..compiled import compile_blocks, uncompile_blocks
+from ..config import METHODS
 
 VARIANTS = ("eager", "cuda-graph", "waves2", "compile")
 # the levels each variant means something at: a graph of the whole forward is not replayed by the block level,
@@ -80,13 +82,9 @@ def compiled(model: torch.nn.Module, variant: str) -> Iterator[None]:
         uncompile_blocks(model)
 
 
-def with_variants(cases: list, variants: tuple[str, ...], levels: tuple[str, ...]) -> list:
+def with_variants(cases: list, variants: tuple[str, ...], levels: tuple[str, ...]) -> list:  # of layer.Case
     """Each of our cases once per variant that means something at one of `levels` (the bound: the eager one
     always, the non-communicating others as asked); baselines as they are."""
-    from dataclasses import replace
-
-    from ..config import METHODS
-
     out = []
     for case in cases:
         ours = case.method in METHODS or case.method == "auto"
