@@ -74,6 +74,7 @@ def sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
+@torch.compiler.disable  # transfers are posted between the waves' parts: the whole wave schedule stays eager
 def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenLayout, heads: int,
               scale: float | None = None) -> None:
     """Run one block call in `waves` waves; `block.post` receives every wave's attention output."""

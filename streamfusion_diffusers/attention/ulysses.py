@@ -36,18 +36,27 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport,
     if n_u == 1:
         out = [x.view(b, length, n_t, h, d).permute(2, 0, 1, 3, 4).contiguous() for x in xs]
         return lambda: out
-    stacked = torch.stack([x.view(b, length, n_t, n_u, h, d) for x in xs])  # [n, B, L, T, U', h, D]
-    send = stacked.permute(4, 0, 1, 2, 3, 5, 6).contiguous()  # peer-major: [U', n, B, L, T, h, D]
+    # one all-to-all for all of xs (Q, K and V together), and one copy each way: every tensor goes straight into
+    # its slot of the peer-major send buffer [U', n, B, L, T, h, D], and every peer's piece straight into its rows
+    # of the result [n, T, B, L_part, h, D]
+    n = len(xs)
+    send = torch.stack([x.view(b, length, n_t, n_u, h, d).permute(3, 0, 1, 2, 4, 5) for x in xs], dim=1)
     lens = _peer_lens(mesh, seq_lens)
-    per_token = len(xs) * b * n_t * h * d
+    per_token = n * b * n_t * h * d
     recv = send.new_empty(per_token * sum(lens))
-    handle = transport.all_to_all(recv, send.view(-1), [per_token * n for n in lens], [per_token * length] * n_u,
+    handle = transport.all_to_all(recv, send.view(-1), [per_token * m for m in lens], [per_token * length] * n_u,
                                   mesh.ulysses)
 
     def finish() -> list[Tensor]:
         handle.wait()
-        pieces = [p.view(len(xs), b, n, n_t, h, d) for p, n in zip(recv.split([per_token * n for n in lens]), lens)]
-        gathered = torch.cat(pieces, dim=2).permute(0, 3, 1, 2, 4, 5).contiguous()  # [n, T, B, L_part, h, D]
+        if len(set(lens)) == 1:  # equal slices: the whole receive buffer in one copy
+            gathered = recv.view(n_u, n, b, length, n_t, h, d).permute(1, 4, 2, 0, 3, 5, 6)
+            return list(gathered.reshape(n, n_t, b, n_u * length, h, d).unbind(0))
+        gathered = recv.new_empty((n, n_t, b, sum(lens), h, d))
+        start = 0
+        for piece, m in zip(recv.split([per_token * m for m in lens]), lens):
+            gathered[:, :, :, start:start + m] = piece.view(n, b, m, n_t, h, d).permute(0, 3, 1, 2, 4, 5)
+            start += m
         return list(gathered.unbind(0))
 
     return finish
@@ -64,13 +73,17 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
     lay = mesh.layout
     n_t, n_u = lay.torus, lay.ulysses_intra
     b, _, h, d = out[0].shape
-    stacked = out[0].unsqueeze(2) if n_t == 1 else torch.stack(list(out), dim=2)  # [B, L_part, T, h, D]
+    one = n_t == 1 and out[0].is_contiguous()
+    stacked = out[0].unsqueeze(2) if one else torch.stack(list(out), dim=2)  # [B, L_part, T, h, D]
     if n_u == 1:
         result = stacked.reshape(b, -1, n_t * h, d)
         return lambda: result
     lens = _peer_lens(mesh, seq_lens)
     length = lens[mesh.u]
-    send = torch.cat([p.reshape(-1) for p in stacked.split(lens, dim=1)])  # peer-major: [U', B, L, T, h, D]
+    if b == 1:  # peers' rows are consecutive: already peer-major, sent as it lies (no copy with one head part)
+        send = stacked.view(-1)
+    else:
+        send = torch.cat([p.reshape(-1) for p in stacked.split(lens, dim=1)])  # peer-major: [U', B, L, T, h, D]
     per_token = b * n_t * h * d
     recv = send.new_empty(n_u * per_token * length)
     handle = transport.all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in lens],

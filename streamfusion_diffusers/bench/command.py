@@ -28,7 +28,7 @@ from ..config import METHODS, ParallelConfig, resolve_layout
 from ..links import parse_link
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES, TOLERANCE
-from . import e2e_command, report, xdit
+from . import e2e_command, report, variants, xdit
 from .costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
 from .workloads import MODELS, Workload, is_flux, transformer_config
@@ -76,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--comm-dtype", choices=("fp8", "int8"), default=None,
                         help="send inter-machine chunks as 1-byte values with per-token-and-head scales (checked "
                              f"against a relative error of {LOWP_REL_TOLERANCE:g} instead of the exact tolerance)")
+    parser.add_argument("--variants", default="eager",
+                        help=f"comma-separated ways to run our layouts, each timed beside the others: "
+                             f"{', '.join(variants.VARIANTS)} (cuda-graph at layer and step level; waves2 and "
+                             f"compile at block and step level; the bound also runs cuda-graph and compile); "
+                             f"default eager")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16 on GPU, else float32")
     parser.add_argument("--iters", type=int, default=None, help="timed repetitions (default 20; e2e: 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed repetitions first (default 3; e2e: 1)")
@@ -200,6 +205,9 @@ def main(args: argparse.Namespace) -> int:
     args.iters, args.warmup = args.iters or 20, 3 if args.warmup is None else args.warmup
     workloads = [parse_workload(s) for s in workload_specs(args.workloads)]
     methods = _methods(args.methods, levels)
+    ways = variants.parse_variants(args.variants)
+    if "cuda-graph" in ways and not gpu:
+        raise ValueError("--variants cuda-graph needs GPUs (an NCCL job); drop it from --variants on the CPU")
     if "layer" in levels and "xdit-usp" in methods and not xdit.available():
         raise ValueError(xdit.INSTALL_HINT)
     if args.emulate_link:
@@ -214,18 +222,19 @@ def main(args: argparse.Namespace) -> int:
                       args.timeout, args.recipe, args.comm_dtype)
         if "layer" in levels:
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, w.heads)
-            tasks.append((bench_layer, setup, [Case("bound")] + [
+            tasks.append((bench_layer, setup, variants.with_variants([Case("bound")] + [
                 c for meth in methods if _runs_at(meth, "layer", w, None, world, gpu, notes)
-                for c in _cases(meth, args.layouts, args.machines, m, w.heads, gpu, dtype)]))
+                for c in _cases(meth, args.layouts, args.machines, m, w.heads, gpu, dtype)], ways, ("layer",))))
         if model_levels:
             from .model import ModelSetup, bench_model  # imports diffusers: only when a model level runs
 
             config = transformer_config(w, size)
             heads = config["num_attention_heads"]
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, heads)
-            tasks.append((bench_model, ModelSetup(setup, config, model_levels), [Case("bound")] + [
-                c for meth in methods if _runs_at(meth, model_levels[0], w, config, world, gpu, notes)
-                for c in _cases(meth, args.layouts, args.machines, m, heads, gpu, dtype)]))
+            ours = [c for meth in methods if _runs_at(meth, model_levels[0], w, config, world, gpu, notes)
+                    for c in _cases(meth, args.layouts, args.machines, m, heads, gpu, dtype)]
+            tasks.append((bench_model, ModelSetup(setup, config, model_levels),
+                          variants.with_variants([Case("bound")] + ours, ways, model_levels)))
     rank0 = int(os.environ.get("RANK", 0)) == 0
     for note in notes if rank0 else ():
         print(f"streamfusion bench: {note}", file=sys.stderr)

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from .. import ParallelConfig, init_parallel, sp_attention
 from ..kernels import attention_with_lse
 from .timing import deadline, interleaved_ms
+from .variants import graphed, suffix
 from .workloads import Workload
 from .xdit import XdiTUSP
 
@@ -32,13 +33,20 @@ class Case:
     ulysses: int = 1
     ring: int = 1
     torus: int | None = None
+    variant: str = "eager"  # how our layout runs (bench/variants.py): eager, cuda-graph, waves2, compile
+
+    @property
+    def name(self) -> str:
+        """The method, with the variant when not eager (rows of one method and variant compete for "best")."""
+        return self.method + suffix(self.variant)
 
     @property
     def label(self) -> str:
         if self.method in ("bound", "auto"):
-            return "no-comm bound" if self.method == "bound" else "auto"
-        torus = f"T{self.torus}" if self.torus else ""
-        return f"{self.method} U{self.ulysses}R{self.ring}{torus}"
+            base = "no-comm bound" if self.method == "bound" else "auto"
+        else:
+            base = f"{self.method} U{self.ulysses}R{self.ring}{f'T{self.torus}' if self.torus else ''}"
+        return f"{base} {suffix(self.variant)}" if self.variant != "eager" else base
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,9 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     calls, errors, labels = [], [], []
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
-            calls.append(lambda: attention_with_lse(q, k, v))
+            bound = lambda q, k, v: attention_with_lse(q, k, v)[0]  # noqa: E731
+            bound = graphed(bound) if case.variant == "cuda-graph" else bound
+            calls.append(lambda bound=bound: bound(q, k, v))
             errors.append((0.0, 0.0))
             labels.append(case.label)
             continue
@@ -103,9 +113,9 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     dist.all_reduce(sums)
     rel = (sums[:-1] / sums[-1]).sqrt().tolist()
     stats = interleaved_ms(calls, setup.iters, setup.warmup, device, setup.timeout_s)
-    bound_ms = next((s.median for c, s in zip(cases, stats) if c.method == "bound"), None)
+    bound_ms = next((s.median for c, s in zip(cases, stats) if c.method == "bound" and c.variant == "eager"), None)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return [dict(workload=w.name, level="layer", tokens=length, method=case.method, layout=name, **s.row(),
+    return [dict(workload=w.name, level="layer", tokens=length, method=case.name, layout=name, **s.row(),
                  vs_bound=s.median / bound_ms if bound_ms else None, max_abs_err=err, rel_err=r, peak_gib=peak)
             for case, name, s, err, r in zip(cases, labels, stats, worst.tolist(), rel)]
 
@@ -129,4 +139,5 @@ def _callable(case: Case, setup: Setup, device: torch.device):
     if case.method == "xdit-usp":
         return XdiTUSP(case.ulysses, case.ring, device), None
     ctx = init_parallel(parallel_config(case, setup))
-    return lambda q, k, v: sp_attention(q, k, v, ctx), ctx
+    call = lambda q, k, v: sp_attention(q, k, v, ctx)  # noqa: E731
+    return (graphed(call) if case.variant == "cuda-graph" else call), ctx

@@ -37,6 +37,8 @@ from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardSta
 from ..sequence import split_sizes
 from .layer import Case, Setup, device_of_job, parallel_config
 from .timing import Stats, deadline, time_ms
+from .variants import LEVELS as VARIANT_LEVELS
+from .variants import compiled, parallelize_options
 from .workloads import Workload, is_flux
 
 LEVELS = ("block", "step")
@@ -87,8 +89,10 @@ def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dt
 class _LocalAttention:
     """The bound's attention: this rank's query rows against keys/values of the whole sequence's length that
     already lie here (random ones made at the first call, which is untimed), so the rank does its full share
-    of attention work and moves nothing. Replicated text rows are attended on every rank, as they arrive."""
+    of attention work and moves nothing. Replicated text rows are attended on every rank, as they arrive.
+    Eager under torch.compile, as our attention is, so a compiled bound compiles the same graphs as ours."""
 
+    @torch.compiler.disable
     def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         layout = self.state.layout
         shape = (key.shape[0], layout.joint + sum(layout.seq_lens), *key.shape[2:])
@@ -170,7 +174,7 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup) -> Iterator[ShardS
         return
     bound = case.method == "bound"
     ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup))
-    parallelize(model, ctx)
+    parallelize(model, ctx, **parallelize_options(case.variant))
     state: ShardState = model._streamfusion.state
     if bound:
         cls = FluxBoundProcessor if isinstance(model, FluxTransformer2DModel) else CogVideoXBoundProcessor
@@ -178,7 +182,8 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup) -> Iterator[ShardS
         gathered = model.get_submodule(plan_for(model).gather_module)
         HookRegistry.check_if_exists_or_initialize(gathered).remove_hook(GATHER_HOOK, recurse=False)
     try:
-        yield state
+        with compiled(model, case.variant):
+            yield state
     finally:
         unparallelize(model)
 
@@ -220,7 +225,8 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
                       _relative(run.sample, ref.sample)]
         del outs
         calls = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**ref.inputs)}
-        ms = {level: Stats.of(time_ms(calls[level], base.iters, base.warmup, device)) for level in setup.levels}
+        ms = {level: Stats.of(time_ms(calls[level], base.iters, base.warmup, device)) for level in setup.levels
+              if level in VARIANT_LEVELS[case.variant]}
     return ms, errors
 
 
@@ -246,12 +252,13 @@ def bench_model(setup: ModelSetup, cases: list[Case]) -> list[dict]:
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         worst = torch.tensor([*errors, peak], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        for level in setup.levels:
-            if case.method == "bound":
+        for level in (x for x in setup.levels if x in ms):
+            if case.method == "bound" and case.variant == "eager":
                 bound_ms[level] = ms[level].median
             table[level].append(dict(
-                workload=w.name, level=level, tokens=w.tokens + w.text_tokens, method=case.method,
-                layout=case.label, **ms[level].row(), vs_bound=ms[level].median / bound_ms[level], max_abs_err=None,
+                workload=w.name, level=level, tokens=w.tokens + w.text_tokens, method=case.name,
+                layout=case.label, **ms[level].row(), max_abs_err=None,
+                vs_bound=ms[level].median / bound_ms[level] if level in bound_ms else None,
                 rel_err=None if case.method == "bound" else worst[LEVELS.index(level)].item(),
                 peak_gib=worst[2].item() if device.type == "cuda" else None))
     return [row for level in setup.levels for row in table[level]]

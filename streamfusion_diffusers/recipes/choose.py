@@ -20,6 +20,7 @@ from ..bench.workloads import Workload
 from ..config import METHODS, Layout, ParallelConfig, resolve_layout
 from ..links import PRESETS, Link, parse_link
 from . import Recipe, load_recipes
+from .rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu, torus_off, why_torus_off
 
 logger = logging.getLogger(__name__)
 
@@ -111,12 +112,13 @@ def schedule_key(lay: Layout) -> tuple:
 
 def ranked(w: Workload, cluster: Cluster, gpu: Gpu, elem_bytes: int = 2) -> list[Prediction]:
     """Every distinct layout of every method, fastest predicted layer first (ties: by name, so every rank and
-    every run orders them alike). Layouts that run the same schedule on the same ranks appear once."""
+    every run orders them alike). Layouts that run the same schedule on the same ranks appear once; Torus
+    inside one machine only where the measured rule (rules.py) lets it."""
     seen, out = set(), []
     for method in METHODS:
         for lay in candidate_layouts(method, cluster.machines, cluster.gpus_per_machine, w.heads):
             key = schedule_key(lay)
-            if key not in seen:
+            if key not in seen and not torus_off(lay, w):
                 seen.add(key)
                 out.append(predict(lay, w, cluster.inter, gpu, elem_bytes))
     return sorted(out, key=lambda p: (p.layer_ms, str(p.layout)))
@@ -146,6 +148,9 @@ def choose(shape: Workload, cluster: Cluster, recipe: str | None = None, kernel:
     runner = f", runner-up {rest[0].layout} {rest[0].layer_ms:.3f} ms" if rest else ""
     why = (f"cost model{' (calibrated)' if calibration else ''}: predicted {best.layer_ms:.3f} ms{runner}; no "
            f"recipe entry for {where}")
+    world = cluster.machines * cluster.gpus_per_machine
+    if cluster.machines == 1 and tokens_per_gpu(shape, world) < TORUS_MIN_TOKENS_PER_GPU:
+        why += f"; {why_torus_off(shape, world)}"
     return Choice(best.layout, kernel, why)
 
 

@@ -1,0 +1,46 @@
+"""The measured one-machine Torus rule (recipes/rules.py): method "auto"'s cost model leaves Torus out on one
+machine below TORUS_MIN_TOKENS_PER_GPU tokens per GPU, keeps it from there on and always across machines, and
+says so in the choice's reason."""
+from __future__ import annotations
+
+import pytest
+
+from streamfusion_diffusers.bench.workloads import Workload, cogvideox, flux
+from streamfusion_diffusers.recipes.choose import Cluster, choose, gpu_of, ranked
+from streamfusion_diffusers.recipes.rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu
+
+
+def _toruses(w: Workload, cluster: Cluster) -> list[str]:
+    return [str(p.layout) for p in ranked(w, cluster, gpu_of(None)) if p.layout.torus > 1]
+
+
+@pytest.mark.parametrize("w,gpus", [(flux(1024), 4), (flux(2048), 4), (flux(2048), 2), (cogvideox(49), 4),
+                                    (flux(4096), 8)])
+def test_small_shares_on_one_machine_rank_no_torus(w, gpus):
+    assert tokens_per_gpu(w, gpus) < TORUS_MIN_TOKENS_PER_GPU
+    assert _toruses(w, Cluster(1, gpus)) == []
+
+
+@pytest.mark.parametrize("w,gpus", [(flux(4096), 4), (flux(4096), 2), (cogvideox(161), 8)])
+def test_large_shares_on_one_machine_keep_torus(w, gpus):
+    assert tokens_per_gpu(w, gpus) >= TORUS_MIN_TOKENS_PER_GPU
+    assert _toruses(w, Cluster(1, gpus))
+
+
+def test_across_machines_torus_stays_at_any_share():
+    assert _toruses(flux(1024), Cluster(2, 4, "p4de"))
+
+
+def test_the_threshold_is_the_boundary():
+    just_below = Workload("custom", TORUS_MIN_TOKENS_PER_GPU * 2 - 2, 0, 24, 128, 1)
+    at = Workload("custom", TORUS_MIN_TOKENS_PER_GPU * 2, 0, 24, 128, 1)
+    assert _toruses(just_below, Cluster(1, 2)) == [] and _toruses(at, Cluster(1, 2))
+
+
+def test_auto_says_why_torus_was_left_out(tmp_path):
+    other = tmp_path / "other.yaml"  # an entry for another cluster only: the cost model decides
+    other.write_text("model: flux-dev\nentries:\n- {machines: 2, gpus_per_machine: 8, resolution: 1024, "
+                     "method: usp, ulysses: 8, ring: 2}\n")
+    choice = choose(flux(1024), Cluster(1, 4), recipe=str(other))
+    assert choice.layout.torus == 1
+    assert "Torus left out: one machine, 1152 tokens per GPU < 16384" in choice.why
