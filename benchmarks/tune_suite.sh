@@ -52,7 +52,7 @@ tune() {  # tune N M LINK ESTIMATE_S
   echo "   rc=$?"; grep -E " ms \[|Error|error:" "$OUT/logs/$name.log" | cut -c1-150
 }
 check() {  # check N M LINK WORKLOAD METHODS ESTIMATE_S
-  local n=$1 m=$2 link=$3 w=$4 name=bar-$1x$2-$3-${4/:/-}
+  local n=$1 m=$2 link=$3 w=$4 name=bar-$1x$2-$3-${4//:/-}
   echo "== bar $w on $n x $m ($link) [$((SECONDS - start)) s]"
   fits "$6" || return
   local emulate=(); [ "$link" != real ] && emulate=(--emulate-link "$link")
@@ -69,6 +69,7 @@ if [ "$bar" = 1 ]; then
   for w in $BAR_EMULATED; do check "$P" 1 p4de "$w" "auto,$ours" 50; done
 fi
 for n in $(seq 2 "$P"); do [ $((P % n)) -eq 0 ] && tune "$n" $((P / n)) dgx 70; done
-echo "== done in $((SECONDS - start)) s; recipes and measurements in $recipes"
+echo "== done in $((SECONDS - start)) s; recipes and measurements in $recipes; bar:" \
+  "$(cat "$OUT"/logs/bar-*.log 2>/dev/null | grep -cE '^PASS') PASS, $(cat "$OUT"/logs/bar-*.log 2>/dev/null | grep -cE '^FAIL') FAIL"
 python3 -m streamfusion_diffusers tune --report "$recipes/measurements.json" > "$OUT/predictions.md" 2>&1
 head -40 "$OUT/predictions.md"
