@@ -36,10 +36,12 @@ BAR_EMULATED=${BAR_EMULATED_WORKLOADS:-flux-dev:4096}
 xdit=${BAR_BASELINE-,xdit-usp}  # empty where yunchang is not installed (CPU smoke tests)
 ours=ulysses,ring,usp,tas,torus
 # every job under torchrun, NVSHMEM's heap sized for the largest layer (CogVideoX 161 frames)
-run="python3 -m streamfusion_diffusers launch --nproc-per-node $P --recipe cogvideox-5b --frames 161 -m streamfusion_diffusers"
+sf="python3 -m streamfusion_diffusers"
+run="$sf launch --nproc-per-node $P --recipe cogvideox-5b --frames 161 -m streamfusion_diffusers"
 start=$SECONDS
 fits() {  # fits SECONDS: whether a step of about that long still fits the budget
-  if [ $((SECONDS - start + $1)) -gt "$budget" ]; then echo "   skipped: $((SECONDS - start)) s used of $budget"; return 1; fi
+  [ $((SECONDS - start + $1)) -le "$budget" ] && return 0
+  echo "   skipped: $((SECONDS - start)) s used of $budget"; return 1
 }
 tune() {  # tune N M LINK ESTIMATE_S
   local n=$1 m=$2 link=$3 name=tune-$1x$2-$3
@@ -49,17 +51,20 @@ tune() {  # tune N M LINK ESTIMATE_S
   timeout $((budget - SECONDS + start)) $run tune --workloads "$WORKLOADS" --machines "$n" --gpus-per-machine "$m" \
     "${emulate[@]}" --backend "$backend" --top "$top" --iters "$iters" --warmup "$warmup" --timeout 120 \
     --out "$recipes" > "$OUT/logs/$name.log" 2>&1
-  echo "   rc=$?"; grep -E " ms \[|Error|error:" "$OUT/logs/$name.log" | cut -c1-150
+  echo "   rc=$?"; grep -E " ms \[" "$OUT/logs/$name.log" | cut -c1-150
+  grep -m1 -E "Error|error:" "$OUT/logs/$name.log" | tr '\r' '\n' | tail -1 | cut -c1-200
 }
 check() {  # check N M LINK WORKLOAD METHODS ESTIMATE_S
-  local n=$1 m=$2 link=$3 w=$4 name=bar-$1x$2-$3-${4/:/-}
+  local n=$1 m=$2 link=$3 w=$4 name=bar-$1x$2-$3-${4//:/-}
   echo "== bar $w on $n x $m ($link) [$((SECONDS - start)) s]"
+  ls "$recipes"/*.yaml > /dev/null 2>&1 || { echo "   skipped: tune wrote no recipe"; return; }
   fits "$6" || return
   local emulate=(); [ "$link" != real ] && emulate=(--emulate-link "$link")
   timeout $((budget - SECONDS + start)) $run bench --workloads "$w" --machines "$n" --gpus-per-machine "$m" \
     "${emulate[@]}" --backend "$backend" --methods "$5" --layouts all --recipe "$recipes" --iters "$bar_iters" \
     --timeout 120 --out "$OUT/bar/$name" > "$OUT/logs/$name.log" 2>&1
-  echo "   rc=$?"; grep -E "^(PASS|FAIL|MISMATCH)|Error|error:" "$OUT/logs/$name.log" | cut -c1-200
+  echo "   rc=$?"; grep -E "^(PASS|FAIL|MISMATCH)" "$OUT/logs/$name.log" | cut -c1-200
+  grep -m1 -E "Error|error:" "$OUT/logs/$name.log" | tr '\r' '\n' | tail -1 | cut -c1-200
 }
 echo "P=$P backend=$backend workloads=$WORKLOADS budget=${budget}s"
 tune 1 "$P" real 70
@@ -69,6 +74,7 @@ if [ "$bar" = 1 ]; then
   for w in $BAR_EMULATED; do check "$P" 1 p4de "$w" "auto,$ours" 50; done
 fi
 for n in $(seq 2 "$P"); do [ $((P % n)) -eq 0 ] && tune "$n" $((P / n)) dgx 70; done
-echo "== done in $((SECONDS - start)) s; recipes and measurements in $recipes"
-python3 -m streamfusion_diffusers tune --report "$recipes/measurements.json" > "$OUT/predictions.md" 2>&1
-head -40 "$OUT/predictions.md"
+count() { cat "$OUT"/logs/bar-*.log 2>/dev/null | grep -cE "^$1"; }
+echo "== done in $((SECONDS - start)) s; bar: $(count PASS) PASS, $(count FAIL) FAIL; recipes in $recipes"
+$sf tune --report "$recipes/measurements.json" > "$OUT/predictions.md" 2>&1
+grep -E "^###|^Fitted|rror" "$OUT/predictions.md" | cut -c1-300  # the table itself: $OUT/predictions.md

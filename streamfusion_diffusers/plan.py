@@ -1,7 +1,8 @@
 """`streamfusion plan`: predict every method and layout on a cluster shape, and recommend one.
 
 For clusters nobody here can rent: the cost model (bench/costmodel.py) walks our schedules for N x M GPUs
-and a real-size workload, with an inter-machine link preset or any bandwidth/latency pair.
+and a real-size workload, with an inter-machine link preset or any bandwidth/latency pair, using the figures
+fitted from measurements in the recipe's `calibration` header (the model's packaged recipe unless --recipe).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from .bench.costmodel import Prediction, candidate_layouts, predict
 from .links import PRESETS, parse_link
 from .bench.workloads import cogvideox, flux
 from .config import METHODS
+from .recipes import load_recipe
+from .recipes.choose import gpu_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=None, help="CogVideoX width (default 1360)")
     parser.add_argument("--frames", type=int, default=49, help="CogVideoX frames (4k + 1)")
     parser.add_argument("--link", default="dgx", help=f"inter-machine link: {', '.join(PRESETS)} or GBPS:LATENCY_US")
+    parser.add_argument("--recipe", default=None,
+                        help="recipe whose calibration header the cost model uses (default: the model's packaged one)")
     parser.add_argument("--all", action="store_true", help="list every layout, not only each method's best")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -38,7 +43,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         workload = cogvideox(args.frames, args.resolution or 768, args.width or 1360)
     link = parse_link(args.link)
-    predictions = {m: [predict(lay, workload, link) for lay in
+    gpu = gpu_of(load_recipe(args.recipe or args.model).calibration)
+    predictions = {m: [predict(lay, workload, link, gpu) for lay in
                        candidate_layouts(m, args.machines, args.gpus_per_machine, workload.heads)] for m in METHODS}
     best = {m: min(ps, key=lambda p: p.step_ms) for m, ps in predictions.items() if ps}
     recommended = min(best.values(), key=lambda p: p.step_ms)

@@ -157,7 +157,11 @@ def run_job(fn: Callable[..., Any], world_size: int, *args: Any, gpu: bool,
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        return [fn(*args)]
-    finally:
+        result = fn(*args)
+    except BaseException:
         if owned:
             dist.destroy_process_group()
+        raise
+    if owned:  # together, so that no rank tears down its transport while a peer still uses it
+        shutdown()
+    return [result]

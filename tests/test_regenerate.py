@@ -5,6 +5,7 @@ the merged measurements."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,17 @@ def test_bad_shapes_and_sources_name_the_fix(tmp_path):
         parse_shapes("2x1:fast", "real")
     with pytest.raises(SystemExit):  # the CLI turns the ValueError into a usage error
         main(["tune", "--merge-from", str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_bench_results_calibrate_the_cost_model_entries(tmp_path):
+    bench_out = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-11-22-h200x2"
+    assert main(["tune", "--from-cost-model", "--workloads", "flux-dev:4096", "--shapes", "2x1:p4de",
+                 "--out", str(tmp_path)]) == 0
+    assert main(["tune", "--merge-from", str(bench_out / "emu-p4de-flux-dev-4096"), "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "measurements.json").read_text())["records"]
+    assert len(records) == 8 and {r["link"] for r in records} == {"p4de"}
+    (entry,) = load_recipe(str(tmp_path / "flux-dev.yaml")).entries
+    calibration = load_recipe(str(tmp_path / "flux-dev.yaml")).calibration
+    assert calibration == fit(records) and entry["source"] == "cost model"
+    best = ranked(Workload("flux", 65536, 512, 24, 128, 1), Cluster(2, 1, "p4de"), gpu_of(calibration))[0]
+    assert entry["predicted_ms"] == round(best.layer_ms, 4)

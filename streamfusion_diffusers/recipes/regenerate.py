@@ -12,7 +12,6 @@ model older than the measurements beside it.
 from __future__ import annotations
 
 import datetime
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from ..bench.workloads import Workload
 from ..links import parse_link
 from . import load_recipe
 from .calibrate import fit
+from .predictions import load_records
 from .choose import REAL_LINK, Cluster, entry_workload, gpu_of, ranked
 from .store import label, layout_fields, write_recipe, write_records
 
@@ -88,19 +88,21 @@ def repredict(path: Path, calibration: dict | None) -> int:
 
 
 def merge_from(sources: list[str], out: Path) -> int:
-    """Merge tune's outputs (folders with <model>.yaml and measurements.json) into the recipes under `out`."""
+    """Merge tune's outputs (folders with <model>.yaml and measurements.json) into the recipes under `out`;
+    bench's output folders (results.json) add their layer timings to the records the calibration is fitted on."""
     records, measured = [], {}
     for source in map(Path, sources):
         if not source.is_dir():
             raise ValueError(f"--merge-from {source}: not a folder; give the --out folder of a tune run")
         found = sorted(source.glob("*.yaml"))
-        if not found:
-            raise ValueError(f"--merge-from {source}: no <model>.yaml in it; give the --out folder of a tune run")
+        timed = [source / name for name in ("measurements.json", "results.json") if (source / name).is_file()]
+        if not found and not timed:
+            raise ValueError(f"--merge-from {source}: neither <model>.yaml nor measurements.json / results.json "
+                             f"in it; give the --out folder of a tune (or bench) run")
         for path in found:
             recipe = load_recipe(str(path))
             measured.setdefault(recipe.model, []).extend(e for e in recipe.entries if e.get("source") == "measured")
-        if (source / "measurements.json").is_file():
-            records += json.loads((source / "measurements.json").read_text())["records"]
+        records += load_records([str(p) for p in timed])
     every = write_records(out / "measurements.json", records) if records else []
     calibration = None
     if records:  # the device most of the new records were measured on

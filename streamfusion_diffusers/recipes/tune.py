@@ -67,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "runs no job")
     parser.add_argument("--merge-from", nargs="+", default=None, metavar="FOLDER",
                         help="merge the measured entries and measurements.json of tune runs' --out folders (e.g. "
-                             "fetched from a device) into the recipes under --out, refit the calibration and predict "
-                             "the remaining cost-model entries again; runs no job")
+                             "fetched from a device; bench --out folders add their layer timings) into the recipes "
+                             "under --out, refit the calibration and predict the remaining cost-model entries "
+                             "again; runs no job")
     parser.add_argument("--report", nargs="+", default=None, metavar="FILE",
                         help="print the cost model's predictions against the measurements in tune's "
                              "measurements.json or bench's results.json files, before and after fitting it "
