@@ -53,6 +53,7 @@ def _pipeline(config: ParallelConfig, name: str = "tiny-cogvideox", guided: bool
     pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
         lambda _m, _a, kw: seen.append(tuple(kw["hidden_states"].shape[:2])), with_kwargs=True)
     kwargs = GUIDED[name] if guided else {"num_frames": 9} if name == "tiny-cogvideox" else {}
+    pipe.vae.enable_tiling()  # the reference decodes diffusers' tiles; parallelize splits the same tiles
 
     def run() -> np.ndarray:
         out = pipe(prompt="a red cat under a blue sky", height=64, width=64, num_inference_steps=2,
@@ -136,7 +137,7 @@ def test_generate_cfg_parallel_records_two_branches(pool, tmp_path):
                                   "--output", str(tmp_path)))
     assert job.parallel.cfg == 2
     run = pool.run(generate.run_rank, job)[0]
-    assert run["cfg"] == 2 and run["layout"].startswith("torus 1x2")  # each branch on one of the 2 machines
+    assert run["cfg"] == 2 and " 1x2 " in run["layout"]  # each branch on one of the 2 machines (method auto)
     assert json.loads((tmp_path / "run.json").read_text())["cfg"] == 2
     phases = run["phases_s"]
     assert all(phases[p] > 0 for p in ("text_encoding", "denoising", "decode")), phases

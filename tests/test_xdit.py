@@ -45,6 +45,9 @@ def test_layout_follows_xfusers_degrees_and_the_machines_each_sp_group_spans():
     assert parallel_config(cfg, "torus", 2, "torch") == ParallelConfig(
         machines=1, gpus_per_machine=2, ulysses=2, ring=1, method="torus")
     assert machines_of(range(8), 16, 4) == 2 and machines_of(range(8, 12), 16, 2) == 1
+    assert parallel_config(one, "auto", 2, "torch") == ParallelConfig(machines=2, gpus_per_machine=2, method="auto")
+    with pytest.raises(ValueError, match="method 'auto' chooses ulysses, ring and torus itself"):
+        parallel_config(one, "auto", 2, "torch", ulysses=2)
 
 
 def test_machine_counts_that_cannot_hold_the_sp_groups_fail_naming_the_fix():
@@ -78,6 +81,7 @@ def test_command_line_takes_our_flags_and_leaves_xfusers_to_the_script():
                                    "--sf-machines", "2", "--sf-backend", "nvshmem", "--sf-ring", "2"])
     assert script == "flux_example.py" and rest == ["--model", "m", "--ulysses_degree", "2"]
     assert options == {"method": "usp", "machines": 2, "backend": "nvshmem", "ring": 2}
+    assert parse(["x.py", "--sf-method", "auto"])[1] == {"method": "auto", "machines": None, "backend": "torch"}
     with pytest.raises(SystemExit):
         parse(["--sf-method", "torus"])
 
@@ -95,3 +99,11 @@ def test_processors_inside_xfusers_sharding_match_the_unparallelized_model(pool,
 def test_xfusers_ulysses_and_ring_degrees_are_kept(pool):
     results = pool.run(run, CASES["flux-text-whole"], "usp", 1, 1, xfuser_ulysses=2, xfuser_ring=2)
     assert all(r["layout"] == "usp 1x4 U2R2" and r["error"] <= TOL for r in results), results
+
+
+@pytest.mark.parametrize("case, machines, cfg, cluster", [
+    ("flux-text-whole", 2, 1, "2 x 2"), ("cogvideox-text-split", 1, 2, "1 x 2")])
+def test_method_auto_chooses_for_the_cluster_of_one_sp_group(pool, case, machines, cfg, cluster):
+    for res in pool.run(run, CASES[case], "auto", machines, cfg):
+        assert res["chosen"] and all(f", {cluster}" in why for why in res["chosen"]), res
+        assert res["error"] <= TOL and res["restored"], res

@@ -84,4 +84,4 @@ def run(case: Case, method: str, machines: int, cfg: int, seed: int = 0, **overr
     return {"error": ((out - expected).norm() / expected.norm()).item(), "shape": tuple(out.shape),
             "expected_shape": tuple(expected.shape), "layout": str(ctx.layout(case.config["num_attention_heads"])),
             "restored": all(a is b for a, b in zip(originals, restored)) and len(originals) == len(restored),
-            "rank": rank}
+            "chosen": sorted(c.why for c in ctx.chosen.values()), "rank": rank}

@@ -64,8 +64,9 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
            **config: Any) -> ParallelContext | None:
     """Run the attention of a built xfuser Flux / CogVideoX pipeline through `sp_attention`; every rank calls it.
 
-    method, backend and `config` (ulysses, ring, torus, kernel, emulate_link, timeout_s, strict) are
-    ParallelConfig's. machines: how many machines the job runs on (None: WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun
+    method, backend and `config` (ulysses, ring, torus, kernel, emulate_link, recipe, timeout_s, strict) are
+    ParallelConfig's; method "auto" picks the layout for each attention shape over one of xfuser's SP groups
+    (recipes.choose: a recipe entry for that cluster, else the cost model). machines: how many machines the job runs on (None: WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun
     sets them). Unsupported set-ups (PipeFusion, its KV cache, tensor parallelism, DiTFastAttn, FP8 comms,
     separate VAE workers, other models) raise ValueError naming what to turn off, before anything changes.
     Returns the context, or None when xfuser runs no sequence parallelism (nothing to replace).
@@ -83,8 +84,10 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
     ctx = _contexts[key]
     install(pipe.transformer, ctx, _split_text)
     if dist.get_rank() == 0:
+        runs = ("the layout recipes.choose picks at the first attention call" if ctx.config.method == "auto"
+                else ctx.layout(pipe.transformer.config.num_attention_heads))
         logger.info("streamfusion: xfuser's %s attention now runs %s in each of its %d sequence-parallel groups",
-                    job.model, ctx.layout(pipe.transformer.config.num_attention_heads), len(job.sp_worlds))
+                    job.model, runs, len(job.sp_worlds))
     return ctx
 
 

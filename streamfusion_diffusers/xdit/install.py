@@ -60,7 +60,8 @@ def install(transformer: torch.nn.Module, ctx: ParallelContext, text_split: Call
         raise ValueError("streamfusion is already enabled on this pipeline; call disable(pipe) first")
     family = FAMILIES[model_name(transformer)]
     modules = attention_modules(transformer)
-    ctx.mesh(modules[0].heads)  # collective: every rank builds its groups here, not inside the first forward
+    if ctx.config.method != "auto":  # "auto" chooses (and builds) its layout at the first attention call
+        ctx.mesh(modules[0].heads)  # collective: every rank builds its groups here, not inside the first forward
     state = ShardState()
     processor = PROCESSORS[family](ctx, text_split, state)
     installed = Installed(ctx, [(module, module.processor) for module in modules])

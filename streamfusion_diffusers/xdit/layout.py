@@ -82,13 +82,14 @@ def machines_of(world: Sequence[int], world_size: int, machines: int) -> int:
 
 def parallel_config(job: XDiTJob, method: str, machines: int, backend: str, **overrides: Any) -> ParallelConfig:
     """Our layout over one SP group: xfuser's Ulysses x Ring degrees unless overridden, placed on the machines
-    the group spans. Methods 'ulysses' and 'ring' imply their degrees, so xfuser's are not passed to them."""
+    the group spans. Methods 'ulysses' and 'ring' imply their degrees and 'auto' chooses them (recipes.choose,
+    for the SP group's machines, at the first attention call), so xfuser's are not passed to them."""
     n = machines_of(job.sp_worlds[0], job.world_size, machines)
-    degrees = {} if method in ("ulysses", "ring") else {"ulysses": job.ulysses, "ring": job.ring}
+    degrees = {} if method in ("ulysses", "ring", "auto") else {"ulysses": job.ulysses, "ring": job.ring}
     fields = {"machines": n, "gpus_per_machine": job.sp_degree // n, "method": method, "backend": backend,
               **degrees, **overrides}
-    if "ulysses" in overrides and "ring" not in overrides and method not in ("ulysses", "ring"):
+    if "ulysses" in overrides and "ring" not in overrides and degrees:
         fields["ring"] = None  # a new Ulysses degree alone: the ring degree follows from it
-    if "ring" in overrides and "ulysses" not in overrides and method not in ("ulysses", "ring"):
+    if "ring" in overrides and "ulysses" not in overrides and degrees:
         fields["ulysses"] = None
     return ParallelConfig(**fields)
