@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from model_cases import Case
-from xdit_cases import run
+from xdit_cases import restore_through_wrapper, run
 
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.spawn import ProcessPool
@@ -64,11 +64,22 @@ def test_machine_counts_that_cannot_hold_the_sp_groups_fail_naming_the_fix():
     ("fast_attn", True, "drop --use_fast_attn"),
     ("fp8_comms", True, "drop --use_fp8_comms"),
     ("vae_workers", 1, "--vae_parallel_size 1: use 0"),
+    ("attention_backend", "sage", "drop --attention_backend sage"),
+    ("attention_backend", "FLASH_3_FP8", "drop --attention_backend FLASH_3_FP8"),
+    ("hybrid_attention", True, "drop --use_hybrid_attn_schedule"),
+    ("onediff", True, "drop --use_onediff"),
 ])
 def test_what_we_cannot_stand_in_for_is_refused_naming_what_to_turn_off(field, value, fix):
     with pytest.raises(ValueError, match="turn off") as err:
         refuse_unsupported(job(((0, 1),), 2, **{field: value}))
     assert fix in str(err.value)
+
+
+def test_exact_attention_backends_are_accepted_and_cfg_is_left_to_xfuser():
+    refuse_unsupported(job(((0, 1),), 2, attention_backend="cudnn"))
+    refuse_unsupported(job(((0, 1),), 2, attention_backend="FLASH_3"))
+    with pytest.raises(ValueError, match="drop cfg= and use xfuser's --use_cfg_parallel"):
+        parallel_config(job(((0, 1),), 2), "torus", 1, "torch", cfg=2)
 
 
 def test_other_models_are_refused():
@@ -94,6 +105,13 @@ def test_processors_inside_xfusers_sharding_match_the_unparallelized_model(pool,
         assert res["shape"] == res["expected_shape"], res
         assert res["error"] <= TOL, res
         assert res["restored"], res
+
+
+def test_disable_restores_processors_found_through_a_delegating_wrapper(pool):
+    """xfuser's layer wrappers hand unknown attributes to the module they wrap: where a wrapper has no processor
+    of its own, disable must leave it without one again (not a copy of the wrapped module's)."""
+    for res in pool.run(restore_through_wrapper, CASES["flux-text-whole"]):
+        assert res == {"own_after": False, "ours_installed": True, "same_after": True}, res
 
 
 def test_xfusers_ulysses_and_ring_degrees_are_kept(pool):
