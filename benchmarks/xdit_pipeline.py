@@ -177,19 +177,17 @@ def timed(workload: str, engine_config: Any, args: argparse.Namespace) -> list[d
                      "ok": error.item() <= REAL_TOLERANCE})
     for row in rows:
         row["ratio"] = row["ms"] / rows[0]["ms"]
-    del xpipe
     return rows
 
 
-def print_timings(rows: list[dict[str, Any]], title: str) -> None:
-    log(f"\n{title}")
+def print_timings(rows: list[dict[str, Any]]) -> None:
+    """One workload's rows and headlines (rank 0)."""
     log(f"{'workload':18} {'variant':12} {'min ms':>9} {'median':>9} {'max ms':>9} {'/ first':>8} {'rel.err':>8}  ok")
     for r in rows:
         log(f"{r['workload']:18} {r['variant']:12} {r['min_ms']:9.1f} {r['ms']:9.1f} {r['max_ms']:9.1f} "
             f"{r['ratio']:8.3f} {r['vs_first']:8.1e}  {'PASS' if r['ok'] else 'FAIL'}")
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        for line in headlines([r for r in rows if r["workload"] == workload]):
-            log(f"{workload}: {line}")
+    for line in headlines(rows):
+        log(f"{rows[0]['workload']}: {line}")
 
 
 def headlines(rows: list[dict[str, Any]]) -> list[str]:
@@ -249,12 +247,19 @@ def main() -> None:
                                "machines": args.machines, "checks": [], "timings": []}
     cfg = engine_config.parallel_config.cfg_degree > 1
     runs = lambda name: not (cfg and MODELS[name].family == "flux")  # noqa: E731 - xFuserFluxPipeline has no CFG split
+    def save() -> None:  # after every part, so that a job cut short still leaves what it measured
+        if dist.get_rank() == 0:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"xdit_pipeline_{tag}.json"), "w") as f:
+                json.dump(results, f, indent=1)
+
     with deadline(args.deadline_s):
         if not args.skip_checks:
             for name, text in filter(lambda c: runs(c[0]), CHECKS):
                 results["checks"] += check(name, text, engine_config, args)
                 gc.collect()
                 torch.cuda.empty_cache()
+            save()
             log(f"\nxfuser {layout} on {world} GPUs, tiny models, bf16: rel. error of each rank's transformer output "
                 f"(max over ranks)")
             log(f"{'model':16} {'text':>4} {'attention':11} {'vs unparallel':>13} {'vs xfuser':>10}  ok")
@@ -262,19 +267,17 @@ def main() -> None:
                 log(f"{r['model']:16} {r['text']:4d} {r['variant']:11} {r['vs_unparallel']:13.2e} "
                     f"{r['vs_xfuser']:10.2e}  {'PASS' if r['ok'] else 'FAIL'}")
         if not args.skip_timing:
-            for workload in filter(lambda w: runs(w.split(":")[0]), args.workloads):
-                results["timings"] += timed(workload, engine_config, args)
-                gc.collect()
-                torch.cuda.empty_cache()
             where = (f"{args.machines} x {world // args.machines} emulated, {args.emulate_link} link (ours only)"
                      if emulated else f"1 x {world}")
-            print_timings(results["timings"], f"xfuser {layout}, {where}: one pipeline step (random weights, bf16), "
-                                              f"ms of the slowest rank over {args.iters} rounds; rel.err: transformer "
-                                              f"output vs the first variant")
-    if dist.get_rank() == 0:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"xdit_pipeline_{tag}.json"), "w") as f:
-            json.dump(results, f, indent=1)
+            log(f"\nxfuser {layout}, {where}: one pipeline step (random weights, bf16), ms of the slowest rank over "
+                f"{args.iters} rounds; rel.err: transformer output vs the first variant")
+            for workload in filter(lambda w: runs(w.split(":")[0]), args.workloads):
+                rows = timed(workload, engine_config, args)
+                results["timings"] += rows
+                save()
+                print_timings(rows)
+                gc.collect()
+                torch.cuda.empty_cache()
     failed = [r for r in results["checks"] if not r["ok"] and r["variant"] != "xfuser-usp"]
     dist.barrier()
     dist.destroy_process_group()

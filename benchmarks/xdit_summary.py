@@ -33,7 +33,10 @@ def main(folder: str) -> None:
     for workload in dict.fromkeys(r["workload"] for j in real.values() for r in j["timings"]):
         runs = [(n, [r for r in j["timings"] if r["workload"] == workload]) for n, j in real.items()]
         runs = [(n, rows, best(rows, lambda v: v == "xfuser")) for n, rows in runs]
-        name, rows, xf = min((x for x in runs if x[2] is not None), key=lambda x: x[2]["ms"])
+        runs = [x for x in runs if x[2] is not None]
+        if not runs:
+            continue
+        name, rows, xf = min(runs, key=lambda x: x[2]["ms"])
         ours, auto = best(rows, lambda v: v != "xfuser"), best(rows, lambda v: v == "auto")
         ratio = ours["ms"] / xf["ms"]
         print(f"{'':8} {workload:18} {xf['ms']:9.1f} ({name:>10}) {ours['ms']:9.1f} ({ours['variant']:>14}) "
@@ -47,6 +50,8 @@ def main(folder: str) -> None:
             rows = [r for r in job["timings"] if r["workload"] == workload]
             usp, torus = best(rows, lambda v: v.startswith("usp")), best(rows, lambda v: v.startswith("torus"))
             auto = best(rows, lambda v: v == "auto")
+            if usp is None or torus is None:
+                continue
             print(f"{'':30} {workload:18} {usp['ms']:9.1f} ({usp['variant']:>10}) {torus['ms']:9.1f} "
                   f"{usp['ms'] / torus['ms']:8.3f} {auto['ms'] if auto else float('nan'):9.1f} "
                   f"{max(r['vs_first'] for r in rows):8.1e}")
