@@ -247,6 +247,7 @@ def main() -> None:
                                "machines": args.machines, "checks": [], "timings": []}
     cfg = engine_config.parallel_config.cfg_degree > 1
     runs = lambda name: not (cfg and MODELS[name].family == "flux")  # noqa: E731 - xFuserFluxPipeline has no CFG split
+
     def save() -> None:  # after every part, so that a job cut short still leaves what it measured
         if dist.get_rank() == 0:
             os.makedirs(args.out, exist_ok=True)
