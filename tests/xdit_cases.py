@@ -84,4 +84,34 @@ def run(case: Case, method: str, machines: int, cfg: int, seed: int = 0, **overr
     return {"error": ((out - expected).norm() / expected.norm()).item(), "shape": tuple(out.shape),
             "expected_shape": tuple(expected.shape), "layout": str(ctx.layout(case.config["num_attention_heads"])),
             "restored": all(a is b for a, b in zip(originals, restored)) and len(originals) == len(restored),
-            "rank": rank}
+            "chosen": sorted(c.why for c in ctx.chosen.values()), "rank": rank}
+
+
+class Delegating(torch.nn.Module):
+    """An attention module behind a wrapper that forwards unknown attributes to it, as xfuser's layer wrappers do."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+
+def restore_through_wrapper(case: Case) -> dict[str, bool]:
+    """On every rank: install and uninstall on a transformer whose attention modules sit behind Delegating."""
+    model = build_transformer(case.config)
+    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
+    for block in blocks:
+        block.attn = Delegating(block.attn)
+    world = dist.get_world_size()
+    job = XDiTJob(model=MODELS[case.family], sp_worlds=sp_worlds(world, 1), world_size=world, ulysses=world)
+    ctx = init_parallel(parallel_config(job, "ulysses", 1, "torch"), worlds=job.sp_worlds)
+    install(model, ctx, lambda: False)
+    ours_installed = all(type(b.attn.processor).__name__ == "XDiTFluxAttnProcessor" for b in blocks)
+    uninstall(model)
+    return {"own_after": any("processor" in vars(b.attn) for b in blocks), "ours_installed": ours_installed,
+            "same_after": all(b.attn.processor is b.attn.module.processor for b in blocks)}

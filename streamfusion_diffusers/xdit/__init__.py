@@ -45,7 +45,9 @@ def read_job(pipe: Any) -> XDiTJob:
                    world_size=dist.get_world_size(), ulysses=par.ulysses_degree, ring=par.ring_degree,
                    pipefusion=par.pp_degree, pipeline_patches=par.pp_config.num_pipeline_patch or 1,
                    tensor_parallel=par.tp_degree, fast_attn=engine.fast_attn_config.use_fast_attn,
-                   fp8_comms=runtime.use_fp8_comms, vae_workers=par.vae_parallel_size)
+                   fp8_comms=runtime.use_fp8_comms, vae_workers=par.vae_parallel_size,
+                   attention_backend=runtime.attention_backend, hybrid_attention=runtime.use_hybrid_attn_schedule,
+                   onediff=runtime.use_onediff)
 
 
 def _split_text() -> bool:
@@ -64,10 +66,12 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
            **config: Any) -> ParallelContext | None:
     """Run the attention of a built xfuser Flux / CogVideoX pipeline through `sp_attention`; every rank calls it.
 
-    method, backend and `config` (ulysses, ring, torus, kernel, emulate_link, timeout_s, strict) are
-    ParallelConfig's. machines: how many machines the job runs on (None: WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun
+    method, backend and `config` (ulysses, ring, torus, kernel, emulate_link, recipe, timeout_s, strict) are
+    ParallelConfig's; method "auto" picks the layout for each attention shape over one of xfuser's SP groups
+    (recipes.choose: a recipe entry for that cluster, else the cost model). machines: how many machines the job runs on (None: WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun
     sets them). Unsupported set-ups (PipeFusion, its KV cache, tensor parallelism, DiTFastAttn, FP8 comms,
-    separate VAE workers, other models) raise ValueError naming what to turn off, before anything changes.
+    separate VAE workers, quantized or sparse attention backends, the hybrid attention schedule, OneDiff, other
+    models) raise ValueError naming what to turn off, before anything changes.
     Returns the context, or None when xfuser runs no sequence parallelism (nothing to replace).
     """
     job = read_job(pipe)
@@ -83,8 +87,13 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
     ctx = _contexts[key]
     install(pipe.transformer, ctx, _split_text)
     if dist.get_rank() == 0:
+        if job.attention_backend is not None:
+            logger.info("streamfusion: xfuser's --attention_backend %s is not used while ours runs (kernel=%s)",
+                        job.attention_backend, ctx.config.kernel)
+        runs = ("the layout recipes.choose picks at the first attention call" if ctx.config.method == "auto"
+                else ctx.layout(pipe.transformer.config.num_attention_heads))
         logger.info("streamfusion: xfuser's %s attention now runs %s in each of its %d sequence-parallel groups",
-                    job.model, ctx.layout(pipe.transformer.config.num_attention_heads), len(job.sp_worlds))
+                    job.model, runs, len(job.sp_worlds))
     return ctx
 
 

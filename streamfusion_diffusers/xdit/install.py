@@ -28,7 +28,7 @@ class Installed:
     """What `install` replaced, so that `uninstall` can put it back; the context stays reachable for callers."""
 
     ctx: ParallelContext
-    saved: list[tuple[torch.nn.Module, Any]]
+    saved: list[tuple[torch.nn.Module, Any, bool]]  # module, its processor, whether the module held it itself
 
 
 def diffusers_model(transformer: torch.nn.Module) -> torch.nn.Module:
@@ -60,10 +60,11 @@ def install(transformer: torch.nn.Module, ctx: ParallelContext, text_split: Call
         raise ValueError("streamfusion is already enabled on this pipeline; call disable(pipe) first")
     family = FAMILIES[model_name(transformer)]
     modules = attention_modules(transformer)
-    ctx.mesh(modules[0].heads)  # collective: every rank builds its groups here, not inside the first forward
+    if ctx.config.method != "auto":  # "auto" chooses (and builds) its layout at the first attention call
+        ctx.mesh(modules[0].heads)  # collective: every rank builds its groups here, not inside the first forward
     state = ShardState()
     processor = PROCESSORS[family](ctx, text_split, state)
-    installed = Installed(ctx, [(module, module.processor) for module in modules])
+    installed = Installed(ctx, [(module, module.processor, "processor" in vars(module)) for module in modules])
     for module in modules:
         module.processor = processor
     transformer.__dict__[MARK] = installed
@@ -71,9 +72,13 @@ def install(transformer: torch.nn.Module, ctx: ParallelContext, text_split: Call
 
 
 def uninstall(transformer: torch.nn.Module) -> None:
-    """Put back the processors `install` replaced."""
+    """Put back the processors `install` replaced, each where it was (the attention module's own attribute or,
+    behind an xfuser wrapper that delegates attributes, the wrapped module's)."""
     installed: Installed | None = transformer.__dict__.pop(MARK, None)
     if installed is None:
         raise ValueError("streamfusion is not enabled on this pipeline")
-    for module, processor in installed.saved:
-        module.processor = processor
+    for module, processor, own in installed.saved:
+        if own:
+            module.processor = processor
+        else:  # it was the wrapped module's, found through the wrapper's __getattr__: show that one again
+            del module.__dict__["processor"]

@@ -14,6 +14,9 @@ from typing import Any
 from ..config import ParallelConfig
 
 FAMILIES = {"FluxTransformer2DModel": "flux", "CogVideoXTransformer3DModel": "cogvideox"}
+# xfuser's attention backends that compute exact softmax attention, as ours does: picking one is harmless (ours
+# runs instead, its kernel chosen by kernel=); the others (FP8/FP4, Sage, sparse) would silently change the maths.
+EXACT_BACKENDS = {"SDPA", "SDPA_MATH", "SDPA_EFFICIENT", "SDPA_FLASH", "FLASH", "CUDNN", "FLASH_3", "FLASH_4"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,9 @@ class XDiTJob:
     fast_attn: bool = False
     fp8_comms: bool = False
     vae_workers: int = 0
+    attention_backend: str | None = None  # --attention_backend, None: xfuser picks an exact one
+    hybrid_attention: bool = False  # --use_hybrid_attn_schedule
+    onediff: bool = False  # --use_onediff: a compiled forward would keep xfuser's attention
 
     @property
     def sp_degree(self) -> int:
@@ -61,6 +67,13 @@ def refuse_unsupported(job: XDiTJob) -> None:
         turn_off.append("FP8 Ulysses communication (drop --use_fp8_comms)")
     if job.vae_workers > 0:
         turn_off.append(f"separate VAE workers (--vae_parallel_size {job.vae_workers}: use 0)")
+    if job.attention_backend is not None and job.attention_backend.upper() not in EXACT_BACKENDS:
+        turn_off.append(f"xfuser's {job.attention_backend} attention (drop --attention_backend {job.attention_backend}: "
+                        f"ours computes exact attention)")
+    if job.hybrid_attention:
+        turn_off.append("xfuser's hybrid attention schedule (drop --use_hybrid_attn_schedule)")
+    if job.onediff:
+        turn_off.append("OneDiff compilation (drop --use_onediff; --use_torch_compile works)")
     if turn_off:
         raise ValueError("streamfusion replaces xfuser's sequence-parallel attention only; turn off "
                          + ", ".join(turn_off) + " to run it with streamfusion")
@@ -82,13 +95,16 @@ def machines_of(world: Sequence[int], world_size: int, machines: int) -> int:
 
 def parallel_config(job: XDiTJob, method: str, machines: int, backend: str, **overrides: Any) -> ParallelConfig:
     """Our layout over one SP group: xfuser's Ulysses x Ring degrees unless overridden, placed on the machines
-    the group spans. Methods 'ulysses' and 'ring' imply their degrees, so xfuser's are not passed to them."""
+    the group spans. Methods 'ulysses' and 'ring' imply their degrees and 'auto' chooses them (recipes.choose,
+    for the SP group's machines, at the first attention call), so xfuser's are not passed to them."""
+    if overrides.get("cfg", 1) != 1:
+        raise ValueError("xfuser splits the guidance batch itself: drop cfg= and use xfuser's --use_cfg_parallel")
     n = machines_of(job.sp_worlds[0], job.world_size, machines)
-    degrees = {} if method in ("ulysses", "ring") else {"ulysses": job.ulysses, "ring": job.ring}
+    degrees = {} if method in ("ulysses", "ring", "auto") else {"ulysses": job.ulysses, "ring": job.ring}
     fields = {"machines": n, "gpus_per_machine": job.sp_degree // n, "method": method, "backend": backend,
               **degrees, **overrides}
-    if "ulysses" in overrides and "ring" not in overrides and method not in ("ulysses", "ring"):
+    if "ulysses" in overrides and "ring" not in overrides and degrees:
         fields["ring"] = None  # a new Ulysses degree alone: the ring degree follows from it
-    if "ring" in overrides and "ulysses" not in overrides and method not in ("ulysses", "ring"):
+    if "ring" in overrides and "ulysses" not in overrides and degrees:
         fields["ulysses"] = None
     return ParallelConfig(**fields)
