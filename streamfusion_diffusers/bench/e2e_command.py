@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..generate import DEFAULT_PROMPT, guided, image_tokens
+from ..job import DEFAULT_PROMPT, guided, image_tokens
 from ..models import MODELS
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES
