@@ -116,7 +116,7 @@ class GraphedForward(ModelHook):
         forward = self.fn_ref.original_forward  # the sharding hooks and the transformer's own forward
         static = [x.clone() if isinstance(x, Tensor) else x for x in leaves]
         args, kwargs = tree_unflatten(static, spec)
-        if self.ctx.rank == 0:
+        if self.ctx.global_rank == 0:
             logger.info("streamfusion: capturing the transformer forward in a CUDA graph (%d-th shape)",
                         len(self.graphs) + 1)
         graph, output = capture(lambda: forward(*args, **kwargs))

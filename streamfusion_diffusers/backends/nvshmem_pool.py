@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..logs import say_once
 from .nvshmem_runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class Mailbox:
             self.data = None
         self.data = self._allocate((self.runtime.n_pes * need,), torch.uint8)
         self.capacity = need
-        logger.info("streamfusion: NVSHMEM mailbox %d x %.1f MiB", self.runtime.n_pes, need / 2**20)
+        say_once(logger, logging.INFO, "streamfusion: NVSHMEM mailbox %d x %.1f MiB", self.runtime.n_pes,
+                 need / 2**20)
 
     def free(self) -> None:
         """Give the mailbox back to the symmetric heap (collective), as NVSHMEM wants before it finalizes."""
