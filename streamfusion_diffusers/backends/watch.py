@@ -1,0 +1,179 @@
+"""Bounded, named waits: a transfer that cannot complete says which layer, stage and peer it was waiting for.
+
+`WatchedTransport` wraps any transport (outermost): every transfer is labelled when it is posted with the
+layer number, the schedule's stage (`stage("pull_kv")` set by the Torus schedule; the group names the rest:
+ulysses all-to-all, ring pass, joint all-gather) and the peers it waits for, and its wait is bounded by
+timeout_s in the way the device allows:
+- on the CPU (gloo) the wait blocks and the process group's timeout (ParallelConfig.timeout_s, given to every
+  group the mesh creates) ends it; the error it raises is re-raised as `TransferFailed` naming the transfer;
+- on GPUs (NCCL, NVSHMEM) waits only order streams and the host never blocks, so a CUDA event recorded after
+  each wait is watched by one host thread; an event still pending at 90 % of timeout_s after its transfer was
+  posted (before torch's NCCL watchdog speaks with no names) logs the named error and ends the process, as
+  torch's watchdog would: the host may be stuck in a CUDA call that no exception can interrupt, and the
+  surviving peers' own watchdogs then fire in turn.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from ..mesh import Group
+from .base import Handle, Transport
+
+logger = logging.getLogger(__name__)
+
+EXIT_CODE = 70  # what a process ended by the watchdog exits with (EX_SOFTWARE, as NVSHMEM's start-up watchdog)
+GPU_MARGIN = 0.9  # the watchdog fires at this share of timeout_s, before torch's NCCL watchdog does
+_KINDS = {"ulysses": "ulysses all-to-all", "ring": "ring pass", "torus": "torus transfer", "world": "joint all-gather"}
+_stage: contextvars.ContextVar[str] = contextvars.ContextVar("streamfusion_stage", default="")
+
+
+class TransferFailed(RuntimeError):
+    """A transfer of an attention layer failed or timed out; the message names the layer, stage and peers."""
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Label the transfers posted inside with a schedule stage (pull_q, pull_kv, push_o); "" for none."""
+    token = _stage.set(name)
+    try:
+        yield
+    finally:
+        _stage.reset(token)
+
+
+def describe(layer: int, group: Group, peers: Sequence[int], direction: str = "with") -> str:
+    """'attention layer 12, pull_kv torus transfer from rank 3' (peers are positions in the group)."""
+    kind = _KINDS.get(group.name, f"{group.name} transfer")
+    where = f"{_stage.get()} {kind}".strip()
+    ranks = sorted({group.ranks[p] for p in peers})
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}" if ranks else "no peer"
+    return f"attention layer {layer}, {where} {direction} {who}"
+
+
+def _failed(what: str, err: BaseException) -> TransferFailed:
+    return TransferFailed(f"streamfusion: {what} failed: {type(err).__name__}: {err}. A peer died, stalled or ran "
+                          f"a different layer (see its log); ParallelConfig.timeout_s bounds every wait")
+
+
+class Watchdog:
+    """One host thread per process that watches CUDA events against deadlines; past one, it ends the process."""
+
+    def __init__(self, poll_s: float = 0.2):
+        self.poll_s = poll_s
+        self._pending: list[tuple[float, torch.cuda.Event, str, float]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, event: torch.cuda.Event, what: str, deadline: float, timeout_s: float) -> None:
+        with self._lock:
+            self._pending.append((deadline, event, what, timeout_s))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            with self._lock:
+                pending, self._pending = self._pending, []
+            pending = [p for p in pending if not p[1].query()]
+            now = time.monotonic()
+            late = [p for p in pending if p[0] <= now]
+            if late:
+                _, _, what, timeout_s = min(late, key=lambda p: p[0])
+                logger.critical("streamfusion: %s did not complete within %.0f s (ParallelConfig.timeout_s): a peer "
+                                "died, stalled or runs a different layer; ending this process (exit code %d). Raise "
+                                "timeout_s if a layer legitimately takes longer", what, timeout_s, EXIT_CODE)
+                logging.shutdown()
+                os._exit(EXIT_CODE)
+            with self._lock:
+                self._pending = pending + self._pending
+
+
+_watchdog = Watchdog()
+
+
+def watch_stream(what: str, timeout_s: float, posted: float | None = None) -> None:
+    """Watch the work queued so far on the current CUDA stream (not while a CUDA graph is being captured)."""
+    if torch.cuda.is_current_stream_capturing():
+        return
+    event = torch.cuda.Event()
+    event.record()
+    start = time.monotonic() if posted is None else posted
+    _watchdog.watch(event, what, start + GPU_MARGIN * timeout_s, timeout_s)
+
+
+class Watched:
+    """A Handle whose wait names its transfer when it fails and, on a GPU, is watched until it completes."""
+
+    def __init__(self, inner: Handle, what: str, on_gpu: bool, timeout_s: float):
+        self.inner, self.what, self.on_gpu, self.timeout_s = inner, what, on_gpu, timeout_s
+        self.posted = time.monotonic()
+
+    def wait(self) -> None:
+        try:
+            self.inner.wait()
+        except Exception as err:  # noqa: BLE001 - gloo / NCCL raise RuntimeError subclasses of their own
+            raise _failed(self.what, err) from err
+        if self.on_gpu:
+            watch_stream(self.what, self.timeout_s, self.posted)
+
+
+class WatchedTransport:
+    """`inner` with every transfer labelled (layer, stage, peers) and its wait bounded by timeout_s."""
+
+    def __init__(self, inner: Transport, timeout_s: float):
+        self.inner, self.timeout_s = inner, timeout_s
+        self.name = inner.name
+        self.layer = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # mailbox and other transport-specific state
+
+    def begin_layer(self, peer_bytes: int) -> None:
+        self.layer += 1
+        self.inner.begin_layer(peer_bytes)
+
+    def end_layer(self) -> None:
+        self.inner.end_layer()
+        if torch.cuda.is_available() and torch.cuda.is_initialized() and self.name.startswith("nvshmem"):
+            watch_stream(f"attention layer {self.layer}, end of layer (BARRIERALL and pending signals)",
+                         self.timeout_s)
+
+    def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
+        return self.inner.recv_buffer(like, shape, peer, group)
+
+    def _post(self, what: str, like: Tensor | None, post: Callable[[], Handle]) -> Handle:
+        try:
+            handle = post()
+        except (ValueError, MemoryError):
+            raise  # our own refusals (a bad call, an exhausted mailbox) say what to fix already
+        except Exception as err:  # noqa: BLE001
+            raise _failed(what, err) from err
+        return Watched(handle, what, like is not None and like.is_cuda, self.timeout_s)
+
+    def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
+                 group: Group) -> Handle:
+        peers = [p for _, p in recvs] or [p for _, p in sends]
+        what = describe(self.layer, group, peers, "from" if recvs else "to")
+        like = next((t for t, _ in [*recvs, *sends]), None)
+        return self._post(what, like, lambda: self.inner.exchange(sends, recvs, group))
+
+    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
+                   input_splits: Sequence[int], group: Group) -> Handle:
+        what = describe(self.layer, group, [p for p in range(group.size) if p != group.index])
+        return self._post(what, output, lambda: self.inner.all_to_all(output, input, output_splits, input_splits,
+                                                                      group))
+
+    def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
+        what = describe(self.layer, group, [p for p in range(group.size) if p != group.index])
+        return self._post(what, output, lambda: self.inner.all_gather(output, input, group))
