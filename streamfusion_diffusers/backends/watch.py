@@ -7,13 +7,16 @@ timeout_s in the way the device allows:
 - on the CPU (gloo) the wait blocks and the process group's timeout (ParallelConfig.timeout_s, given to every
   group the mesh creates) ends it; the error it raises is re-raised as `TransferFailed` naming the transfer;
 - on GPUs (NCCL, NVSHMEM) waits only order streams and the host never blocks, so a CUDA event recorded after
-  each wait is watched by one host thread; an event still pending at 90 % of timeout_s after its transfer was
-  posted (before torch's NCCL watchdog speaks with no names) logs the named error and ends the process, as
-  torch's watchdog would: the host may be stuck in a CUDA call that no exception can interrupt, and the
-  surviving peers' own watchdogs then fire in turn.
+  each wait is watched. The host may run at most RUN_AHEAD layers ahead of the GPU: `begin_layer` polls the
+  oldest layer's end and raises `TransferFailed` naming the oldest transfer still pending once it is late
+  (80 % of timeout_s after it was posted). This also keeps the CUDA queue from filling, where a launch would
+  block holding the GIL (nvshmem4py's on-stream calls do). Where the host is stuck in a CUDA call instead (a
+  synchronize), one watchdog thread logs the same error at 90 % of timeout_s, before torch's NCCL watchdog
+  speaks with no names, and ends the process as torch's would: the stream it waits on can never drain.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import logging
@@ -31,7 +34,10 @@ from .base import Handle, Transport
 logger = logging.getLogger(__name__)
 
 EXIT_CODE = 70  # what a process ended by the watchdog exits with (EX_SOFTWARE, as NVSHMEM's start-up watchdog)
-GPU_MARGIN = 0.9  # the watchdog fires at this share of timeout_s, before torch's NCCL watchdog does
+GPU_MARGIN = 0.9  # the watchdog thread fires at this share of timeout_s, before torch's NCCL watchdog does
+HOST_MARGIN = 0.8  # begin_layer raises at this share, before the watchdog thread ends the process
+RUN_AHEAD = 4  # attention layers the host may queue ahead of the GPU
+POLL_S = 2e-4
 _KINDS = {"ulysses": "ulysses all-to-all", "ring": "ring pass", "torus": "torus transfer", "world": "joint all-gather"}
 _stage: contextvars.ContextVar[str] = contextvars.ContextVar("streamfusion_stage", default="")
 
@@ -69,47 +75,52 @@ class Watchdog:
 
     def __init__(self, poll_s: float = 0.2):
         self.poll_s = poll_s
-        self._pending: list[tuple[float, torch.cuda.Event, str, float]] = []
+        self._pending: list[tuple[float, torch.cuda.Event, str]] = []  # (posted, event, what), in post order
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def watch(self, event: torch.cuda.Event, what: str, deadline: float, timeout_s: float) -> None:
+    def watch(self, event: torch.cuda.Event, what: str, posted: float, timeout_s: float) -> None:
         with self._lock:
-            self._pending.append((deadline, event, what, timeout_s))
+            self._pending.append((posted, event, what))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
+                self._thread = threading.Thread(target=self._run, args=(timeout_s,), name="streamfusion-watchdog",
+                                                daemon=True)
                 self._thread.start()
 
-    def _run(self) -> None:
+    def oldest(self) -> tuple[float, str] | None:
+        """(posted, what) of the oldest watched transfer that has not completed; forgets completed ones."""
+        with self._lock:
+            while self._pending and self._pending[0][1].query():
+                self._pending.pop(0)
+            return (self._pending[0][0], self._pending[0][2]) if self._pending else None
+
+    def _run(self, timeout_s: float) -> None:
         while True:
             time.sleep(self.poll_s)
-            with self._lock:
-                pending, self._pending = self._pending, []
-            pending = [p for p in pending if not p[1].query()]
-            now = time.monotonic()
-            late = [p for p in pending if p[0] <= now]
-            if late:
-                _, _, what, timeout_s = min(late, key=lambda p: p[0])
-                logger.critical("streamfusion: %s did not complete within %.0f s (ParallelConfig.timeout_s): a peer "
-                                "died, stalled or runs a different layer; ending this process (exit code %d). Raise "
-                                "timeout_s if a layer legitimately takes longer", what, timeout_s, EXIT_CODE)
+            late = self.oldest()
+            if late is not None and time.monotonic() - late[0] > GPU_MARGIN * timeout_s:
+                logger.critical("%s; ending this process (exit code %d)", _late(late[1], timeout_s), EXIT_CODE)
                 logging.shutdown()
                 os._exit(EXIT_CODE)
-            with self._lock:
-                self._pending = pending + self._pending
+
+
+def _late(what: str, timeout_s: float) -> str:
+    return (f"streamfusion: {what} did not complete within {timeout_s:.0f} s (ParallelConfig.timeout_s): a peer "
+            f"died, stalled or runs a different layer (see its log); raise timeout_s if a layer legitimately "
+            f"takes longer")
 
 
 _watchdog = Watchdog()
 
 
-def watch_stream(what: str, timeout_s: float, posted: float | None = None) -> None:
+def watch_stream(what: str, timeout_s: float, posted: float | None = None) -> torch.cuda.Event | None:
     """Watch the work queued so far on the current CUDA stream (not while a CUDA graph is being captured)."""
     if torch.cuda.is_current_stream_capturing():
-        return
+        return None
     event = torch.cuda.Event()
     event.record()
-    start = time.monotonic() if posted is None else posted
-    _watchdog.watch(event, what, start + GPU_MARGIN * timeout_s, timeout_s)
+    _watchdog.watch(event, what, time.monotonic() if posted is None else posted, timeout_s)
+    return event
 
 
 class Watched:
@@ -135,19 +146,33 @@ class WatchedTransport:
         self.inner, self.timeout_s = inner, timeout_s
         self.name = inner.name
         self.layer = 0
+        self._ends: collections.deque[torch.cuda.Event] = collections.deque()  # GPU: each layer's end, in order
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # mailbox and other transport-specific state
 
     def begin_layer(self, peer_bytes: int) -> None:
         self.layer += 1
+        while len(self._ends) >= RUN_AHEAD:
+            self._drain(self._ends.popleft())
         self.inner.begin_layer(peer_bytes)
 
     def end_layer(self) -> None:
         self.inner.end_layer()
-        if torch.cuda.is_available() and torch.cuda.is_initialized() and self.name.startswith("nvshmem"):
-            watch_stream(f"attention layer {self.layer}, end of layer (BARRIERALL and pending signals)",
-                         self.timeout_s)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            end = watch_stream(f"attention layer {self.layer}, end of layer (BARRIERALL and signals not waited "
+                               f"on)" if self.name.startswith("nvshmem") else f"attention layer {self.layer}",
+                               self.timeout_s)
+            if end is not None:
+                self._ends.append(end)
+
+    def _drain(self, end: torch.cuda.Event) -> None:
+        """Wait (polling, the GIL free) until the GPU finished a layer; raise naming what is late."""
+        while not end.query():
+            late = _watchdog.oldest()
+            if late is not None and time.monotonic() - late[0] > HOST_MARGIN * self.timeout_s:
+                raise TransferFailed(_late(late[1], self.timeout_s))
+            time.sleep(POLL_S)
 
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
         return self.inner.recv_buffer(like, shape, peer, group)
