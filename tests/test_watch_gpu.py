@@ -16,15 +16,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 STUCK_LAYERS = textwrap.dedent("""
     import time, torch
     from streamfusion_diffusers.backends import TorchTransport
-    from streamfusion_diffusers.backends.watch import EXIT_CODE, TransferFailed, WatchedTransport
+    from streamfusion_diffusers.backends.watch import TransferFailed, WatchedTransport
+    from streamfusion_diffusers.mesh import Group
 
     transport = WatchedTransport(TorchTransport(), 2.0)
-    torch.cuda.init()
+    alone = Group((0,), 0, None, "ulysses")
+    x = torch.randn(64, device="cuda")
     start = time.monotonic()
     try:
         for _ in range(20):
             transport.begin_layer(0)
-            torch.cuda._sleep(int(5e10))  # a layer that takes far longer than timeout_s
+            transport.all_to_all(torch.empty_like(x), x, [64], [64], alone).wait()  # a CUDA transfer: watched
+            torch.cuda._sleep(int(5e10))  # then the layer takes far longer than timeout_s
             transport.end_layer()
     except TransferFailed as err:
         print(f"RAISED after {time.monotonic() - start:.2f} s: {err}", flush=True)

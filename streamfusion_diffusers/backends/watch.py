@@ -146,6 +146,7 @@ class WatchedTransport:
         self.inner, self.timeout_s = inner, timeout_s
         self.name = inner.name
         self.layer = 0
+        self._on_gpu = False  # this layer moved CUDA tensors
         self._ends: collections.deque[torch.cuda.Event] = collections.deque()  # GPU: each layer's end, in order
 
     def __getattr__(self, name: str):
@@ -159,7 +160,8 @@ class WatchedTransport:
 
     def end_layer(self) -> None:
         self.inner.end_layer()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if self._on_gpu:
+            self._on_gpu = False
             end = watch_stream(f"attention layer {self.layer}, end of layer (BARRIERALL and signals not waited "
                                f"on)" if self.name.startswith("nvshmem") else f"attention layer {self.layer}",
                                self.timeout_s)
@@ -184,7 +186,9 @@ class WatchedTransport:
             raise  # our own refusals (a bad call, an exhausted mailbox) say what to fix already
         except Exception as err:  # noqa: BLE001
             raise _failed(what, err) from err
-        return Watched(handle, what, like is not None and like.is_cuda, self.timeout_s)
+        on_gpu = like is not None and like.is_cuda
+        self._on_gpu |= on_gpu
+        return Watched(handle, what, on_gpu, self.timeout_s)
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
