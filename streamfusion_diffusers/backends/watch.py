@@ -75,31 +75,30 @@ class Watchdog:
 
     def __init__(self, poll_s: float = 0.2):
         self.poll_s = poll_s
-        self._pending: list[tuple[float, torch.cuda.Event, str]] = []  # (posted, event, what), in post order
+        self._pending: list[tuple[float, float, torch.cuda.Event, str]] = []  # (posted, timeout_s, event, what)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def watch(self, event: torch.cuda.Event, what: str, posted: float, timeout_s: float) -> None:
         with self._lock:
-            self._pending.append((posted, event, what))
+            self._pending.append((posted, timeout_s, event, what))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, args=(timeout_s,), name="streamfusion-watchdog",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
                 self._thread.start()
 
-    def oldest(self) -> tuple[float, str] | None:
-        """(posted, what) of the oldest watched transfer that has not completed; forgets completed ones."""
+    def oldest(self) -> tuple[float, float, str] | None:
+        """(posted, timeout_s, what) of the oldest watched transfer not yet complete; forgets completed ones."""
         with self._lock:
-            while self._pending and self._pending[0][1].query():
+            while self._pending and self._pending[0][2].query():
                 self._pending.pop(0)
-            return (self._pending[0][0], self._pending[0][2]) if self._pending else None
+            return None if not self._pending else (self._pending[0][0], self._pending[0][1], self._pending[0][3])
 
-    def _run(self, timeout_s: float) -> None:
+    def _run(self) -> None:
         while True:
             time.sleep(self.poll_s)
             late = self.oldest()
-            if late is not None and time.monotonic() - late[0] > GPU_MARGIN * timeout_s:
-                logger.critical("%s; ending this process (exit code %d)", _late(late[1], timeout_s), EXIT_CODE)
+            if late is not None and time.monotonic() - late[0] > GPU_MARGIN * late[1]:
+                logger.critical("%s; ending this process (exit code %d)", _late(late[2], late[1]), EXIT_CODE)
                 logging.shutdown()
                 os._exit(EXIT_CODE)
 
@@ -154,17 +153,16 @@ class WatchedTransport:
 
     def begin_layer(self, peer_bytes: int) -> None:
         self.layer += 1
-        while len(self._ends) >= RUN_AHEAD:
-            self._drain(self._ends.popleft())
+        while len(self._ends) >= RUN_AHEAD and not torch.cuda.is_current_stream_capturing():
+            self._drain(self._ends.popleft())  # (only GPU layers fill _ends; no host waits inside a capture)
         self.inner.begin_layer(peer_bytes)
 
     def end_layer(self) -> None:
         self.inner.end_layer()
         if self._on_gpu:
             self._on_gpu = False
-            end = watch_stream(f"attention layer {self.layer}, end of layer (BARRIERALL and signals not waited "
-                               f"on)" if self.name.startswith("nvshmem") else f"attention layer {self.layer}",
-                               self.timeout_s)
+            extra = " (BARRIERALL, signals nobody waited on)" if self.name.startswith("nvshmem") else ""
+            end = watch_stream(f"attention layer {self.layer}, end of layer{extra}", self.timeout_s)
             if end is not None:
                 self._ends.append(end)
 
@@ -172,8 +170,8 @@ class WatchedTransport:
         """Wait (polling, the GIL free) until the GPU finished a layer; raise naming what is late."""
         while not end.query():
             late = _watchdog.oldest()
-            if late is not None and time.monotonic() - late[0] > HOST_MARGIN * self.timeout_s:
-                raise TransferFailed(_late(late[1], self.timeout_s))
+            if late is not None and time.monotonic() - late[0] > HOST_MARGIN * late[1]:
+                raise TransferFailed(_late(late[2], late[1]))
             time.sleep(POLL_S)
 
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
