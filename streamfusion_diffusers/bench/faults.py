@@ -39,11 +39,13 @@ class Fault:
     joint: int = 8
     heads: int = 4
     head_dim: int = 16
+    kernel: str = "auto"
 
     def config(self, world: int) -> ParallelConfig:
         """ulysses over every rank; usp with a ring pass (U = P/2, R = 2); torus across 2 machines (T = 2, with
         a ring inside a machine when there are 4 ranks or more)."""
-        base = ParallelConfig(method=self.method, backend=self.backend, timeout_s=self.timeout_s, strict=True)
+        base = ParallelConfig(method=self.method, backend=self.backend, timeout_s=self.timeout_s, strict=True,
+                              kernel=self.kernel)
         if self.method == "ulysses":
             return replace(base, machines=1)
         if self.method == "usp":
