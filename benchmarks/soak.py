@@ -4,9 +4,9 @@ Memory must stay flat after warm-up and every repetition must give the same bits
 then NVSHMEM) it runs --layers Flux attention layers (16,384 + 512 tokens, 24 heads of 128, bf16) and then
 --steps whole Flux.1-dev transformer calls (its real diffusers config, random weights, parallelized with
 `parallelize`), every one on the same inputs. Every output is compared with the first on the GPU (no host
-sync per repetition); torch.cuda memory (allocated now, and peak since warm-up) is sampled after warm-up,
-half-way and at the end, the largest rank's. The NVSHMEM mailbox lives outside torch's allocator: its size
-is reported too. Rank 0 prints a table and writes soak.json under --out.
+sync per repetition); torch.cuda memory (allocated now, and peak since warm-up) and the host's resident
+memory are sampled after warm-up, half-way and at the end, the largest rank's. The NVSHMEM mailbox lives
+outside torch's allocator: its size is reported too. Rank 0 prints a table and writes soak.json under --out.
 
     python3 -m streamfusion_diffusers launch --nproc-per-node 2 --recipe flux-dev --resolution 2048 \\
         benchmarks/soak.py --layers 1000 --steps 200 --out $OUT/soak
@@ -33,15 +33,16 @@ from streamfusion_diffusers.parallelize import parallelize, unparallelize
 WARMUP = {"layer": 20, "step": 3}
 
 
-def memory(device: torch.device) -> tuple[int, int]:
-    """(bytes allocated now, peak since the last reset), the largest rank's."""
-    if device.type != "cuda":
-        return 0, 0
-    torch.cuda.synchronize(device)
-    got = torch.tensor([torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)],
-                       device=device)
+def memory(device: torch.device) -> tuple[int, int, int]:
+    """(GPU bytes allocated now, GPU peak since the last reset, host resident bytes), the largest rank's."""
+    gpu = device.type == "cuda"
+    if gpu:
+        torch.cuda.synchronize(device)
+    resident = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    got = torch.tensor([torch.cuda.memory_allocated(device) if gpu else 0,
+                        torch.cuda.max_memory_allocated(device) if gpu else 0, resident], device=device)
     dist.all_reduce(got, op=dist.ReduceOp.MAX)
-    return int(got[0]), int(got[1])
+    return int(got[0]), int(got[1]), int(got[2])
 
 
 def soak(run, count: int, level: str, device: torch.device) -> dict:
@@ -64,7 +65,7 @@ def soak(run, count: int, level: str, device: torch.device) -> dict:
     dist.all_reduce(differ, op=dist.ReduceOp.MAX)
     return {"count": count, "ms_each": 1e3 * seconds / count, "differing": int(differ),
             "allocated": [warm[0], half[0], end[0]], "peak": [warm[1], half[1], end[1]],
-            "flat": warm[0] == end[0] and half[1] == end[1]}
+            "host_resident": [warm[2], half[2], end[2]], "flat": warm[0] == end[0] and half[1] == end[1]}
 
 
 def main() -> None:
@@ -125,7 +126,7 @@ def report(rows: list[dict], args: argparse.Namespace, w, world: int) -> None:
     print(f"soak: {world} ranks, {args.method}, {args.model} at {args.resolution} px ({w.tokens} + {w.text_tokens} "
           f"tokens); memory: the largest rank's, after warm-up / half-way / end")
     print(f"{'level':<6} {'transport':<9} {'count':>6} {'ms each':>8} {'identical':>9}  {'allocated GiB':<20} "
-          f"{'peak GiB':<20} {'flat':<4}")
+          f"{'peak GiB':<20} {'flat':<4}  host MiB")
     for r in rows:
         name = "nccl" if r["backend"] == "torch" else r["backend"]
         if "unavailable" in r:
@@ -134,8 +135,12 @@ def report(rows: list[dict], args: argparse.Namespace, w, world: int) -> None:
         alloc = " / ".join(f"{x / gib:.2f}" for x in r["allocated"])
         peak = " / ".join(f"{x / gib:.2f}" for x in r["peak"])
         same = "yes" if r["differing"] == 0 else "NO"
+        host = " / ".join(f"{x / 2**20:.0f}" for x in r["host_resident"])
         print(f"{r['level']:<6} {name:<9} {r['count']:>6} {r['ms_each']:>8.2f} {same:>9}  {alloc:<20} {peak:<20} "
-              f"{'yes' if r['flat'] else 'NO':<4}")
+              f"{'yes' if r['flat'] else 'NO':<4}  {host}")
+    for r in rows:
+        if r.get("mailbox_bytes"):
+            print(f"NVSHMEM mailbox after the layers: {r['mailbox_bytes'] / 2**20:.0f} MiB per peer (outside torch)")
     ok = all("unavailable" in r or (r["differing"] == 0 and r["flat"]) for r in rows)
     print(f"soak {'PASS' if ok else 'FAIL'}: outputs identical and memory flat after warm-up; wrote "
           f"{Path(args.out, 'soak.json')}")
