@@ -9,8 +9,10 @@ from ..logs import say_once
 from .base import Done, Handle, Handles, Transport
 from .emulated import EmulatedTransport
 from .torch_dist import TorchTransport
+from .watch import TransferFailed, WatchedTransport
 
-__all__ = ["Done", "EmulatedTransport", "Handle", "Handles", "Transport", "TorchTransport", "make_transport"]
+__all__ = ["Done", "EmulatedTransport", "Handle", "Handles", "TorchTransport", "TransferFailed", "Transport",
+           "WatchedTransport", "make_transport"]
 
 logger = logging.getLogger(__name__)
 

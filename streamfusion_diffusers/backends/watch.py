@@ -56,13 +56,18 @@ def stage(name: str) -> Iterator[None]:
         _stage.reset(token)
 
 
-def describe(layer: int, group: Group, peers: Sequence[int], direction: str = "with") -> str:
-    """'attention layer 12, pull_kv torus transfer from rank 3' (peers are positions in the group)."""
+def _who(group: Group, peers: Sequence[int]) -> str:
+    ranks = sorted({group.ranks[p] for p in peers})  # peers are positions in the group; name global ranks
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}" if ranks else "no peer"
+
+
+def describe(layer: int, group: Group, peers: Sequence[int], direction: str = "with",
+             sent_to: Sequence[int] = ()) -> str:
+    """'attention layer 12, pull_kv torus transfer from rank 3' (and ', sending to rank 1' when it differs)."""
     kind = _KINDS.get(group.name, f"{group.name} transfer")
     where = f"{_stage.get()} {kind}".strip()
-    ranks = sorted({group.ranks[p] for p in peers})
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}" if ranks else "no peer"
-    return f"attention layer {layer}, {where} {direction} {who}"
+    also = f", sending to {_who(group, sent_to)}" if set(sent_to) - set(peers) else ""
+    return f"attention layer {layer}, {where} {direction} {_who(group, peers)}{also}"
 
 
 def _failed(what: str, err: BaseException) -> TransferFailed:
@@ -190,8 +195,8 @@ class WatchedTransport:
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
-        peers = [p for _, p in recvs] or [p for _, p in sends]
-        what = describe(self.layer, group, peers, "from" if recvs else "to")
+        got, sent = [p for _, p in recvs], [p for _, p in sends]
+        what = describe(self.layer, group, got, "from", sent) if got else describe(self.layer, group, sent, "to")
         like = next((t for t, _ in [*recvs, *sends]), None)
         return self._post(what, like, lambda: self.inner.exchange(sends, recvs, group))
 
