@@ -79,7 +79,8 @@ def disagreement(rows: list[list[int]], ranks: Sequence[int]) -> str | None:
         values = [row[col] for row in rows]
         if len(set(values)) > 1:
             shown = [_DTYPES[x] for x in values] if name == "dtype" else values
-            odd = sorted(r for r, x in zip(ranks, values) if x != Counter(values).most_common(1)[0][0])
+            usual = Counter(values).most_common(1)[0][0]
+            odd = sorted(r for r, x in zip(ranks, values) if x != usual)
             problems.append(f"{name} differs ({_where(shown, ranks)}): ranks {odd} disagree with the rest; "
                             f"every rank must pass the same {name}")
     held = [row[6] for row in rows]
