@@ -13,6 +13,7 @@ import torch.distributed as dist
 from .backends import Transport, make_transport, nvshmem
 from .backends.emulated import EmulatedTransport
 from .backends.quantized import QuantizedTransport
+from .backends.watch import WatchedTransport
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .links import parse_link
 from .mesh import CfgGroups, Mesh
@@ -57,6 +58,7 @@ class ParallelContext:
                                  f"not nvshmem; use backend='torch' with it, or comm_dtype=None")
             self.transport = QuantizedTransport(self.transport, config.comm_dtype, self.gpus_per_machine,
                                                 self.global_rank)
+        self.transport = WatchedTransport(self.transport, config.timeout_s)  # named, bounded waits (outermost)
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
         self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape

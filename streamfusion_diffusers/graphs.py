@@ -29,6 +29,7 @@ from diffusers.hooks import ModelHook
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
+from .backends.watch import watch_stream
 from .context import ParallelContext
 
 logger = logging.getLogger(__name__)
@@ -110,13 +111,14 @@ class GraphedForward(ModelHook):
         for static, value in zip(captured.inputs, (x for x in leaves if isinstance(x, Tensor))):
             static.copy_(value)
         captured.graph.replay()
+        watch_stream("the CUDA graph replay of the transformer forward", self.ctx.config.timeout_s)  # bounded
         return tree_map_only(Tensor, torch.clone, captured.output)
 
     def _capture(self, leaves: list[Any], spec: Any) -> _Captured:
         forward = self.fn_ref.original_forward  # the sharding hooks and the transformer's own forward
         static = [x.clone() if isinstance(x, Tensor) else x for x in leaves]
         args, kwargs = tree_unflatten(static, spec)
-        if self.ctx.rank == 0:
+        if self.ctx.global_rank == 0:
             logger.info("streamfusion: capturing the transformer forward in a CUDA graph (%d-th shape)",
                         len(self.graphs) + 1)
         graph, output = capture(lambda: forward(*args, **kwargs))

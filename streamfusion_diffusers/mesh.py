@@ -40,6 +40,18 @@ def cfg_branches(machines: int, gpus_per_machine: int, cfg: int) -> tuple[tuple[
                  for b in range(cfg))
 
 
+_WORLDS: dict[tuple, dist.ProcessGroup] = {}
+
+
+def world_group(timeout_s: float) -> dist.ProcessGroup:
+    """All ranks of the job in one group that times out after timeout_s (the default group keeps whatever
+    timeout the job was started with); one per timeout and job. Collective on first use."""
+    key = (dist.group.WORLD, timeout_s)
+    if key not in _WORLDS:
+        _WORLDS[key] = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+    return _WORLDS[key]
+
+
 @dataclass(frozen=True)
 class CfgGroups:
     """The classifier-free-guidance dimension as this rank sees it: its branch's SP group (the "world" of every
@@ -58,7 +70,7 @@ class CfgGroups:
         """Collective when cfg > 1 (every rank creates every branch's and every position's process group)."""
         branches = cfg_branches(machines, gpus_per_machine, cfg)
         if cfg == 1:
-            world = dist.group.WORLD if len(branches[0]) > 1 else None
+            world = world_group(timeout_s) if len(branches[0]) > 1 else None
             return cls(branches, Group(branches[0], rank, world, "world"), Group((rank,), 0, None, "cfg"))
         return cls.of_branches(branches, rank, timeout_s)
 

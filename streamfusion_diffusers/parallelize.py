@@ -27,6 +27,7 @@ from torch import Tensor
 from .cfg import CFG_HOOK, cfg_hook
 from .context import ParallelContext
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
+from .logs import say_once
 from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from .sequence import gather, split_sizes
 from .vae import is_split, split_vae_decode, unsplit_vae_decode
@@ -277,8 +278,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
     if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
         split_vae_decode(target.vae, ctx.global_rank, ctx.job_size)
-    logger.info("parallelized %s over %d ranks (%s, cfg=%s)", type(transformer).__name__, ctx.job_size,
-                ctx.config.label, ctx.config.cfg)
+    say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s)", type(transformer).__name__,
+             ctx.job_size, ctx.config.label, ctx.config.cfg)
     return transformer
 
 

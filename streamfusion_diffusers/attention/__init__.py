@@ -12,39 +12,13 @@ from torch import Tensor
 
 from ..context import ParallelContext
 from ..recipes.choose import attention_plan
+from .agreement import agreed_seq_lens
 from .joint import gather_joint, joint_shard
 from .torus import TorusSchedule
 from .ulysses import gather_heads, scatter_heads
 from .volume import peer_bytes
 
 __all__ = ["sp_attention"]
-
-
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, joint: tuple[Tensor | None, ...]) -> None:
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v must share one [B, L_local, H, D] shape; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    given = [x is not None for x in joint]
-    if any(given) and not all(given):
-        raise ValueError("pass joint_q, joint_k and joint_v together (or none of them)")
-    if all(given):
-        jq, jk, jv = joint
-        b, _, h, d = q.shape
-        if jq.shape != jk.shape or jq.shape != jv.shape or (jq.shape[0], jq.shape[2], jq.shape[3]) != (b, h, d):
-            raise ValueError(f"joint tokens must be [B, L_joint, H, D] = [{b}, L, {h}, {d}] like q; got "
-                             f"{tuple(jq.shape)}, {tuple(jk.shape)}, {tuple(jv.shape)}")
-
-
-def _check_seq_lens(seq_lens: Sequence[int] | None, local: int, rank: int, world: int) -> list[int]:
-    if seq_lens is None:
-        return [local] * world
-    lens = list(seq_lens)
-    if len(lens) != world or any(n < 0 for n in lens):
-        raise ValueError(f"seq_lens must list {world} non-negative slice lengths, one per rank; got {lens}")
-    if lens[rank] != local:
-        raise ValueError(f"rank {rank} holds {local} tokens but seq_lens[{rank}] = {lens[rank]}; shard the sequence "
-                         f"with streamfusion_diffusers.sequence.shard and pass split_sizes(L, {world})")
-    return lens
 
 
 def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q: Tensor | None = None,
@@ -58,8 +32,7 @@ def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint
     1/sqrt(D). Returns the output for the local rows, and with joint tokens also the joint rows' output.
     """
     joint = (joint_q, joint_k, joint_v)
-    _check_inputs(q, k, v, joint)
-    lens = _check_seq_lens(seq_lens, q.shape[1], ctx.rank, ctx.world_size)
+    lens = agreed_seq_lens(ctx, q, k, v, joint, seq_lens)  # every rank agrees on the shapes (once per shape)
     b, _, heads, d = q.shape
     joint_len = joint_q.shape[1] if joint_q is not None else 0
     mesh, kernel = attention_plan(ctx, q, lens, joint_len)  # method "auto" chooses here, once per shape

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ..backends import Handle, Transport
+from ..backends.watch import stage
 from ..kernels import Partial
 from ..mesh import Mesh
 from .ring import KVBlock, Queries, ring_attend
@@ -62,9 +63,16 @@ class TorusSchedule:
         self.remote_blocks: list[KVBlock] = []  # K_{l,t}, V_{l,t} for l != t, every ring peer's copy
 
     def run(self) -> list[Tensor]:
-        kv_in_flight = self.pull_q()
-        self.pull_kv(kv_in_flight)
-        return self.push_o()
+        with self._stage("pull_q"):
+            kv_in_flight = self.pull_q()
+        with self._stage("pull_kv"):
+            self.pull_kv(kv_in_flight)
+        with self._stage("push_o"):
+            return self.push_o()
+
+    def _stage(self, name: str):
+        """Label this stage's transfers (errors name it); with T = 1 there are no stages, only a ring pass."""
+        return stage(name if self.n > 1 else "")
 
     # --- transfers ---------------------------------------------------------------------------------------
     def _recv_len(self, part: int) -> int:

@@ -5,14 +5,16 @@ import logging
 
 import torch.distributed as dist
 
+from ..logs import say_once
 from .base import Done, Handle, Handles, Transport
 from .emulated import EmulatedTransport
 from .torch_dist import TorchTransport
+from .watch import TransferFailed, WatchedTransport
 
-__all__ = ["Done", "EmulatedTransport", "Handle", "Handles", "Transport", "TorchTransport", "make_transport"]
+__all__ = ["Done", "EmulatedTransport", "Handle", "Handles", "TorchTransport", "TransferFailed", "Transport",
+           "WatchedTransport", "make_transport"]
 
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()
 
 
 def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300.0) -> Transport:
@@ -34,9 +36,7 @@ def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300
     except NvshmemUnavailable as err:
         if strict:
             raise
-        if str(err) not in _warned:
-            _warned.add(str(err))
-            fallback = dist.get_backend() if dist.is_initialized() else "torch.distributed"
-            logger.warning("streamfusion: backend 'nvshmem' cannot run: %s; falling back to the two-sided "
-                           "torch transport (%s). Set strict=True to make this an error.", err, fallback)
+        fallback = dist.get_backend() if dist.is_initialized() else "torch.distributed"
+        say_once(logger, logging.WARNING, "streamfusion: backend 'nvshmem' cannot run: %s; falling back to the "
+                 "two-sided torch transport (%s). Set strict=True to make this an error.", err, fallback)
         return TorchTransport()

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .nvshmem_runtime import Runtime
+from ..logs import say_once
+from .nvshmem_runtime import Runtime, watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -44,26 +45,31 @@ class Mailbox:
     def reserve(self, peer_bytes: int) -> None:
         """Make every region hold `peer_bytes` (plus alignment); collective when it has to grow."""
         need = math.ceil((peer_bytes + ALIGN * MAX_MESSAGES) / GROWTH) * GROWTH
-        if self.signals is None:
-            self.signals = self._allocate((self.runtime.n_pes * MAX_MESSAGES,), torch.int64)
-            self.signals.zero_()
-            torch.cuda.synchronize(self.runtime.device)
-        if need <= self.capacity:
+        if self.signals is not None and need <= self.capacity:
             return
-        if self.data is not None:
-            torch.cuda.synchronize(self.runtime.device)
-            self.runtime.core.free_tensor(self.data)
-            self.data = None
-        self.data = self._allocate((self.runtime.n_pes * need,), torch.uint8)
-        self.capacity = need
-        logger.info("streamfusion: NVSHMEM mailbox %d x %.1f MiB", self.runtime.n_pes, need / 2**20)
+        with watchdog("NVSHMEM mailbox allocation (collective over every PE)", self.runtime.timeout_s):
+            if self.signals is None:
+                self.signals = self._allocate((self.runtime.n_pes * MAX_MESSAGES,), torch.int64)
+                self.signals.zero_()
+                torch.cuda.synchronize(self.runtime.device)
+            if need <= self.capacity:
+                return
+            if self.data is not None:
+                torch.cuda.synchronize(self.runtime.device)
+                self.runtime.core.free_tensor(self.data)
+                self.data = None
+            self.data = self._allocate((self.runtime.n_pes * need,), torch.uint8)
+            self.capacity = need
+        say_once(logger, logging.INFO, "streamfusion: NVSHMEM mailbox %d x %.1f MiB", self.runtime.n_pes,
+                 need / 2**20)
 
     def free(self) -> None:
         """Give the mailbox back to the symmetric heap (collective), as NVSHMEM wants before it finalizes."""
-        torch.cuda.synchronize(self.runtime.device)
-        for buf in (self.data, self.signals):
-            if buf is not None:
-                self.runtime.core.free_tensor(buf)
+        with watchdog("NVSHMEM mailbox release (collective over every PE)", self.runtime.timeout_s):
+            torch.cuda.synchronize(self.runtime.device)
+            for buf in (self.data, self.signals):
+                if buf is not None:
+                    self.runtime.core.free_tensor(buf)
         self.data, self.signals, self.capacity = None, None, 0
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..logs import say_once
+
 logger = logging.getLogger(__name__)
 
 
@@ -123,7 +125,7 @@ def start(timeout_s: float) -> Runtime:
             raise RuntimeError("NVSHMEM started on some ranks only; see the other ranks' logs")
         raise NvshmemUnavailable(error)
     _runtime = Runtime(rank, world, device, timeout_s, core, bindings)
-    logger.info("streamfusion: NVSHMEM %s started, PE %d of %d on %s", core.get_version(), rank, world, device)
+    say_once(logger, logging.INFO, "streamfusion: NVSHMEM %s started on %d PEs", core.get_version(), world)
     return _runtime
 
 

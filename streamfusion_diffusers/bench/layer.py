@@ -131,7 +131,7 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
     return ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method=case.method,
                           ulysses=case.ulysses if case.method not in ("ulysses", "ring", "auto") else None,
                           torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link,
-                          recipe=setup.recipe, comm_dtype=setup.comm_dtype)
+                          recipe=setup.recipe, comm_dtype=setup.comm_dtype, timeout_s=setup.timeout_s)
 
 
 def _callable(case: Case, setup: Setup, device: torch.device):

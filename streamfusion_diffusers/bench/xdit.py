@@ -16,6 +16,22 @@ def available() -> bool:
     return True
 
 
+_GROUPS: dict[tuple, tuple] = {}  # (process group, U, R) -> yunchang's (ulysses, ring) groups for this rank
+
+
+def _use_groups(ulysses: int, ring: int, set_seq_parallel_pg) -> None:
+    """Point yunchang at its process groups for U x R, created once per job: `set_seq_parallel_pg` makes new
+    groups (NCCL communicators, initialized at their first collective) at every call, and a bench job with
+    several workloads used to call it for every xdit-usp case of every workload."""
+    from yunchang.globals import PROCESS_GROUP
+
+    key = (dist.group.WORLD, ulysses, ring)
+    if key not in _GROUPS:
+        set_seq_parallel_pg(ulysses, ring, dist.get_rank(), dist.get_world_size(), use_ulysses_low=True)
+        _GROUPS[key] = (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG)
+    PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = _GROUPS[key]
+
+
 class XdiTUSP:
     """USP at Ulysses degree U x Ring degree R, with Ulysses peers adjacent (yunchang's use_ulysses_low)."""
 
@@ -28,7 +44,7 @@ class XdiTUSP:
         if ring > 1 and device.type != "cuda":
             raise ValueError("yunchang's ring needs a CUDA attention that returns the log-sum-exp; on the CPU run "
                              "xdit-usp with ring=1 only")
-        set_seq_parallel_pg(ulysses, ring, dist.get_rank(), dist.get_world_size(), use_ulysses_low=True)
+        _use_groups(ulysses, ring, set_seq_parallel_pg)
         # yunchang 0.6.4's TORCH_CUDNN and TORCH_MATH paths return an all-zero LSE, which is right only when no
         # ring merge follows (ring = 1); with a ring, TORCH_FLASH is its fastest correct path here.
         if device.type != "cuda":

@@ -11,6 +11,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from ..logs import say_once
+
 logger = logging.getLogger(__name__)
 
 _choices: dict[Hashable, str] = {}
@@ -36,8 +38,8 @@ def choose(key: Hashable, candidates: dict[str, tuple[Callable[[], object], Call
     if key not in _choices:
         times = {name: time_ms(prepare, run) for name, (prepare, run) in candidates.items()}
         _choices[key] = min(times, key=times.get)
-        logger.info("attention kernel for %s: %s (%s)", key, _choices[key],
-                    ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items()))
+        say_once(logger, logging.INFO, "attention kernel for %s: %s (%s)", key, _choices[key],
+                 ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items()))
     return _choices[key]
 
 

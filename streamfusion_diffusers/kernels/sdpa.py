@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..logs import say_once
+
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("cudnn", "flash", "efficient")
@@ -50,7 +52,8 @@ def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
             out, lse = _call(backend, qt, kt, vt, scale)
         except RuntimeError as err:
             _failed.add(backend)
-            logger.warning("SDPA backend %s unavailable (%s); falling back to the next one", backend, err)
+            say_once(logger, logging.WARNING, "SDPA backend %s unavailable (%s); falling back to the next one",
+                     backend, err)
             continue
         if lse.dim() == 4:
             lse = lse.squeeze(-1)

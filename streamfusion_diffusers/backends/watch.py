@@ -1,0 +1,211 @@
+"""Bounded, named waits: a transfer that cannot complete says which layer, stage and peer it was waiting for.
+
+`WatchedTransport` wraps any transport (outermost): every transfer is labelled when it is posted with the
+layer number, the schedule's stage (`stage("pull_kv")` set by the Torus schedule; the group names the rest:
+ulysses all-to-all, ring pass, joint all-gather) and the peers it waits for, and its wait is bounded by
+timeout_s in the way the device allows:
+- on the CPU (gloo) the wait blocks and the process group's timeout (ParallelConfig.timeout_s, given to every
+  group the mesh creates) ends it; the error it raises is re-raised as `TransferFailed` naming the transfer;
+- on GPUs (NCCL, NVSHMEM) waits only order streams and the host never blocks, so a CUDA event recorded after
+  each wait is watched. The host may run at most RUN_AHEAD layers ahead of the GPU: `begin_layer` polls the
+  oldest layer's end and raises `TransferFailed` naming the oldest transfer still pending once it is late
+  (80 % of timeout_s after it was posted). This also keeps the CUDA queue from filling, where a launch would
+  block holding the GIL (nvshmem4py's on-stream calls do). Where the host is stuck in a CUDA call instead (a
+  synchronize), one watchdog thread logs the same error at 90 % of timeout_s, before torch's NCCL watchdog
+  speaks with no names, and ends the process as torch's would: the stream it waits on can never drain.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from ..mesh import Group
+from .base import Handle, Transport
+
+logger = logging.getLogger(__name__)
+
+EXIT_CODE = 70  # what a process ended by the watchdog exits with (EX_SOFTWARE, as NVSHMEM's start-up watchdog)
+GPU_MARGIN = 0.9  # the watchdog thread fires at this share of timeout_s, before torch's NCCL watchdog does
+HOST_MARGIN = 0.8  # begin_layer raises at this share, before the watchdog thread ends the process
+RUN_AHEAD = 4  # attention layers the host may queue ahead of the GPU
+POLL_S = 2e-4
+_KINDS = {"ulysses": "ulysses all-to-all", "ring": "ring pass", "torus": "torus transfer", "world": "joint all-gather"}
+_stage: contextvars.ContextVar[str] = contextvars.ContextVar("streamfusion_stage", default="")
+
+
+class TransferFailed(RuntimeError):
+    """A transfer of an attention layer failed or timed out; the message names the layer, stage and peers."""
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Label the transfers posted inside with a schedule stage (pull_q, pull_kv, push_o); "" for none."""
+    token = _stage.set(name)
+    try:
+        yield
+    finally:
+        _stage.reset(token)
+
+
+def _who(group: Group, peers: Sequence[int]) -> str:
+    ranks = sorted({group.ranks[p] for p in peers})  # peers are positions in the group; name global ranks
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}" if ranks else "no peer"
+
+
+def describe(layer: int, group: Group, peers: Sequence[int], direction: str = "with",
+             sent_to: Sequence[int] = ()) -> str:
+    """'attention layer 12, pull_kv torus transfer from rank 3' (and ', sending to rank 1' when it differs)."""
+    kind = _KINDS.get(group.name, f"{group.name} transfer")
+    where = f"{_stage.get()} {kind}".strip()
+    also = f", sending to {_who(group, sent_to)}" if set(sent_to) - set(peers) else ""
+    return f"attention layer {layer}, {where} {direction} {_who(group, peers)}{also}"
+
+
+def _failed(what: str, err: BaseException) -> TransferFailed:
+    return TransferFailed(f"streamfusion: {what} failed: {type(err).__name__}: {err}. A peer died, stalled or ran "
+                          f"a different layer (see its log); ParallelConfig.timeout_s bounds every wait")
+
+
+class Watchdog:
+    """One host thread per process that watches CUDA events against deadlines; past one, it ends the process."""
+
+    def __init__(self, poll_s: float = 0.2):
+        self.poll_s = poll_s
+        self._pending: list[tuple[float, float, torch.cuda.Event, str]] = []  # (posted, timeout_s, event, what)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, event: torch.cuda.Event, what: str, posted: float, timeout_s: float) -> None:
+        with self._lock:
+            self._pending.append((posted, timeout_s, event, what))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
+                self._thread.start()
+
+    def oldest(self) -> tuple[float, float, str] | None:
+        """(posted, timeout_s, what) of the oldest watched transfer not yet complete; forgets completed ones."""
+        with self._lock:
+            while self._pending and self._pending[0][2].query():
+                self._pending.pop(0)
+            return None if not self._pending else (self._pending[0][0], self._pending[0][1], self._pending[0][3])
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            late = self.oldest()
+            if late is not None and time.monotonic() - late[0] > GPU_MARGIN * late[1]:
+                logger.critical("%s; ending this process (exit code %d)", _late(late[2], late[1]), EXIT_CODE)
+                logging.shutdown()
+                os._exit(EXIT_CODE)
+
+
+def _late(what: str, timeout_s: float) -> str:
+    return (f"streamfusion: {what} did not complete within {timeout_s:.0f} s (ParallelConfig.timeout_s): a peer "
+            f"died, stalled or runs a different layer (see its log); raise timeout_s if a layer legitimately "
+            f"takes longer")
+
+
+_watchdog = Watchdog()
+
+
+def watch_stream(what: str, timeout_s: float, posted: float | None = None) -> torch.cuda.Event | None:
+    """Watch the work queued so far on the current CUDA stream (not while a CUDA graph is being captured)."""
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    _watchdog.watch(event, what, time.monotonic() if posted is None else posted, timeout_s)
+    return event
+
+
+class Watched:
+    """A Handle whose wait names its transfer when it fails and, on a GPU, is watched until it completes."""
+
+    def __init__(self, inner: Handle, what: str, on_gpu: bool, timeout_s: float):
+        self.inner, self.what, self.on_gpu, self.timeout_s = inner, what, on_gpu, timeout_s
+        self.posted = time.monotonic()
+
+    def wait(self) -> None:
+        try:
+            self.inner.wait()
+        except Exception as err:  # noqa: BLE001 - gloo / NCCL raise RuntimeError subclasses of their own
+            raise _failed(self.what, err) from err
+        if self.on_gpu:
+            watch_stream(self.what, self.timeout_s, self.posted)
+
+
+class WatchedTransport:
+    """`inner` with every transfer labelled (layer, stage, peers) and its wait bounded by timeout_s."""
+
+    def __init__(self, inner: Transport, timeout_s: float):
+        self.inner, self.timeout_s = inner, timeout_s
+        self.name = inner.name
+        self.layer = 0
+        self._on_gpu = False  # this layer moved CUDA tensors
+        self._ends: collections.deque[torch.cuda.Event] = collections.deque()  # GPU: each layer's end, in order
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # mailbox and other transport-specific state
+
+    def begin_layer(self, peer_bytes: int) -> None:
+        self.layer += 1
+        while len(self._ends) >= RUN_AHEAD and not torch.cuda.is_current_stream_capturing():
+            self._drain(self._ends.popleft())  # (only GPU layers fill _ends; no host waits inside a capture)
+        self.inner.begin_layer(peer_bytes)
+
+    def end_layer(self) -> None:
+        self.inner.end_layer()
+        if self._on_gpu:
+            self._on_gpu = False
+            extra = " (BARRIERALL, signals nobody waited on)" if self.name.startswith("nvshmem") else ""
+            end = watch_stream(f"attention layer {self.layer}, end of layer{extra}", self.timeout_s)
+            if end is not None:
+                self._ends.append(end)
+
+    def _drain(self, end: torch.cuda.Event) -> None:
+        """Wait (polling, the GIL free) until the GPU finished a layer; raise naming what is late."""
+        while not end.query():
+            late = _watchdog.oldest()
+            if late is not None and time.monotonic() - late[0] > HOST_MARGIN * late[1]:
+                raise TransferFailed(_late(late[2], late[1]))
+            time.sleep(POLL_S)
+
+    def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
+        return self.inner.recv_buffer(like, shape, peer, group)
+
+    def _post(self, what: str, like: Tensor | None, post: Callable[[], Handle]) -> Handle:
+        try:
+            handle = post()
+        except (ValueError, MemoryError):
+            raise  # our own refusals (a bad call, an exhausted mailbox) say what to fix already
+        except Exception as err:  # noqa: BLE001
+            raise _failed(what, err) from err
+        on_gpu = like is not None and like.is_cuda
+        self._on_gpu |= on_gpu
+        return Watched(handle, what, on_gpu, self.timeout_s)
+
+    def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
+                 group: Group) -> Handle:
+        got, sent = [p for _, p in recvs], [p for _, p in sends]
+        what = describe(self.layer, group, got, "from", sent) if got else describe(self.layer, group, sent, "to")
+        like = next((t for t, _ in [*recvs, *sends]), None)
+        return self._post(what, like, lambda: self.inner.exchange(sends, recvs, group))
+
+    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
+                   input_splits: Sequence[int], group: Group) -> Handle:
+        what = describe(self.layer, group, [p for p in range(group.size) if p != group.index])
+        return self._post(what, output, lambda: self.inner.all_to_all(output, input, output_splits, input_splits,
+                                                                      group))
+
+    def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
+        what = describe(self.layer, group, [p for p in range(group.size) if p != group.index])
+        return self._post(what, output, lambda: self.inner.all_gather(output, input, group))

@@ -1,0 +1,26 @@
+"""Messages said once per job: fallbacks and choices go to the log on global rank 0 only, each distinct message
+once, instead of once per rank (and per context, layer or call) as every rank reaches the same code."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch.distributed as dist
+
+_said: set[tuple[str, int, str]] = set()
+
+
+def is_rank0() -> bool:
+    """This process is the job's global rank 0 (or runs alone)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def say_once(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
+    """logger.log(level, msg, *args) on global rank 0, the first time this text is said in this process."""
+    key = (logger.name, level, msg % args if args else msg)
+    if key in _said or not is_rank0():
+        return
+    _said.add(key)
+    logger.log(level, msg, *args)
