@@ -50,11 +50,11 @@ def soak(run, count: int, level: str, device: torch.device) -> dict:
     first = run().clone()
     for _ in range(WARMUP[level] - 1):
         run()
+    differ = torch.zeros((), dtype=torch.int64, device=device)  # before the first sample: it holds 512 bytes
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     warm = memory(device)
-    differ = torch.zeros((), dtype=torch.int64, device=device)
     start, half = time.perf_counter(), None
     for i in range(count):
         differ += (run() != first).any()
