@@ -32,7 +32,8 @@ from tqdm import tqdm
 from .. import init_parallel
 from ..kernels import attention_with_lse
 from ..models.build import build_transformer
-from ..parallelize import GATHER_HOOK, parallelize, plan_for, unparallelize
+from ..parallelize import parallelize, unparallelize
+from ..sharding import GATHER_HOOK, plan_for
 from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from ..sequence import split_sizes
 from .layer import Case, Setup, device_of_job, parallel_config
