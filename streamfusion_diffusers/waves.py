@@ -33,6 +33,7 @@ from .attention.volume import peer_bytes
 from .context import ParallelContext
 from .kernels import Partial, attend_chunks
 from .processors import TokenLayout
+from .recipes.choose import attention_plan
 
 TILE_ROWS = 128  # rows of one GEMM tile on Hopper (cuBLAS / CUTLASS 128 x N tiles)
 
@@ -78,7 +79,7 @@ def sm_count() -> int:
 def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenLayout, heads: int,
               scale: float | None = None) -> None:
     """Run one block call in `waves` waves; `block.post` receives every wave's attention output."""
-    mesh, transport, kernel = ctx.mesh(heads), ctx.transport, ctx.config.kernel
+    transport = ctx.transport
     joint, lens = layout.joint, layout.seq_lens
     cuts = [wave_sizes(n, waves) for n in lens]  # cuts[rank][wave]: every rank's waves, known to every rank
     wave_lens = [[cut[w] for cut in cuts] for w in range(waves)]
@@ -92,7 +93,8 @@ def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenL
         q, k, v = block.pre(bounds[w], bounds[w + 1])
         if w == 0 and joint:
             jqkv, (q, k, v) = tuple(x[:, :joint] for x in (q, k, v)), tuple(x[:, joint:] for x in (q, k, v))
-        if w == 0:
+        if w == 0:  # the layout (method "auto" chooses it here, once per shape) and the kernel
+            mesh, kernel = attention_plan(ctx, q, lens, joint)
             b, _, _, d = q.shape
             transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint, q.element_size()))
         posted.append(post_scatter_heads((q, k, v), mesh, transport, wave_lens[w]))

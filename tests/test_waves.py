@@ -18,7 +18,8 @@ CASES = {"flux-text-sharded": FLUX_CASES["text-sharded-uneven-image"], "flux-tex
          "cogvideox-rope-joint": COGVIDEOX_CASES["rope-text-joint"]}
 CONFIGS = {"ulysses-1x4": ParallelConfig(machines=1, gpus_per_machine=4, method="ulysses"),
            "usp-2x2": ParallelConfig(machines=2, gpus_per_machine=2, method="usp"),
-           "torus-2x2": ParallelConfig(machines=2, gpus_per_machine=2, method="torus")}
+           "torus-2x2": ParallelConfig(machines=2, gpus_per_machine=2, method="torus"),
+           "auto-2x2": ParallelConfig(machines=2, gpus_per_machine=2, method="auto")}  # chooses inside the waves
 
 
 @pytest.fixture(scope="module")
