@@ -9,6 +9,7 @@ deadline the handle sleeps until.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -53,6 +54,13 @@ def sleep_cycles_per_second(device: torch.device, cycles: int = 2_000_000) -> fl
     return cycles / (start.elapsed_time(end) * 1e-3)
 
 
+@functools.cache
+def _job_sleep_rate(index: int) -> float:
+    """The sleep rate measured once per GPU and process: every context of a job (bench and tune compare many)
+    then books its link time on one scale, not on whatever the clock was at its own set-up."""
+    return sleep_cycles_per_second(torch.device("cuda", index))
+
+
 class _StreamQueue:
     def __init__(self, device: torch.device, cycles_per_s: float):
         self.stream = torch.cuda.Stream(device)
@@ -83,7 +91,7 @@ class EmulatedTransport:
         self.name = f"{inner.name}+emulated({link.name})"
         self.gpus_per_machine = gpus_per_machine
         if device.type == "cuda":
-            rate = sleep_cycles_per_second(device)
+            rate = _job_sleep_rate(device.index if device.index is not None else torch.cuda.current_device())
             self._queues: tuple = (_StreamQueue(device, rate), _StreamQueue(device, rate))
         else:
             self._queues = (_HostQueue(), _HostQueue())
