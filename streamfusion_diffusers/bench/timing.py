@@ -64,15 +64,18 @@ def interleaved_ms(calls: Sequence[Callable[[], object]], iters: int, warmup: in
                    round_timeout_s: float | None = None) -> list[Stats]:
     """Stats of each call: `warmup` untimed rounds, then `iters` timed rounds of one repetition of every call.
 
-    round_timeout_s: a round that takes longer prints every stack and exits (see `deadline`)."""
-    times = [[] for _ in calls]
+    Each round starts one call later than the one before (round-robin start), so no call is always the one that
+    runs first after the others. round_timeout_s: a round that takes longer prints every stack and exits (see
+    `deadline`)."""
+    times: list[list[float]] = [[] for _ in calls]
     for i in range(warmup + iters):
         with deadline(round_timeout_s) if round_timeout_s else nullcontext():
-            for call, kept in zip(calls, times):
+            for j in range(len(calls)):
+                c = (i + j) % len(calls)
                 if i < warmup:
-                    call()
+                    calls[c]()
                 else:
-                    kept.append(_once_ms(call, device))
+                    times[c].append(_once_ms(calls[c], device))
     slowest = torch.tensor(times, dtype=torch.float64, device=device).reshape(len(calls), iters)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return [Stats.of(row) for row in slowest.tolist()]
