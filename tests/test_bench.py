@@ -46,7 +46,7 @@ def _call_order(iters: int, warmup: int) -> tuple[list[str], list]:
 
 def test_repetitions_interleave_across_cases_and_noise_is_flagged():
     order, stats = run_local(_call_order, 1, 2, 1)[0]
-    assert "".join(order) == "abc" * 3  # one warm-up round, then two timed rounds, each case once per round
+    assert "".join(order) == "abcbcacab"  # one warm-up round, two timed rounds; each round starts one case later
     assert len(stats) == 3 and all(s.min <= s.median <= s.max for s in stats)
     row = dict(workload="w", level="layer", layout="usp U2R2", ms=1.0, min_ms=0.97, max_ms=1.03, spread=0.06)
     assert "a spread of 6.0% (> 5%)" in noisy([row])[0] and noisy([{**row, "spread": 0.04}]) == []
