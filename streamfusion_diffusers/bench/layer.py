@@ -65,6 +65,7 @@ class Setup:
     timeout_s: float = 300.0  # per case: a case that takes longer dumps every stack and exits
     recipe: str | None = None  # where method "auto" looks for its layout (None: the packaged recipes)
     comm_dtype: str | None = None  # "fp8" / "int8": inter-machine chunks as 1-byte values (backends/quantized.py)
+    kernel: str = "auto"  # the local attention kernel of our cases (tune records the one it timed)
 
 
 def device_of_job() -> torch.device:
@@ -131,7 +132,8 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
     return ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method=case.method,
                           ulysses=case.ulysses if case.method not in ("ulysses", "ring", "auto") else None,
                           torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link,
-                          recipe=setup.recipe, comm_dtype=setup.comm_dtype, timeout_s=setup.timeout_s)
+                          recipe=setup.recipe, comm_dtype=setup.comm_dtype, timeout_s=setup.timeout_s,
+                          kernel=setup.kernel)
 
 
 def _callable(case: Case, setup: Setup, device: torch.device):

@@ -206,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
         calibration = load_recipe(str(path)).calibration if path.is_file() else None
         predicted = shortlist(w, cluster, world, args.top, calibration, dtype.itemsize)
         setup = Setup(w, args.machines, m, args.backend, args.emulate_link, dtype, args.iters, args.warmup,
-                      args.seed, args.timeout)
+                      args.seed, args.timeout, kernel=args.kernel)
         confirm = args.confirm_blocks and gpu and w.model is not None
         tasks.append((setup, list(predicted), transformer_config(w, "real") if confirm else None))
         plans.append((spec, w, predicted))
