@@ -1,4 +1,4 @@
-"""The patch-parallel VAE decode over 3 gloo processes equals diffusers' untiled decode (float32 rounding),
+"""The patch-parallel VAE decode over 3 (and 2) gloo processes equals diffusers' untiled decode (float32 rounding),
 with uneven bands, for tiny random-weight VAEs of the real architectures (AutoencoderKL as Flux's, with its
 mid-block attention; AutoencoderKLCogVideoX with its causal convolutions and frame batches)."""
 from __future__ import annotations
@@ -77,6 +77,22 @@ def test_patch_parallel_decode_is_the_untiled_decode(pool, family, height, width
         assert res["band_rows"] == {rows[rank]}, res  # each rank's decoder saw only its own band
         assert res["patched_left"] == [] and res["tiling_kept"], res
     print(f"{family} {height}x{width} bands {rows}: rel diff to untiled {max(r['rel'] for r in results):.1e}")
+
+
+def _decode_in_a_pair(height: int) -> float | None:
+    group = dist.new_group([0, 1])  # every rank creates it; rank 2 then stays out of the decode
+    if dist.get_rank() > 1:
+        return None
+    vae, z = _vae("flux"), _latents("flux", height, 7)
+    with torch.no_grad():
+        whole = _untiled(vae, z)
+        ours = parallel_decode(vae, z, dist.get_rank(), 2, group)
+    return float((ours - whole).norm() / whole.norm())
+
+
+def test_two_of_three_ranks_decode_in_their_own_group(pool):
+    results = pool.run(_decode_in_a_pair, 5)  # bands of 3 and 2 latent rows
+    assert results[2] is None and max(results[:2]) <= TOL, results
 
 
 def test_bands_are_even_and_refuse_too_few_rows():
