@@ -99,20 +99,26 @@ def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Any:
     return halo_forward
 
 
+def _global_moments(x: Tensor, groups: int, bands: Bands) -> tuple[Tensor, Tensor]:
+    """Mean and variance per (sample, group) over every band: float32 moments per band, combined in float64
+    by Chan's parallel formula (no E[x^2] - E[x]^2 cancellation)."""
+    var, mean = torch.var_mean(x.reshape(x.shape[0], groups, -1).float(), dim=-1, correction=0)
+    count = torch.full_like(mean, x[0].numel() // groups, dtype=torch.float64)
+    moments = torch.stack([count, mean.double(), var.double() * count])
+    counts, means, m2s = torch.stack(bands.all_gather(moments)).unbind(1)  # each [world, samples, groups]
+    total = counts.sum(0)
+    mean = (counts * means).sum(0) / total
+    return mean, (m2s + counts * (means - mean) ** 2).sum(0) / total
+
+
 def _group_norm_forward(norm: nn.GroupNorm, bands: Bands) -> Any:
-    """GroupNorm with the whole image's statistics: float32 moments per band, combined over the ranks."""
+    """GroupNorm with the whole image's statistics, applied (with the affine) by batch_norm in one kernel."""
 
     def global_forward(x: Tensor) -> Tensor:
         n, c = x.shape[:2]
-        var, mean = torch.var_mean(x.reshape(n, norm.num_groups, -1).float(), dim=-1, correction=0)
-        count = torch.full_like(mean, x[0].numel() // norm.num_groups)
-        moments = torch.stack(bands.all_gather(torch.stack([count, mean, var * count]))).double()
-        counts, means, m2s = moments.unbind(1)  # each [world, n, groups]
-        total = counts.sum(0)
-        mean_all = (counts * means).sum(0) / total
-        var_all = (m2s + counts * (means - mean_all) ** 2).sum(0) / total
-        per_channel = c // norm.num_groups  # batch_norm applies given statistics (and the affine) in one kernel
-        stats = [s.float().repeat_interleave(per_channel, dim=1).flatten() for s in (mean_all, var_all)]
+        per_group = c // norm.num_groups
+        stats = [s.float().repeat_interleave(per_group, dim=1).flatten()
+                 for s in _global_moments(x, norm.num_groups, bands)]
         affine = [None if p is None else p.float().repeat(n) for p in (norm.weight, norm.bias)]
         out = F.batch_norm(x.reshape(1, n * c, -1), *stats, *affine, training=False, eps=norm.eps)
         return out.reshape(x.shape)
