@@ -72,37 +72,65 @@ class Bands:
         padded = F.pad(x, (0, 0, 0, max(rows) - x.shape[-2]))
         return torch.cat([part[..., :n, :] for part, n in zip(self.all_gather(padded), rows)], dim=-2)
 
-    def halo(self, x: Tensor, pad: int) -> Tensor:
-        """x with `pad` rows from the band above and below on top and bottom (zeros at the image's edges)."""
+    def neighbours(self, x: Tensor, pad: int) -> tuple[Tensor | None, Tensor | None]:
+        """The `pad` rows just above and just below x's band (None at the image's top / bottom edge)."""
         if min(self.scaled(x)) < pad:
             raise ValueError(f"a band of {min(self.scaled(x))} rows cannot lend a {pad}-row halo; use fewer ranks")
         edges = self.all_gather(torch.cat([x[..., :pad, :], x[..., -pad:, :]], dim=-2))
-        zeros = torch.zeros_like(x[..., :pad, :])
-        above = edges[self.rank - 1][..., pad:, :] if self.rank > 0 else zeros
-        below = edges[self.rank + 1][..., :pad, :] if self.rank + 1 < len(self.rows) else zeros
-        return torch.cat([above, x, below], dim=-2)
+        above = edges[self.rank - 1][..., pad:, :] if self.rank > 0 else None
+        below = edges[self.rank + 1][..., :pad, :] if self.rank + 1 < len(self.rows) else None
+        return above, below
 
 
 def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Any:
-    """The conv's own forward (CogVideoX's safe Conv3d chunking included) on the haloed band, no height padding."""
-    forward, padding = conv.forward, conv.padding
-    no_height_pad = (*padding[:-2], 0, padding[-1])
+    """The conv's own forward (CogVideoX's safe Conv3d chunking included), its band-edge rows redone with halos.
 
-    def halo_forward(x: Tensor) -> Tensor:
-        x = bands.halo(x, padding[-2])
-        conv.padding = no_height_pad
+    The band is convolved as it is (zero padding at its edges: right at the image's edges), then the `pad`
+    rows at an inner edge are recomputed from a thin strip (halo + 2 * pad rows of the band) convolved without
+    height padding. That spares a haloed copy of the whole band per convolution.
+    """
+    forward, padding = conv.forward, conv.padding
+    pad = padding[-2]
+
+    def unpadded(x: Tensor) -> Tensor:
+        conv.padding = (*padding[:-2], 0, padding[-1])
         try:
             return forward(x)
         finally:
             conv.padding = padding
 
+    def halo_forward(x: Tensor) -> Tensor:
+        above, below = bands.neighbours(x, pad)
+        if x.shape[-2] < 2 * pad:  # too thin for strips: the whole band with its halos
+            zeros = torch.zeros_like(x[..., :pad, :])
+            return unpadded(torch.cat([zeros if above is None else above, x, zeros if below is None else below],
+                                      dim=-2))
+        out = forward(x)
+        if above is not None:
+            out[..., :pad, :] = unpadded(torch.cat([above, x[..., :2 * pad, :]], dim=-2))
+        if below is not None:
+            out[..., -pad:, :] = unpadded(torch.cat([x[..., -2 * pad:, :], below], dim=-2))
+        return out
+
     return halo_forward
 
 
+def _local_moments(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and variance over the last dim, in float32. A float32 band gets torch's stable var_mean; a bf16 /
+    fp16 one (memory-bound at the decoder's top resolution) gets float32 sums of x and x^2 (each one pass that
+    casts while it reads, on CUDA) instead of a float32 copy of the band and two more passes over it."""
+    if x.dtype in (torch.float32, torch.float64):
+        var, mean = torch.var_mean(x, dim=-1, correction=0)
+        return mean.float(), var.float()
+    mean = x.sum(-1, dtype=torch.float32) / x.shape[-1]
+    squares = torch.linalg.vector_norm(x, 2, dim=-1, dtype=torch.float32) ** 2 / x.shape[-1]
+    return mean, (squares - mean**2).clamp_(min=0)
+
+
 def _global_moments(x: Tensor, groups: int, bands: Bands) -> tuple[Tensor, Tensor]:
-    """Mean and variance per (sample, group) over every band: float32 moments per band, combined in float64
-    by Chan's parallel formula (no E[x^2] - E[x]^2 cancellation)."""
-    var, mean = torch.var_mean(x.reshape(x.shape[0], groups, -1).float(), dim=-1, correction=0)
+    """Mean and variance per (sample, group) over every band: moments per band, combined in float64 by Chan's
+    parallel formula."""
+    mean, var = _local_moments(x.reshape(x.shape[0], groups, -1))
     count = torch.full_like(mean, x[0].numel() // groups, dtype=torch.float64)
     moments = torch.stack([count, mean.double(), var.double() * count])
     counts, means, m2s = torch.stack(bands.all_gather(moments)).unbind(1)  # each [world, samples, groups]

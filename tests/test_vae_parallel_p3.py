@@ -10,7 +10,7 @@ from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
 
 from streamfusion_diffusers.spawn import ProcessPool
 from streamfusion_diffusers.vae import is_split, split_vae_decode, unsplit_vae_decode
-from streamfusion_diffusers.vae_parallel import Bands, decode_over_ranks, parallel_decode, unsupported
+from streamfusion_diffusers.vae_parallel import Bands, banded, decode_over_ranks, parallel_decode, unsupported
 
 WORLD = 3
 TOL = 1e-5  # relative: float32 rounding (GroupNorm statistics and halo convolutions sum in another order)
@@ -93,6 +93,26 @@ def _decode_in_a_pair(height: int) -> float | None:
 def test_two_of_three_ranks_decode_in_their_own_group(pool):
     results = pool.run(_decode_in_a_pair, 5)  # bands of 3 and 2 latent rows
     assert results[2] is None and max(results[:2]) <= TOL, results
+
+
+def _group_norm_bf16() -> dict:
+    """A bf16 band through a patched GroupNorm (its sums-of-powers path) against float32 on the whole image."""
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(4, 16)
+    torch.nn.init.normal_(norm.weight)
+    whole = torch.randn(2, 16, 3, 10, 6) * 3 + torch.linspace(-4, 6, 10)[:, None]  # rows at dim -2 differ
+    bands = Bands.even(10, dist.get_world_size(), dist.get_rank())
+    top = sum(bands.rows[:bands.rank])
+    with torch.no_grad(), banded(torch.nn.Sequential(norm), bands):
+        ours = norm.to(torch.bfloat16)(whole.to(torch.bfloat16)[..., top:top + bands.rows[bands.rank], :])
+    exact = torch.nn.functional.group_norm(whole, 4, norm.weight.float(), norm.bias.float(), norm.eps)
+    exact = exact[..., top:top + bands.rows[bands.rank], :]
+    return {"rel": float((ours.float() - exact).norm() / exact.norm()), "dtype": ours.dtype}
+
+
+def test_group_norm_of_a_bf16_band_uses_the_whole_image(pool):
+    for res in pool.run(_group_norm_bf16):
+        assert res["dtype"] == torch.bfloat16 and res["rel"] <= 4e-3, res  # bf16 rounding of the output
 
 
 def test_bands_are_even_and_refuse_too_few_rows():
