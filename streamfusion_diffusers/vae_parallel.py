@@ -32,6 +32,9 @@ from diffusers.models.attention_processor import Attention
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor, nn
 
+from .logs import say_once
+from .vae import is_split, split_vae_decode
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED = (AutoencoderKL, AutoencoderKLCogVideoX)
@@ -243,31 +246,31 @@ def parallel_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
 
     Replaces the instance's `_decode` as the tile split does (undo with `vae.unsplit_vae_decode`).
     """
-    from .vae import is_split
-
     _check(vae)
     if is_split(vae):
         raise ValueError("this VAE's decode is already split; call unsplit_vae_decode(vae) first")
 
     def _decode(z: Tensor, return_dict: bool = True) -> DecoderOutput | tuple[Tensor]:
-        sample = parallel_decode(vae, z, rank, world)
+        if z.shape[-2] < world:  # fewer latent rows than ranks: each rank decodes all of them, as diffusers does
+            say_once(logger, logging.INFO, "VAE decode: %d latent rows for %d ranks; every rank decodes them all",
+                     z.shape[-2], world)
+            sample = type(vae)._decode(vae, z).sample
+        else:
+            sample = parallel_decode(vae, z, rank, world)
         return DecoderOutput(sample=sample) if return_dict else (sample,)
 
     vae._decode = _decode
-    if rank == 0:
-        logger.info("VAE decode patch-parallel over %d ranks (one band of latent rows each)", world)
+    say_once(logger, logging.INFO, "VAE decode patch-parallel over %d ranks (one band of latent rows each)", world)
 
 
 def decode_over_ranks(vae: nn.Module, rank: int, world: int) -> None:
     """The job's VAE decode over its ranks: patch-parallel where supported, else the tile split (said once)."""
-    from .vae import split_vae_decode
-
     reason = unsupported(vae)
     if reason is None:
         parallel_vae_decode(vae, rank, world)
         return
-    if rank == 0:
-        logger.info("VAE decode: patch-parallel not possible (%s); falling back to the tile split", reason)
+    say_once(logger, logging.INFO, "VAE decode: patch-parallel not possible (%s); falling back to the tile split",
+             reason)
     split_vae_decode(vae, rank, world)
 
 
