@@ -5,9 +5,10 @@ decode and cannot beat it on 2 GPUs. Here (the idea of xDiT's distvae, our own c
 the height into one contiguous band per rank, and while the decoder runs on a band three kinds of layers are
 patched so the band behaves as part of the whole image:
 
-- every Conv2d / Conv3d with height padding gets its halo rows from the neighbouring bands (one all-gather of
-  boundary rows) instead of zeros at band edges (CogVideoX's causal convolutions pad the height inside their
-  Conv3d, so their temporal cache stays diffusers' own, per band);
+- every Conv2d / Conv3d wider than one row gets its halo rows from the neighbouring bands (one all-gather of
+  boundary rows; the band-edge output rows are redone from thin strips) instead of zeros at band edges
+  (CogVideoX's causal convolutions pad the height inside their Conv3d, so their temporal cache stays
+  diffusers' own, per band);
 - every GroupNorm normalizes with the global mean and variance, combined from per-rank moments (Chan's
   parallel formula: stable, one small all-gather);
 - the spatial self-attention (AutoencoderKL's mid block) attends from its band's queries to keys and values
