@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,22 +76,30 @@ class Bands:
         padded = F.pad(x, (0, 0, 0, max(rows) - x.shape[-2]))
         return torch.cat([part[..., :n, :] for part, n in zip(self.all_gather(padded), rows)], dim=-2)
 
-    def neighbours(self, x: Tensor, pad: int) -> tuple[Tensor | None, Tensor | None]:
-        """The `pad` rows just above and just below x's band (None at the image's top / bottom edge)."""
+    def neighbours(self, x: Tensor, pad: int) -> Callable[[], tuple[Tensor | None, Tensor | None]]:
+        """Start fetching the `pad` rows just above and just below x's band; the returned call waits for them
+        (None at the image's top / bottom edge). The fetch runs while the band's own convolution does."""
         if min(self.scaled(x)) < pad:
             raise ValueError(f"a band of {min(self.scaled(x))} rows cannot lend a {pad}-row halo; use fewer ranks")
-        edges = self.all_gather(torch.cat([x[..., :pad, :], x[..., -pad:, :]], dim=-2))
-        above = edges[self.rank - 1][..., pad:, :] if self.rank > 0 else None
-        below = edges[self.rank + 1][..., :pad, :] if self.rank + 1 < len(self.rows) else None
-        return above, below
+        mine = torch.cat([x[..., :pad, :], x[..., -pad:, :]], dim=-2)
+        edges = [torch.empty_like(mine) for _ in self.rows]
+        work = dist.all_gather(edges, mine, group=self.group, async_op=True)
+
+        def arrived() -> tuple[Tensor | None, Tensor | None]:
+            work.wait()
+            above = edges[self.rank - 1][..., pad:, :] if self.rank > 0 else None
+            below = edges[self.rank + 1][..., :pad, :] if self.rank + 1 < len(self.rows) else None
+            return above, below
+
+        return arrived
 
 
 def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Any:
     """The conv's own forward (CogVideoX's safe Conv3d chunking included), its band-edge rows redone with halos.
 
-    The band is convolved as it is (zero padding at its edges: right at the image's edges), then the `pad`
-    rows at an inner edge are recomputed from a thin strip (halo + 2 * pad rows of the band) convolved without
-    height padding. That spares a haloed copy of the whole band per convolution.
+    The band is convolved as it is (zero padding at its edges: right at the image's edges) while the halos
+    travel, then the `pad` rows at an inner edge are recomputed from a thin strip (halo + 2 * pad rows of the
+    band) convolved without height padding. That spares a haloed copy of the whole band per convolution.
     """
     forward, padding = conv.forward, conv.padding
     pad = padding[-2]
@@ -104,12 +112,14 @@ def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Any:
             conv.padding = padding
 
     def halo_forward(x: Tensor) -> Tensor:
-        above, below = bands.neighbours(x, pad)
+        arrived = bands.neighbours(x, pad)
         if x.shape[-2] < 2 * pad:  # too thin for strips: the whole band with its halos
+            above, below = arrived()
             zeros = torch.zeros_like(x[..., :pad, :])
             return unpadded(torch.cat([zeros if above is None else above, x, zeros if below is None else below],
                                       dim=-2))
         out = forward(x)
+        above, below = arrived()
         if above is not None:
             out[..., :pad, :] = unpadded(torch.cat([above, x[..., :2 * pad, :]], dim=-2))
         if below is not None:
