@@ -67,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send the attention chunks that cross machines as 1-byte values with per-token-and-head "
                              "scales (fp8: float8_e4m3fn; int8); intra-machine traffic is untouched")
     parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
-                        help="split the VAE decode's tiles over the ranks (default; diffusers' tiled decode, "
-                             "gathered); --no-vae-split decodes untiled on rank 0")
+                        help="split the VAE decode over the ranks (default): one band of latent rows per rank, "
+                             "exact (AutoencoderKL, CogVideoX), else diffusers' tiles shared out; "
+                             "--no-vae-split decodes untiled on rank 0")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
 

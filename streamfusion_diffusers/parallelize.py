@@ -22,7 +22,8 @@ from .logs import say_once
 from .processors import ShardState
 from .sharding import (EMBED_HOOK, GATHER_HOOK, SPLIT_HOOK, SequenceGatherHook, SequenceSplitHook, ShardPlan,
                        VideoWindowEmbedHook, plan_for)
-from .vae import is_split, split_vae_decode, unsplit_vae_decode
+from .vae import is_split, unsplit_vae_decode
+from .vae_parallel import decode_over_ranks
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
-    With `vae` (and a pipeline), the VAE decode is split over the ranks too (`streamfusion_diffusers.vae`):
+    With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
+    (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`):
     every rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """
     transformer = _transformer(target)
@@ -88,7 +90,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
     if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
-        split_vae_decode(target.vae, ctx.global_rank, ctx.job_size)
+        decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
     say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s)", type(transformer).__name__,
              ctx.job_size, ctx.config.label, ctx.config.cfg)
     return transformer

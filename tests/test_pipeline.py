@@ -43,7 +43,7 @@ def _pipeline_outputs(name: str, config: ParallelConfig) -> dict:
         out = pipe(generator=torch.Generator().manual_seed(0), **kwargs)
         return out.images if name == "tiny-flux" else out.frames
 
-    pipe.vae.enable_tiling()  # the reference decodes diffusers' tiles; parallelize splits the same tiles
+    # untiled reference: parallelize decodes patch-parallel, exactly (tiling on would be ignored there)
     reference = run()
     full_tokens = seen[-1]
     parallelize(pipe, init_parallel(config))

@@ -7,7 +7,7 @@ slowest rank's time per repetition. The systems:
 
 - one-gpu: the plain diffusers pipeline on rank 0 alone while the other ranks wait at a barrier. Its output is
   the reference of every other system; its final latents decoded by diffusers' tiled decode are the reference
-  of the systems that split the VAE decode, whose tiles they are;
+  of the systems that split the VAE decode by diffusers' tiles (VAEs the exact patch-parallel decode cannot take);
 - ours: `parallelize` with method "auto" (the recipe's or the cost model's layout) and the VAE decode split;
   ours-no-vae-split (rank 0 decodes alone); ours-cfg (the guidance branches on halves of the ranks);
 - diffusers-cp (Flux, GPUs): diffusers' own context parallelism at one Ulysses x Ring layout;
@@ -34,6 +34,7 @@ from ..models.build import build_pipeline, build_transformer
 from ..models.full import build_full_pipeline
 from ..parallelize import parallelize, unparallelize
 from ..phases import PHASES, PhaseTimer
+from ..vae_parallel import unsupported
 from .layer import device_of_job
 from .timing import deadline
 
@@ -252,7 +253,8 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
                 layout = "1 GPU, the others idle"
             elif case.system in OURS:
                 phases, out, layout = _ours(pipe, setup, case, device)
-                ref_kind = "untiled" if case.system == "ours-no-vae-split" else "tiled"
+                exact = case.system == "ours-no-vae-split" or unsupported(pipe.vae) is None  # patch-parallel
+                ref_kind = "untiled" if exact else "tiled"
             elif case.system == "diffusers-cp":
                 phases, out = _diffusers_cp(pipe, setup, case, device)
                 layout = f"ulysses_degree={case.ulysses}, ring_degree={case.ring}"

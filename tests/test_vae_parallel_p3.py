@@ -1,0 +1,136 @@
+"""The patch-parallel VAE decode over 3 (and 2) gloo processes equals diffusers' untiled decode (float32 rounding),
+with uneven bands, for tiny random-weight VAEs of the real architectures (AutoencoderKL as Flux's, with its
+mid-block attention; AutoencoderKLCogVideoX with its causal convolutions and frame batches)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
+
+from streamfusion_diffusers.spawn import ProcessPool
+from streamfusion_diffusers.vae import is_split, split_vae_decode, unsplit_vae_decode
+from streamfusion_diffusers.vae_parallel import Bands, banded, decode_over_ranks, parallel_decode, unsupported
+
+WORLD = 3
+TOL = 1e-5  # relative: float32 rounding (GroupNorm statistics and halo convolutions sum in another order)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(WORLD) as p:
+        yield p
+
+
+def _vae(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if family == "flux":
+        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 16, 8),
+                            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                            layers_per_block=1, norm_num_groups=4, sample_size=64)
+    else:
+        vae = AutoencoderKLCogVideoX(in_channels=3, out_channels=3, latent_channels=4,
+                                     down_block_types=("CogVideoXDownBlock3D",) * 4,
+                                     up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 16, 16, 8),
+                                     layers_per_block=1, norm_num_groups=4, temporal_compression_ratio=4)
+    vae.enable_tiling()  # ignored by the patch-parallel decode: it equals the untiled one
+    return vae.eval()
+
+
+def _latents(family: str, height: int, width: int) -> torch.Tensor:
+    shape = (2, 4, height, width) if family == "flux" else (1, 4, 5, height, width)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(height * 100 + width)) * 2 + 0.5
+
+
+def _untiled(vae: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
+    vae.use_tiling = False
+    try:
+        return vae.decode(z).sample
+    finally:
+        vae.use_tiling = True
+
+
+def _decode_both(family: str, height: int, width: int) -> dict:
+    vae, z = _vae(family), _latents(family, height, width)
+    calls: list[int] = []
+    vae.decoder.register_forward_pre_hook(lambda _m, args: calls.append(args[0].shape[-2]))
+    with torch.no_grad():
+        whole = _untiled(vae, z)
+        calls.clear()
+        ours = parallel_decode(vae, z, dist.get_rank(), dist.get_world_size()) if height >= WORLD else whole
+        band_rows = set(calls)
+        decode_over_ranks(vae, dist.get_rank(), dist.get_world_size())
+        via_decode = vae.decode(z).sample
+        unsplit_vae_decode(vae)
+    patched_left = [n for n, m in vae.named_modules() if "forward" in m.__dict__]
+    return {"rel": float((ours - whole).norm() / whole.norm()), "shape_ok": ours.shape == whole.shape,
+            "via_decode": float((via_decode - ours).abs().max()), "band_rows": band_rows,
+            "patched_left": patched_left, "tiling_kept": vae.use_tiling}
+
+
+@pytest.mark.parametrize(("family", "height", "width"),
+                         [("flux", 11, 9), ("flux", 3, 5), ("flux", 2, 4), ("cogvideox", 8, 6)])
+def test_patch_parallel_decode_is_the_untiled_decode(pool, family, height, width):
+    results = pool.run(_decode_both, family, height, width)
+    rows = Bands.even(height, WORLD, 0).rows if height >= WORLD else (height,) * WORLD  # too few: whole
+    for rank, res in enumerate(results):
+        assert res["shape_ok"] and res["rel"] <= TOL and res["via_decode"] == 0.0, res
+        assert res["band_rows"] == {rows[rank]} or height < WORLD, res  # each decoder saw only its own band
+        assert res["patched_left"] == [] and res["tiling_kept"], res
+    print(f"{family} {height}x{width} bands {rows}: rel diff to untiled {max(r['rel'] for r in results):.1e}")
+
+
+def _decode_in_a_pair(height: int) -> float | None:
+    group = dist.new_group([0, 1])  # every rank creates it; rank 2 then stays out of the decode
+    if dist.get_rank() > 1:
+        return None
+    vae, z = _vae("flux"), _latents("flux", height, 7)
+    with torch.no_grad():
+        whole = _untiled(vae, z)
+        ours = parallel_decode(vae, z, dist.get_rank(), 2, group)
+    return float((ours - whole).norm() / whole.norm())
+
+
+def test_two_of_three_ranks_decode_in_their_own_group(pool):
+    results = pool.run(_decode_in_a_pair, 5)  # bands of 3 and 2 latent rows
+    assert results[2] is None and max(results[:2]) <= TOL, results
+
+
+def _group_norm_bf16() -> dict:
+    """A bf16 band through a patched GroupNorm (its sums-of-powers path) against float32 on the whole image."""
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(4, 16)
+    torch.nn.init.normal_(norm.weight)
+    whole = torch.randn(2, 16, 3, 10, 6) * 3 + torch.linspace(-4, 6, 10)[:, None]  # rows at dim -2 differ
+    bands = Bands.even(10, dist.get_world_size(), dist.get_rank())
+    top = sum(bands.rows[:bands.rank])
+    with torch.no_grad(), banded(torch.nn.Sequential(norm), bands):
+        ours = norm.to(torch.bfloat16)(whole.to(torch.bfloat16)[..., top:top + bands.rows[bands.rank], :])
+    exact = torch.nn.functional.group_norm(whole, 4, norm.weight.float(), norm.bias.float(), norm.eps)
+    exact = exact[..., top:top + bands.rows[bands.rank], :]
+    return {"rel": float((ours.float() - exact).norm() / exact.norm()), "dtype": ours.dtype}
+
+
+def test_group_norm_of_a_bf16_band_uses_the_whole_image(pool):
+    for res in pool.run(_group_norm_bf16):
+        assert res["dtype"] == torch.bfloat16 and res["rel"] <= 4e-3, res  # bf16 rounding of the output
+
+
+def test_bands_are_even_and_refuse_too_few_rows():
+    assert Bands.even(11, 3, 0).rows == (4, 4, 3)
+    assert Bands.even(3, 3, 2).rows == (1, 1, 1)
+    with pytest.raises(ValueError, match="fewer ranks"):
+        Bands.even(2, 3, 0)
+
+
+def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
+    vae = _vae("flux")
+    assert unsupported(vae) is None and unsupported(_vae("cogvideox")) is None
+    assert "not AutoencoderKL" in unsupported(torch.nn.Linear(2, 2))
+    vae.decoder.conv_in.padding_mode = "reflect"
+    assert "conv_in" in unsupported(vae)
+    decode_over_ranks(vae, 0, 1)  # a single rank: no collective is called by installing
+    assert is_split(vae)
+    unsplit_vae_decode(vae)
+    split_vae_decode(vae, 0, 1)
+    unsplit_vae_decode(vae)
