@@ -3,7 +3,7 @@ names the layer, the stage and the peer, within timeout_s + 10 s: ulysses, usp a
 torus on 4 (2 x 2: Torus stages and ring passes, where some survivors lose a peer of a peer)."""
 from __future__ import annotations
 
-from streamfusion_diffusers.backends.watch import describe, stage
+from streamfusion_diffusers.backends.watch import Label, stage
 from streamfusion_diffusers.bench.faults import SLACK_S, Fault, Outcome, run_local_faults
 from streamfusion_diffusers.mesh import Group
 
@@ -33,9 +33,9 @@ def test_every_survivor_names_the_fault(tmp_path):
 
 def test_transfers_name_the_stage_and_the_global_ranks():
     ring = Group((0, 2, 4, 6), 1, None, "ring")  # this rank is 2; peers are positions in the group
-    assert describe(3, ring, [2], "from", [0]) == "attention layer 3, ring pass from rank 4, sending to rank 0"
+    assert str(Label(3, ring, [2], "from", [0])) == "attention layer 3, ring pass from rank 4, sending to rank 0"
     with stage("pull_kv"):
-        assert describe(5, Group((0, 4), 0, None, "torus"), [1], "from", [1]) == \
-            "attention layer 5, pull_kv torus transfer from rank 4"
-    assert describe(1, Group((0, 1, 2), 0, None, "ulysses"), [1, 2]) == \
+        late = Label(5, Group((0, 4), 0, None, "torus"), [1], "from", [1])
+    assert str(late) == "attention layer 5, pull_kv torus transfer from rank 4"  # the stage it was posted in
+    assert str(Label(1, Group((0, 1, 2), 0, None, "ulysses"))) == \
         "attention layer 1, ulysses all-to-all with ranks [1, 2]"

@@ -62,15 +62,32 @@ def _who(group: Group, peers: Sequence[int]) -> str:
 
 
 def describe(layer: int, group: Group, peers: Sequence[int], direction: str = "with",
-             sent_to: Sequence[int] = ()) -> str:
+             sent_to: Sequence[int] = (), stage_name: str = "") -> str:
     """'attention layer 12, pull_kv torus transfer from rank 3' (and ', sending to rank 1' when it differs)."""
     kind = _KINDS.get(group.name, f"{group.name} transfer")
-    where = f"{_stage.get()} {kind}".strip()
+    where = f"{stage_name} {kind}".strip()
     also = f", sending to {_who(group, sent_to)}" if set(sent_to) - set(peers) else ""
     return f"attention layer {layer}, {where} {direction} {_who(group, peers)}{also}"
 
 
-def _failed(what: str, err: BaseException) -> TransferFailed:
+class Label:
+    """A transfer's name, written only when a message needs it: labelling runs for every transfer of every
+    layer, and formatting each eagerly costs microseconds a small layer cannot spare."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, layer: int, group: Group, peers: Sequence[int] | None = None, direction: str = "with",
+                 sent_to: Sequence[int] = ()):
+        self.args = (layer, group, peers, direction, sent_to, _stage.get())
+
+    def __str__(self) -> str:
+        layer, group, peers, direction, sent_to, stage_name = self.args
+        if peers is None:  # every other member of the group
+            peers = [p for p in range(group.size) if p != group.index]
+        return describe(layer, group, peers, direction, sent_to, stage_name)
+
+
+def _failed(what: Label | str, err: BaseException) -> TransferFailed:
     return TransferFailed(f"streamfusion: {what} failed: {type(err).__name__}: {err}. A peer died, stalled or ran "
                           f"a different layer (see its log); ParallelConfig.timeout_s bounds every wait")
 
@@ -80,22 +97,23 @@ class Watchdog:
 
     def __init__(self, poll_s: float = 0.2):
         self.poll_s = poll_s
-        self._pending: list[tuple[float, float, torch.cuda.Event, str]] = []  # (posted, timeout_s, event, what)
+        # (posted, timeout_s, event, what), oldest first
+        self._pending: collections.deque[tuple[float, float, torch.cuda.Event, Label | str]] = collections.deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def watch(self, event: torch.cuda.Event, what: str, posted: float, timeout_s: float) -> None:
+    def watch(self, event: torch.cuda.Event, what: Label | str, posted: float, timeout_s: float) -> None:
         with self._lock:
             self._pending.append((posted, timeout_s, event, what))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
                 self._thread.start()
 
-    def oldest(self) -> tuple[float, float, str] | None:
+    def oldest(self) -> tuple[float, float, Label | str] | None:
         """(posted, timeout_s, what) of the oldest watched transfer not yet complete; forgets completed ones."""
         with self._lock:
             while self._pending and self._pending[0][2].query():
-                self._pending.pop(0)
+                self._pending.popleft()
             return None if not self._pending else (self._pending[0][0], self._pending[0][1], self._pending[0][3])
 
     def _run(self) -> None:
@@ -108,7 +126,7 @@ class Watchdog:
                 os._exit(EXIT_CODE)
 
 
-def _late(what: str, timeout_s: float) -> str:
+def _late(what: Label | str, timeout_s: float) -> str:
     return (f"streamfusion: {what} did not complete within {timeout_s:.0f} s (ParallelConfig.timeout_s): a peer "
             f"died, stalled or runs a different layer (see its log); raise timeout_s if a layer legitimately "
             f"takes longer")
@@ -117,7 +135,7 @@ def _late(what: str, timeout_s: float) -> str:
 _watchdog = Watchdog()
 
 
-def watch_stream(what: str, timeout_s: float, posted: float | None = None) -> torch.cuda.Event | None:
+def watch_stream(what: Label | str, timeout_s: float, posted: float | None = None) -> torch.cuda.Event | None:
     """Watch the work queued so far on the current CUDA stream (not while a CUDA graph is being captured)."""
     if torch.cuda.is_current_stream_capturing():
         return None
@@ -130,7 +148,7 @@ def watch_stream(what: str, timeout_s: float, posted: float | None = None) -> to
 class Watched:
     """A Handle whose wait names its transfer when it fails and, on a GPU, is watched until it completes."""
 
-    def __init__(self, inner: Handle, what: str, on_gpu: bool, timeout_s: float):
+    def __init__(self, inner: Handle, what: Label, on_gpu: bool, timeout_s: float):
         self.inner, self.what, self.on_gpu, self.timeout_s = inner, what, on_gpu, timeout_s
         self.posted = time.monotonic()
 
@@ -182,7 +200,7 @@ class WatchedTransport:
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
         return self.inner.recv_buffer(like, shape, peer, group)
 
-    def _post(self, what: str, like: Tensor | None, post: Callable[[], Handle]) -> Handle:
+    def _post(self, what: Label, like: Tensor | None, post: Callable[[], Handle]) -> Handle:
         try:
             handle = post()
         except (ValueError, MemoryError):
@@ -196,16 +214,16 @@ class WatchedTransport:
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
         got, sent = [p for _, p in recvs], [p for _, p in sends]
-        what = describe(self.layer, group, got, "from", sent) if got else describe(self.layer, group, sent, "to")
+        what = Label(self.layer, group, got, "from", sent) if got else Label(self.layer, group, sent, "to")
         like = next((t for t, _ in [*recvs, *sends]), None)
         return self._post(what, like, lambda: self.inner.exchange(sends, recvs, group))
 
     def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
                    input_splits: Sequence[int], group: Group) -> Handle:
-        what = describe(self.layer, group, [p for p in range(group.size) if p != group.index])
+        what = Label(self.layer, group)
         return self._post(what, output, lambda: self.inner.all_to_all(output, input, output_splits, input_splits,
                                                                       group))
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
-        what = describe(self.layer, group, [p for p in range(group.size) if p != group.index])
+        what = Label(self.layer, group)
         return self._post(what, output, lambda: self.inner.all_gather(output, input, group))
