@@ -19,6 +19,7 @@ from ..bench.workloads import MODELS as WORKLOADS
 from ..bench.workloads import Workload
 from ..config import METHODS, Layout, ParallelConfig, resolve_layout
 from ..links import PRESETS, Link, parse_link
+from ..mesh import world_group
 from . import Recipe, load_recipes
 from .rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu, torus_off, why_torus_off
 
@@ -169,7 +170,8 @@ def attention_plan(ctx, q: Tensor, seq_lens: list[int], joint_len: int):
         cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
         decide = ctx.global_rank == 0
         box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
-        dist.broadcast_object_list(box, src=0)  # every branch runs the same shapes together: one choice for all
+        # every branch runs the same shapes together: one choice for all, bounded by timeout_s
+        dist.broadcast_object_list(box, src=0, group=world_group(config.timeout_s))
         choice = ctx.chosen[key] = box[0]
         if decide:
             logger.info("streamfusion auto: %s (%s)", choice.layout, choice.why)
