@@ -41,6 +41,7 @@ def cfg_branches(machines: int, gpus_per_machine: int, cfg: int) -> tuple[tuple[
 
 
 _WORLDS: dict[tuple, dist.ProcessGroup] = {}
+_BRANCHES: dict[tuple, "CfgGroups"] = {}
 
 
 def world_group(timeout_s: float) -> dist.ProcessGroup:
@@ -76,7 +77,15 @@ class CfgGroups:
 
     @classmethod
     def of_branches(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float) -> "CfgGroups":
-        """Groups for branches the caller placed (xDiT's SP groups); collective, like `build`."""
+        """Groups for branches the caller placed (xDiT's SP groups); collective, like `build`, on first use: one
+        set per branches and timeout for the whole job, shared by every context (bench and tune hold many)."""
+        key = (dist.group.WORLD, tuple(map(tuple, branches)), rank, timeout_s)
+        if key not in _BRANCHES:
+            _BRANCHES[key] = cls._create(key[1], rank, timeout_s)
+        return _BRANCHES[key]
+
+    @classmethod
+    def _create(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float) -> "CfgGroups":
         timeout = datetime.timedelta(seconds=timeout_s)
 
         def mine(all_groups: tuple[tuple[int, ...], ...], name: str) -> Group:
