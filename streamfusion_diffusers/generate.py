@@ -28,31 +28,6 @@ from .phases import PhaseTimer
 from .spawn import run_local
 
 logger = logging.getLogger(__name__)
-class StepTimer:
-    """Per-step latency: from the first transformer call to each step's end, then from step end to step end."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.marks: list[float] = []
-
-    def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def start(self, *_: Any) -> None:
-        if not self.marks:
-            self.marks.append(self.now())
-
-    def step_end(self, _pipe: Any, _step: int, _timestep: Any, callback_kwargs: dict) -> dict:
-        self.marks.append(self.now())
-        return callback_kwargs
-
-    @property
-    def latencies(self) -> list[float]:
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
-
-
 def _write_output(job: Job, result: Any) -> list[str]:
     out = Path(job.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,13 +67,10 @@ def run_rank(job: Job) -> dict | None:
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
-    timer = StepTimer(device)
-    transformer.register_forward_pre_hook(timer.start)
     kwargs: dict[str, Any] = dict(prompt=job.prompt, height=job.height, width=job.width,
                                   num_inference_steps=job.steps, guidance_scale=job.guidance_scale,
                                   max_sequence_length=job.max_sequence_length,
                                   generator=torch.Generator("cpu").manual_seed(job.seed),
-                                  callback_on_step_end=timer.step_end,
                                   output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent")
     if job.spec.family == "cogvideox":
         kwargs["num_frames"] = job.frames
@@ -108,7 +80,7 @@ def run_rank(job: Job) -> dict | None:
     phases = PhaseTimer(device)
     with torch.inference_mode():
         result = phases.call(pipe, **kwargs)
-    finished = timer.now()
+    finished = phases.now()
     if rank != 0:
         return None
     record = {
@@ -120,7 +92,7 @@ def run_rank(job: Job) -> dict | None:
         "cuda_graph": job.cuda_graph,
         "layout": str(ctx.layout(transformer.config.num_attention_heads)), "cfg": ctx.cfg.degree,
         "layout_choice": sorted({c.why for c in ctx.chosen.values()}) or None,  # method auto: why
-        "step_latency_s": timer.latencies, "phases_s": phases.seconds,
+        "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
         "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
     }

@@ -21,13 +21,17 @@ class PhaseTimer:
 
     text_encoding: every `encode_prompt` call (Flux with true CFG makes two). denoising: from the first
     transformer call's start to the last one's end, scheduler steps between them included. decode: every
-    `vae.decode` call. total: the whole `pipe(...)` call, measured by `call`.
+    `vae.decode` call. total: the whole `pipe(...)` call, measured by `call`, which also keeps the last call's
+    per-step latencies (`step_latencies`: first transformer call to the first step's end, then step end to
+    step end).
     """
 
     def __init__(self, device: torch.device):
         self.device = device
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.step_latencies: list[float] = []
         self._denoise: list[float] = []  # [start of the first transformer call, end of the latest one]
+        self._step_ends: list[float] = []
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -71,14 +75,22 @@ class PhaseTimer:
                     setattr(obj, name, previous)
 
     def call(self, pipe: Any, **kwargs: Any) -> Any:
-        """pipe(**kwargs) with its phases added to `seconds`."""
-        self._denoise = []
+        """pipe(**kwargs) with its phases added to `seconds` and its steps in `step_latencies`."""
+        self._denoise, self._step_ends = [], []
+        user_callback = kwargs.pop("callback_on_step_end", None)
+
+        def step_end(pipe_: Any, step: int, timestep: Any, callback_kwargs: dict) -> dict:
+            self._step_ends.append(self.now())
+            return user_callback(pipe_, step, timestep, callback_kwargs) if user_callback else callback_kwargs
+
         with self.attach(pipe):
             start = self.now()
-            out = pipe(**kwargs)
+            out = pipe(**kwargs, callback_on_step_end=step_end)
             self.seconds["total"] += self.now() - start
         if self._denoise:
             self.seconds["denoising"] += self._denoise[1] - self._denoise[0]
+            marks = [self._denoise[0], *self._step_ends]
+            self.step_latencies = [b - a for a, b in zip(marks, marks[1:])]
         return out
 
 
