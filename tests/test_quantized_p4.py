@@ -37,17 +37,19 @@ def _outputs(pool, config: ParallelConfig, problem: Problem) -> tuple[torch.Tens
 @pytest.mark.parametrize("comm_dtype", CODECS)
 def test_codec_round_trip(comm_dtype):
     codec = CODECS[comm_dtype]
-    x = torch.randn(3, 5, 4, 64) * torch.logspace(-3, 3, 5).view(1, 5, 1, 1)
+    x = torch.randn(3, 5, 4, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 5).view(1, 5, 1, 1)
     x[0, 0, 0] = 0.0  # an all-zero row must not divide by zero
-    data, scale = codec.encode(x)
-    assert data.dtype == torch.uint8 and data.shape == x.shape and scale.shape == x.shape[:-1]
-    assert torch.equal(data.view(codec.dtype).float().abs().amax(-1)[1:], torch.full((2, 5, 4), codec.top))
-    back = codec.decode(data, scale, torch.empty_like(x))
+    wire = codec.encode(x)
+    assert wire.dtype == torch.uint8 and wire.numel() == x.numel() + 4 * x[..., 0].numel()  # one message
+    data, scale = codec.parts(wire, x.shape)
+    assert data.shape == x.shape and scale.shape == x.shape[:-1]
+    assert torch.equal(data.float().abs().amax(-1)[1:], torch.full((2, 5, 4), codec.top))
+    back = codec.decode(wire, torch.empty_like(x))
     assert torch.equal(back[0, 0, 0], x[0, 0, 0])
     amax = x.abs().amax(-1, keepdim=True)
     step = amax * 2.0 ** -4 if comm_dtype == "fp8" else amax / 254  # half an e4m3 ulp / half an int8 step
     assert ((back - x).abs() <= step * 1.0001).all()
-    assert _rel(back, x.double()) < TOL[comm_dtype] / 2
+    assert _rel(back, x.double()) < TOL[comm_dtype] * 0.6  # fp8: about 2.5 % rms (half-ulp steps), int8 0.7 %
 
 
 # (mesh, method, ulysses degree) -> whether some exchange (Torus stage or ring pass) crosses machines; Ulysses
