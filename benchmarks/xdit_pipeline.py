@@ -100,11 +100,11 @@ def check(name: str, text: int, engine_config: Any, args: argparse.Namespace) ->
     pipe = quiet(build_pipeline(name, dtype=torch.bfloat16, device="cuda"))
     call = call_args(name, text, {})
     reference = transformer_output(pipe, call)  # the whole model on one GPU, before xfuser wraps it
+    xpipe = wrap(pipe, engine_config)  # wrapping the first pipeline makes xfuser's parallel groups
     sp, sp_rank = get_sequence_parallel_world_size(), get_sequence_parallel_rank()
     if engine_config.parallel_config.cfg_degree > 1:
         reference = reference.chunk(2, dim=0)[dist.get_rank() // sp]
     expected = reference.chunk(sp, dim=1 if family == "flux" else 3)[sp_rank]
-    xpipe = wrap(pipe, engine_config)
     outputs = {"xfuser-usp": transformer_output(xpipe, call)}
     for method in args.methods:
         xdit.enable(xpipe, method=method, machines=args.machines, backend=args.backend)
