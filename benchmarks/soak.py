@@ -31,6 +31,9 @@ from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.parallelize import parallelize, unparallelize
 
 WARMUP = {"layer": 20, "step": 3}
+# Allocated bytes must not move at all. The peak may move by one block of the caching allocator (2 MiB: a
+# different free order splits a segment differently at the transient maximum); a leak shows in allocated bytes.
+PEAK_SLACK = 2 << 20
 
 
 def memory(device: torch.device) -> tuple[int, int, int]:
@@ -65,7 +68,8 @@ def soak(run, count: int, level: str, device: torch.device) -> dict:
     dist.all_reduce(differ, op=dist.ReduceOp.MAX)
     return {"count": count, "ms_each": 1e3 * seconds / count, "differing": int(differ),
             "allocated": [warm[0], half[0], end[0]], "peak": [warm[1], half[1], end[1]],
-            "host_resident": [warm[2], half[2], end[2]], "flat": warm[0] == end[0] and half[1] == end[1]}
+            "host_resident": [warm[2], half[2], end[2]],
+            "flat": warm[0] == end[0] and end[1] - half[1] <= PEAK_SLACK}
 
 
 def main() -> None:

@@ -137,10 +137,13 @@ def vae_table(results: list[dict]) -> list[tuple[str, bool | None]]:
                           f"{row['rel_vs_untiled']:.1e} | {row['peak_gib']:.1f} |", None))
     for res in results:
         ours = res["rows"][2]
-        tol = EXACT_TOL[res["dtype"]]
+        # issue 14: equal to the untiled decode within the tolerance of diffusers' own tiled decode; float32 (where
+        # rounding cannot hide a wrong halo) must be exact, low precision may differ as much as the tiles do
+        tiled = res["rows"][1]["rel_vs_untiled"]
+        tol = EXACT_TOL[res["dtype"]] if res["dtype"] == "float32" else max(EXACT_TOL[res["dtype"]], tiled)
         lines.append((f"vae {res['vae']} {res['dtype']}: patch-parallel over {res['world']} ranks vs one-GPU untiled "
-                      f"rel diff {ours['rel_vs_untiled']:.1e} (<= {tol:g}; tile split "
-                      f"{res['rows'][1]['rel_vs_untiled']:.1e})", ours["rel_vs_untiled"] <= tol))
+                      f"rel diff {ours['rel_vs_untiled']:.1e} (<= {tol:.1e}; tile split {tiled:.1e})",
+                      ours["rel_vs_untiled"] <= tol))
         if "ms" in ours and res["world"] >= 4:  # issue 14's bar, set for 4 GPUs
             ratio = ours["ms"] / res["rows"][0]["ms"]
             lines.append((f"vae {res['vae']}: patch-parallel on {res['world']} GPUs {ratio:.2f} x one GPU "
