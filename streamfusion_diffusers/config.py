@@ -38,8 +38,10 @@ class ParallelConfig:
     looks (a packaged name, a YAML file or a folder of them; None: the packaged recipes). cfg: classifier-free-
     guidance parallelism, 1 or 2 branches (world = cfg x SP degree; each branch computes one half of the
     guidance batch over its own SP group) or "auto" (2 when the transformer's first batch is 2 and the world
-    splits in two, else 1). comm_dtype: "fp8" (float8_e4m3fn) or "int8" sends the chunks that cross machines as
-    one byte per value with per-token-and-head scales (backends/quantized.py); None sends them as they are.
+    splits in two, else 1). comm_dtype: "int8" or "fp8" (float8_e4m3fn) sends every chunk that crosses machines
+    (Torus Pull Q, Pull KV, Push O; ring passes) as one byte per value with per-token-and-head scales
+    (backends/quantized.py); None sends them as they are. int8 is the more accurate (about 0.65 % rms per
+    value against e4m3's 2.6 %; a Torus layer over 2 machines: 1.0e-2 against 3.7e-2), at the same bytes.
     """
 
     machines: int = 1

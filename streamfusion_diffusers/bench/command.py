@@ -73,9 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-machine", type=int, default=None, help="default: world size / N (8 locally)")
     parser.add_argument("--backend", default="torch", help="transport of our methods: torch or nvshmem")
     parser.add_argument("--emulate-link", default=None, help="slow the inter-machine link: dgx, p4de, p5 or GBPS:US")
-    parser.add_argument("--comm-dtype", choices=("fp8", "int8"), default=None,
-                        help="send inter-machine chunks as 1-byte values with per-token-and-head scales (checked "
-                             f"against a relative error of {LOWP_REL_TOLERANCE:g} instead of the exact tolerance)")
+    parser.add_argument("--comm-dtype", choices=("int8", "fp8"), default=None,
+                        help="send every inter-machine chunk (Torus Pull Q, Pull KV, Push O; ring passes) as 1-byte "
+                             "values with per-token-and-head scales, int8 or fp8 (float8_e4m3fn) (checked against a "
+                             f"relative error of {LOWP_REL_TOLERANCE:g} instead of the exact tolerance)")
     parser.add_argument("--variants", default="eager",
                         help=f"comma-separated ways to run our layouts, each timed beside the others: "
                              f"{', '.join(variants.VARIANTS)} (cuda-graph at layer and step level; waves2 and "
