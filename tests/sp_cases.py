@@ -79,7 +79,11 @@ def reference(problem: Problem) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def check(pool, config: ParallelConfig, problem: Problem, pass_lens: bool = True) -> None:
     """Run the problem on every rank of the pool and compare with the reference; fails with the seed."""
-    results = pool.run(run_rank, config, problem, pass_lens)
+    compare(config, problem, pool.run(run_rank, config, problem, pass_lens))
+
+
+def compare(config: ParallelConfig, problem: Problem, results: list) -> None:
+    """Every rank's run_rank result against the single-process reference."""
     ref, ref_joint = reference(problem)
     got = torch.cat([out for out, _ in results], dim=1)
     assert got.shape == ref.shape, (got.shape, ref.shape)

@@ -3,11 +3,16 @@
 Every transfer is posted with async_op=True; NCCL runs it on its own stream, so attention queued on the
 compute stream overlaps it until `wait()` adds the stream dependency. Hangs are bounded by the timeout the
 mesh's process groups were created with.
+
+Inside a CUDA-graph capture, `exchange` sends its bytes as one all-to-all instead of NCCL send/recv: captured
+send/recv pairs hung at their first replay on 2 x H200 (usp U1R2, torus U2R1T2; 2026-11-23) while captured
+all-to-alls replay fine (Ulysses). The price is a pack and an unpack copy, paid only by graphed layers.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -32,10 +37,12 @@ class TorchTransport:
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
+        if any(peer == group.index for _, peer in sends):
+            raise ValueError("a rank does not send to itself; copy locally instead")
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return exchange_as_all_to_all(sends, recvs, group)
         ops = []
         for tensor, peer in sends:
-            if peer == group.index:
-                raise ValueError("a rank does not send to itself; copy locally instead")
             if tensor.numel():
                 ops.append(dist.P2POp(dist.isend, tensor.contiguous(), group=group.pg, group_peer=peer))
         for buffer, peer in recvs:
@@ -58,3 +65,43 @@ class TorchTransport:
             return Done()
         flat = output.view(-1, *input.shape[1:])  # gloo wants the peers concatenated along dim 0, not stacked
         return _all_gather_single(flat, input.contiguous(), group=group.pg, async_op=True)
+
+
+class _Unpacked:
+    """Handle of `exchange_as_all_to_all`: once the bytes arrived, each receive buffer gets its piece."""
+
+    def __init__(self, work: Handle, pieces: list[tuple[Tensor, Tensor]]):
+        self.work, self.pieces = work, pieces
+
+    def wait(self) -> None:
+        self.work.wait()
+        for buffer, piece in self.pieces:
+            _bytes(buffer).copy_(piece)
+        self.pieces = []
+
+
+def _bytes(t: Tensor) -> Tensor:
+    return t.view(-1).view(torch.uint8)  # a view: receive buffers are contiguous (a copy would be lost)
+
+
+def exchange_as_all_to_all(sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
+                           group: Group) -> Handle:
+    """`exchange` as one all-to-all of bytes over the whole group: per peer, the sends (and receives) in the
+    order given, as send/recv match them. Every member of the group must call it (the schedules' exchanges are
+    collective: every rank of a ring or torus group exchanges at the same step)."""
+    to_peer: list[list[Tensor]] = [[] for _ in range(group.size)]
+    from_peer: list[list[Tensor]] = [[] for _ in range(group.size)]
+    for tensor, peer in sends:
+        to_peer[peer].append(_bytes(tensor.contiguous()))
+    for buffer, peer in recvs:
+        from_peer[peer].append(buffer)
+    device = next(t for t, _ in [*sends, *recvs]).device
+    flat = [b for chunks in to_peer for b in chunks]
+    send = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=device)
+    sizes = [[b.numel() * b.element_size() for b in chunks] for chunks in from_peer]
+    received = torch.empty(sum(map(sum, sizes)), dtype=torch.uint8, device=device)
+    work = dist.all_to_all_single(received, send, [sum(s) for s in sizes],
+                                  [sum(b.numel() for b in chunks) for chunks in to_peer], group=group.pg,
+                                  async_op=True)
+    buffers = [b for chunks in from_peer for b in chunks]
+    return _Unpacked(work, list(zip(buffers, received.split([n for s in sizes for n in s]))))
