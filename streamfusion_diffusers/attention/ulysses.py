@@ -20,32 +20,40 @@ def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
     return [seq_lens[lay.rank(mesh.t, u, mesh.r)] for u in range(lay.ulysses_intra)]
 
 
-def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> list[Tensor]:
-    """[B, L_rank, H, D] tensors -> [T, B, L_part, h, D]: this rank's heads over its intra-Ulysses peers' slices."""
-    return post_scatter_heads(xs, mesh, transport, seq_lens)()
+def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int],
+                  front: Sequence[Tensor] = ()) -> list[Tensor]:
+    """[B, L_rank, H, D] tensors -> [T, B, L_part, h, D]: this rank's heads over its intra-Ulysses peers' slices.
+
+    front (T = 1 only): one [B, J, h, D] tensor per x, its rows put before the sequence in the result, so that
+    tokens every rank holds (the joint text) join it without a concatenation later."""
+    return post_scatter_heads(xs, mesh, transport, seq_lens, front)()
 
 
-def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport,
-                       seq_lens: Sequence[int]) -> Callable[[], list[Tensor]]:
+def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int],
+                       front: Sequence[Tensor] = ()) -> Callable[[], list[Tensor]]:
     """`scatter_heads` in two halves: post the all-to-all now, and return the call that waits for it, so that
     other work (the next wave's projections, waves.py) runs while it travels."""
     lay = mesh.layout
     n_t, n_u, me = lay.torus, lay.ulysses_intra, mesh.u
     b, length, heads, d = xs[0].shape
     h = heads // (n_t * n_u)
+    if front and n_t > 1:
+        raise ValueError("scatter_heads puts rows in front of the sequence only with torus degree 1")
     parts = [x.view(b, length, n_t, n_u, h, d).permute(3, 2, 0, 1, 4, 5) for x in xs]  # [U', T, B, L, h, D]
-    if n_u == 1:
+    if n_u == 1 and not front:
         out = [p[0].contiguous() for p in parts]
         return lambda: out
     # one all-to-all for all of xs (Q, K and V together) and one copy each way: the pieces for the other peers
     # packed once, and every piece, the local one too, received straight into its rows of the result
     lens = _peer_lens(mesh, seq_lens)
-    starts = [sum(lens[:j]) for j in range(n_u)]
-    out = [x.new_empty((n_t, b, sum(lens), h, d)) for x in xs]
+    skip = front[0].shape[1] if front else 0
+    starts = [skip + sum(lens[:j]) for j in range(n_u)]
+    out = [x.new_empty((n_t, b, skip + sum(lens), h, d)) for x in xs]
     packed = _pack_others(parts, me)
-    sends = [[p[me, tau] for p in parts for tau in range(n_t)] if j == me else
+    sends = [[p[me, tau] for p in parts for tau in range(n_t)] + list(front) if j == me else
              [p[j - (j > me), tau] for p in packed for tau in range(n_t)] for j in range(n_u)]
     recvs = [[o[tau, :, starts[j]:starts[j] + lens[j]] for o in out for tau in range(n_t)] for j in range(n_u)]
+    recvs[me] += [o[0, :, :skip] for o in out[: len(front)]]
     handle = transport.all_to_all(sends, recvs, mesh.ulysses)
 
     def finish() -> list[Tensor]:
