@@ -2,7 +2,8 @@
 
 Every method is the same three steps on the mesh (torus T, intra-Ulysses U', ring R):
 scatter heads over the intra-Ulysses group, run the Torus schedule (a single ring pass when T = 1, one
-attention call when T = R = 1), gather heads back. ulysses = (1, P, 1), ring = (1, 1, P), usp/tas = (1, U, R), torus = (T, U/T, R).
+attention call when T = R = 1), gather heads back.
+ulysses = (1, P, 1), ring = (1, 1, P), usp/tas = (1, U, R), torus = (T, U/T, R).
 """
 from __future__ import annotations
 
