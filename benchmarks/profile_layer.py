@@ -5,11 +5,12 @@
 
 Cases: any of our methods (ParallelConfig.method, on --backend) and "xdit-usp" (yunchang's USP at U = P, R = 1,
 as bench runs it). Rank 0 prints one row per case, every figure in ms per layer: the wall time (CUDA events,
-interleaved with the other cases, median of the slowest rank), the GPU's busy time (the union of every kernel's
-interval, any stream: wall - busy is time no kernel ran, host gaps and launch latency), the kernels' time by
-kind (attention, communication, copies and elementwise, other; summed over streams, so they can exceed busy
-where transfers overlap compute), the host time to issue one call, and the largest difference of our output
-from the first xDiT case's. Then each case's top kernels.
+interleaved with the other cases, median of the slowest rank); the GPU's busy time (the union of every kernel's
+interval on any stream: wall - busy is time no kernel ran, host gaps and launch latency); the attention
+kernels' time and wall - attention (what the layer spends beyond attention); the communication, copy and
+elementwise, and other kernels' time (summed over streams: with attention they can exceed busy where transfers
+overlap compute); the host time to issue one call; the largest difference from the xDiT case's output.
+Then each case's top kernels.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ KINDS = [  # (kind, substrings of kernel names), first match wins
     ("comm", ("nccl", "nvshmem", "barrier", "signal", "p2p", "ptop", "memcpy peer")),
     ("copy+ew", ("copy", "cat", "memcpy", "memset", "elementwise", "reduce", "fill", "index", "merge", "stack")),
 ]
-COLUMNS = ["wall", "busy", "attention", "comm", "copy+ew", "other", "host"]
+COLUMNS = ["wall", "busy", "attention", "wall-attn", "comm", "copy+ew", "other", "host"]
 
 
 def kind_of(name: str) -> str:
@@ -128,6 +129,7 @@ def main() -> int:
         for (label, _), call, wall, out in zip(cases, calls, walls, outs):
             row, top = profiled(call, args.iters, device)
             row.update(wall=wall.median, host=host_ms(call, device))
+            row["wall-attn"] = row["wall"] - row["attention"]
             diff = "-" if ref is None or out is ref else f"{(out.float() - ref.float()).abs().max().item():.1e}"
             if rank == 0:
                 print(f"{workload:<10} {label:<20}" + "".join(f"{row[c]:10.3f}" for c in COLUMNS) + f"{diff:>9}")
