@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..mesh import Group
-from .base import Done, Handle
+from .base import Handle
 from .nvshmem_pool import Mailbox
 from .nvshmem_runtime import Runtime, finalize, start
 
