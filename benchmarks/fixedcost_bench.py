@@ -96,6 +96,13 @@ def tasks(args: argparse.Namespace, p: int) -> list:
     return out
 
 
+def _flat_all_to_all(recv: Tensor, send: Tensor, recv_splits: list[int], send_splits: list[int], mesh,
+                     transport) -> None:
+    """The flat all-to-all of before issue 11: one piece per peer, split off a flat buffer."""
+    pieces = [[p] for p in send.split(send_splits)], [[p] for p in recv.split(recv_splits)]
+    transport.all_to_all(*pieces, mesh.ulysses).wait()
+
+
 def _scatter_before(xs: list[Tensor], mesh, transport, lens: list[int]) -> list[Tensor]:
     """`scatter_heads` as it was before issue 11 (kept here to compare in one job): two copies each way."""
     n_t, n_u = mesh.layout.torus, mesh.layout.ulysses_intra
@@ -105,8 +112,8 @@ def _scatter_before(xs: list[Tensor], mesh, transport, lens: list[int]) -> list[
     peer = _peer_lens(mesh, lens)
     per_token = len(xs) * b * n_t * h * d
     recv = send.new_empty(per_token * sum(peer))
-    transport.all_to_all(recv, send.view(-1), [per_token * n for n in peer], [per_token * length] * n_u,
-                         mesh.ulysses).wait()
+    _flat_all_to_all(recv, send.view(-1), [per_token * n for n in peer], [per_token * length] * n_u, mesh,
+                     transport)
     pieces = [x.view(len(xs), b, n, n_t, h, d) for x, n in zip(recv.split([per_token * n for n in peer]), peer)]
     return list(torch.cat(pieces, dim=2).permute(0, 3, 1, 2, 4, 5).contiguous().unbind(0))
 
@@ -121,7 +128,7 @@ def _gather_before(out: list[Tensor], mesh, transport, lens: list[int]) -> Tenso
     send = torch.cat([x.reshape(-1) for x in stacked.split(peer, dim=1)])
     per_token = b * n_t * h * d
     recv = send.new_empty(n_u * per_token * length)
-    transport.all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in peer], mesh.ulysses).wait()
+    _flat_all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in peer], mesh, transport)
     return recv.view(n_u, b, length, n_t, h, d).permute(1, 2, 3, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)
 
 

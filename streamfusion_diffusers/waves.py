@@ -113,18 +113,19 @@ def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenL
 
 def _attend(parts, part_lens, shard, mesh, transport, lens, wave_lens, scale, kernel) -> list[Callable[[], Tensor]]:
     """Attention of every wave's queries over every wave's keys; returns each wave's posted output all-to-all."""
-    keys = [torch.cat([p[i] for p in parts], dim=2) for i in (1, 2)]  # [T, B, L_part, h, D], waves in a row
     if mesh.layout.torus == 1 and mesh.layout.ring == 1:  # attention is local: one wave's queries at a time
-        kv = [(keys[0][0], keys[1][0])]
-        extra = [(shard.k, shard.v)] if shard is not None else []
+        # every key, the joint ones first, joined once (not once per attention call) into one K and one V
+        front = [(shard.k, shard.v)] if shard is not None else []
+        kv = [tuple(torch.cat([f[i] for f in front] + [p[i + 1][0] for p in parts], dim=1) for i in (0, 1))]
         if shard is not None:
-            attend_chunks([shard.partial], [shard.q], extra + kv, scale, kernel, finalize=True)
+            attend_chunks([shard.partial], [shard.q], kv, scale, kernel, finalize=True)
         gathers = []
         for w, (q, _, _) in enumerate(parts):
             partial = Partial()
-            attend_chunks([partial], [q[0]], extra + kv, scale, kernel, finalize=True)
+            attend_chunks([partial], [q[0]], kv, scale, kernel, finalize=True)
             gathers.append(post_gather_heads([finished(partial, q[0])], mesh, transport, wave_lens[w]))
         return gathers
+    keys = [torch.cat([p[i] for p in parts], dim=2) for i in (1, 2)]  # [T, B, L_part, h, D], waves in a row
     queries = torch.cat([p[0] for p in parts], dim=2)
     out = TorusSchedule(queries, *keys, mesh, transport, lens, shard, scale, kernel).run()
     pieces = [o.split(part_lens, dim=1) for o in out]

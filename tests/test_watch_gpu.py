@@ -26,7 +26,7 @@ STUCK_LAYERS = textwrap.dedent("""
     try:
         for _ in range(20):
             transport.begin_layer(0)
-            transport.all_to_all(torch.empty_like(x), x, [64], [64], alone).wait()  # a CUDA transfer: watched
+            transport.all_to_all([[x]], [[torch.empty_like(x)]], alone).wait()  # a CUDA transfer: watched
             torch.cuda._sleep(int(5e10))  # then the layer takes far longer than timeout_s
             transport.end_layer()
     except TransferFailed as err:

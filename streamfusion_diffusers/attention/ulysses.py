@@ -20,46 +20,59 @@ def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
     return [seq_lens[lay.rank(mesh.t, u, mesh.r)] for u in range(lay.ulysses_intra)]
 
 
-def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> list[Tensor]:
-    """[B, L_rank, H, D] tensors -> [T, B, L_part, h, D]: this rank's heads over its intra-Ulysses peers' slices."""
-    return post_scatter_heads(xs, mesh, transport, seq_lens)()
+def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int],
+                  front: Sequence[Tensor] = ()) -> list[Tensor]:
+    """[B, L_rank, H, D] tensors -> [T, B, L_part, h, D]: this rank's heads over its intra-Ulysses peers' slices.
+
+    front (T = 1 only): one [B, J, h, D] tensor per x, its rows put before the sequence in the result, so that
+    tokens every rank holds (the joint text) join it without a concatenation later."""
+    return post_scatter_heads(xs, mesh, transport, seq_lens, front)()
 
 
-def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport,
-                       seq_lens: Sequence[int]) -> Callable[[], list[Tensor]]:
-    """`scatter_heads` in two halves: post the all-to-all now, and return the call that waits for it and lays
-    the result out, so that other work (the next wave's projections, waves.py) runs while it travels."""
+def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int],
+                       front: Sequence[Tensor] = ()) -> Callable[[], list[Tensor]]:
+    """`scatter_heads` in two halves: post the all-to-all now, and return the call that waits for it, so that
+    other work (the next wave's projections, waves.py) runs while it travels."""
     lay = mesh.layout
-    n_t, n_u = lay.torus, lay.ulysses_intra
+    n_t, n_u, me = lay.torus, lay.ulysses_intra, mesh.u
     b, length, heads, d = xs[0].shape
     h = heads // (n_t * n_u)
-    if n_u == 1:
-        out = [x.view(b, length, n_t, h, d).permute(2, 0, 1, 3, 4).contiguous() for x in xs]
+    if front and n_t > 1:
+        raise ValueError("scatter_heads puts rows in front of the sequence only with torus degree 1")
+    parts = [x.view(b, length, n_t, n_u, h, d).permute(3, 2, 0, 1, 4, 5) for x in xs]  # [U', T, B, L, h, D]
+    if n_u == 1 and not front:
+        out = [p[0].contiguous() for p in parts]
         return lambda: out
-    # one all-to-all for all of xs (Q, K and V together), and one copy each way: every tensor goes straight into
-    # its slot of the peer-major send buffer [U', n, B, L, T, h, D], and every peer's piece straight into its rows
-    # of the result [n, T, B, L_part, h, D]
-    n = len(xs)
-    send = torch.stack([x.view(b, length, n_t, n_u, h, d).permute(3, 0, 1, 2, 4, 5) for x in xs], dim=1)
+    # one all-to-all for all of xs (Q, K and V together) and one copy each way: the pieces for the other peers
+    # packed once, and every piece, the local one too, received straight into its rows of the result
     lens = _peer_lens(mesh, seq_lens)
-    per_token = n * b * n_t * h * d
-    recv = send.new_empty(per_token * sum(lens))
-    handle = transport.all_to_all(recv, send.view(-1), [per_token * m for m in lens], [per_token * length] * n_u,
-                                  mesh.ulysses)
+    skip = front[0].shape[1] if front else 0
+    starts = [skip + sum(lens[:j]) for j in range(n_u)]
+    out = [x.new_empty((n_t, b, skip + sum(lens), h, d)) for x in xs]
+    packed = _pack_others(parts, me)
+    sends = [[p[me, tau] for p in parts for tau in range(n_t)] + list(front) if j == me else
+             [p[j - (j > me), tau] for p in packed for tau in range(n_t)] for j in range(n_u)]
+    recvs = [[o[tau, :, starts[j]:starts[j] + lens[j]] for o in out for tau in range(n_t)] for j in range(n_u)]
+    recvs[me] += [o[0, :, :skip] for o in out[: len(front)]]
+    handle = transport.all_to_all(sends, recvs, mesh.ulysses)
 
     def finish() -> list[Tensor]:
         handle.wait()
-        if len(set(lens)) == 1:  # equal slices: the whole receive buffer in one copy
-            gathered = recv.view(n_u, n, b, length, n_t, h, d).permute(1, 4, 2, 0, 3, 5, 6)
-            return list(gathered.reshape(n, n_t, b, n_u * length, h, d).unbind(0))
-        gathered = recv.new_empty((n, n_t, b, sum(lens), h, d))
-        start = 0
-        for piece, m in zip(recv.split([per_token * m for m in lens]), lens):
-            gathered[:, :, :, start:start + m] = piece.view(n, b, m, n_t, h, d).permute(0, 3, 1, 2, 4, 5)
-            start += m
-        return list(gathered.unbind(0))
+        return out
 
     return finish
+
+
+def _pack_others(parts: Sequence[Tensor], me: int) -> Tensor:
+    """[n, U' - 1, T, B, L, h, D]: each tensor's pieces for every peer but `me`, contiguous (two copies at most)."""
+    n_u = parts[0].shape[0]
+    packed = parts[0].new_empty((len(parts), n_u - 1, *parts[0].shape[1:]))
+    for dst, src in zip(packed, parts):
+        if me > 0:
+            dst[:me].copy_(src[:me])
+        if me < n_u - 1:
+            dst[me:].copy_(src[me + 1:])
+    return packed
 
 
 def gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> Tensor:
@@ -71,27 +84,21 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
                       seq_lens: Sequence[int]) -> Callable[[], Tensor]:
     """`gather_heads` in two halves, as `post_scatter_heads`."""
     lay = mesh.layout
-    n_t, n_u = lay.torus, lay.ulysses_intra
+    n_t, n_u, me = lay.torus, lay.ulysses_intra, mesh.u
     b, _, h, d = out[0].shape
-    one = n_t == 1 and out[0].is_contiguous()
-    stacked = out[0].unsqueeze(2) if one else torch.stack(list(out), dim=2)  # [B, L_part, T, h, D]
     if n_u == 1:
-        result = stacked.reshape(b, -1, n_t * h, d)
+        result = out[0] if n_t == 1 else torch.stack(list(out), dim=2).reshape(b, -1, n_t * h, d)
         return lambda: result
     lens = _peer_lens(mesh, seq_lens)
-    length = lens[mesh.u]
-    if b == 1:  # peers' rows are consecutive: already peer-major, sent as it lies (no copy with one head part)
-        send = stacked.view(-1)
-    else:
-        send = torch.cat([p.reshape(-1) for p in stacked.split(lens, dim=1)])  # peer-major: [U', B, L, T, h, D]
-    per_token = b * n_t * h * d
-    recv = send.new_empty(n_u * per_token * length)
-    handle = transport.all_to_all(recv, send, [per_token * length] * n_u, [per_token * n for n in lens],
-                                  mesh.ulysses)
+    length, starts = lens[me], [sum(lens[:j]) for j in range(n_u)]
+    # each head part's rows of peer j go as they lie (views; batch 1 needs no copy) into one [U', T, B, L, h, D]
+    recv = out[0].new_empty((n_u, n_t, b, length, h, d))
+    sends = [[o[:, starts[j]:starts[j] + lens[j]] for o in out] for j in range(n_u)]
+    handle = transport.all_to_all(sends, [list(recv[j]) for j in range(n_u)], mesh.ulysses)
 
     def finish() -> Tensor:
         handle.wait()
-        # recv: [U', B, L, T, h, D] -> [B, L, T, U', h, D] -> [B, L, H, D]
-        return recv.view(n_u, b, length, n_t, h, d).permute(1, 2, 3, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)
+        # [U', T, B, L, h, D] -> [B, L, T, U', h, D] -> [B, L, H, D]: the one layout copy of the output
+        return recv.permute(2, 3, 1, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)
 
     return finish

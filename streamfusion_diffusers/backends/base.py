@@ -35,9 +35,13 @@ class Transport(Protocol):
                  group: Group) -> Handle:
         """Send each tensor to its peer and receive each buffer from its peer, all in flight together."""
 
-    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
-                   input_splits: Sequence[int], group: Group) -> Handle:
-        """Flat all-to-all: input[sum(input_splits[:j]):][:input_splits[j]] goes to peer j; likewise received."""
+    def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
+                   group: Group) -> Handle:
+        """All-to-all of pieces: peer j's recvs[me][n] receives this rank's sends[j][n] (same shape), every
+        piece of every peer in one collective; sends[me] is copied into recvs[me] while the others travel.
+        A receive may be any view, a strided slice of the caller's result included: where a transport cannot
+        write it in place it receives into a buffer and copies it there at wait(). So the caller lays out
+        its result in the transfer itself, with no layout copy after it."""
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
         """output[i] = peer i's input (output has a leading dimension of the group's size)."""
@@ -60,3 +64,17 @@ class Handles:
         for handle in self._handles:
             handle.wait()
         self._handles = []
+
+
+class Placed:
+    """A Handle whose received buffers stand in for views the transport could not write: wait() copies each
+    buffer into its view once the transfer has arrived."""
+
+    def __init__(self, inner: Handle, copies: Sequence[tuple[Tensor, Tensor]]):
+        self._inner, self._copies = inner, list(copies)
+
+    def wait(self) -> None:
+        self._inner.wait()
+        for view, buffer in self._copies:
+            view.copy_(buffer)
+        self._copies = []

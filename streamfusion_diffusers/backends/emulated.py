@@ -120,12 +120,11 @@ class EmulatedTransport:
         received = [t.numel() * t.element_size() for t, peer in recvs if self._remote(group, peer)]
         return self._delayed(handle, sent, received)
 
-    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
-                   input_splits: Sequence[int], group: Group) -> Handle:
-        handle = self.inner.all_to_all(output, input, output_splits, input_splits, group)
-        size = input.element_size()
-        sent = [n * size for peer, n in enumerate(input_splits) if n and self._remote(group, peer)]
-        received = [n * size for peer, n in enumerate(output_splits) if n and self._remote(group, peer)]
+    def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
+                   group: Group) -> Handle:
+        handle = self.inner.all_to_all(sends, recvs, group)
+        sent, received = ([t.numel() * t.element_size() for peer, ts in enumerate(pieces) if self._remote(group, peer)
+                           for t in ts if t.numel()] for pieces in (sends, recvs))
         return self._delayed(handle, sent, received)
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..mesh import Group
-from .base import Done, Handle
+from .base import Handle
 from .nvshmem_pool import Mailbox
 from .nvshmem_runtime import Runtime, finalize, start
 
@@ -107,17 +107,16 @@ class NvshmemTransport:
         self.scatter_push([(t, group.ranks[peer]) for t, peer in sends], stream)
         return Arrival(self, self._signals([buf for buf, _ in recvs]))
 
-    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
-                   input_splits: Sequence[int], group: Group) -> Handle:
-        if group.size == 1:
-            output.copy_(input)
-            return Done()
-        me, rest = group.index, output.shape[1:]
-        outs, ins = output.split(list(output_splits)), input.split(list(input_splits))
-        views = {j: self.recv_buffer(output, (output_splits[j], *rest), j, group) for j in range(group.size) if j != me}
-        self.scatter_push([(ins[j], group.ranks[j]) for j in views], self.stream_other)
-        outs[me].copy_(ins[me])
-        return Arrival(self, self._signals(views.values()), [(outs[j], v) for j, v in views.items()])
+    def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
+                   group: Group) -> Handle:
+        me = group.index
+        pieces = [(view, self.recv_buffer(view, view.shape, j, group)) for j in range(group.size) if j != me
+                  for view in recvs[j] if view.numel()]  # mailbox slots in the order the peer pushes them
+        self.scatter_push([(t, group.ranks[j]) for j in range(group.size) if j != me for t in sends[j]],
+                          self.stream_other)
+        for src, dst in zip(sends[me], recvs[me], strict=True):
+            dst.copy_(src)
+        return Arrival(self, self._signals(buf for _, buf in pieces), [(view, buf) for view, buf in pieces])
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
         me = group.index

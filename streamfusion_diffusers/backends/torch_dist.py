@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..mesh import Group
-from .base import Done, Handle, Handles
+from .base import Done, Handle, Handles, Placed
 
 # torch >= 2.13 renames all_gather_into_tensor; the old name still works on 2.9 - 2.12
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -50,14 +50,25 @@ class TorchTransport:
                 ops.append(dist.P2POp(dist.irecv, buffer, group=group.pg, group_peer=peer))
         return Handles(dist.batch_isend_irecv(ops)) if ops else Done()
 
-    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
-                   input_splits: Sequence[int], group: Group) -> Handle:
-        if group.size == 1:
-            output.copy_(input)
-            return Done()
-        work = dist.all_to_all_single(output, input, list(output_splits), list(input_splits),
-                                      group=group.pg, async_op=True)
-        return work
+    def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
+                   group: Group) -> Handle:
+        me, ops, copies = group.index, [], []
+        for peer in range(group.size):
+            if peer == me:
+                continue
+            ops += [dist.P2POp(dist.isend, t.contiguous(), group=group.pg, group_peer=peer)
+                    for t in sends[peer] if t.numel()]
+            for view in recvs[peer]:
+                if not view.numel():
+                    continue
+                buffer = view if view.is_contiguous() else torch.empty(view.shape, dtype=view.dtype, device=view.device)
+                ops.append(dist.P2POp(dist.irecv, buffer, group=group.pg, group_peer=peer))
+                if buffer is not view:
+                    copies.append((view, buffer))
+        handle = Handles(dist.batch_isend_irecv(ops)) if ops else Done()
+        for src, dst in zip(sends[me], recvs[me], strict=True):  # on the compute stream, beside the transfer
+            dst.copy_(src)
+        return Placed(handle, copies) if copies else handle
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
         if group.size == 1:

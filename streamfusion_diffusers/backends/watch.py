@@ -218,11 +218,10 @@ class WatchedTransport:
         like = next((t for t, _ in [*recvs, *sends]), None)
         return self._post(what, like, lambda: self.inner.exchange(sends, recvs, group))
 
-    def all_to_all(self, output: Tensor, input: Tensor, output_splits: Sequence[int],
-                   input_splits: Sequence[int], group: Group) -> Handle:
-        what = Label(self.layer, group)
-        return self._post(what, output, lambda: self.inner.all_to_all(output, input, output_splits, input_splits,
-                                                                      group))
+    def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
+                   group: Group) -> Handle:
+        like = next((t for pieces in recvs for t in pieces), None)
+        return self._post(Label(self.layer, group), like, lambda: self.inner.all_to_all(sends, recvs, group))
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
         what = Label(self.layer, group)

@@ -1,0 +1,53 @@
+"""The transports' all-to-all of pieces (3 gloo processes): every piece lands in its view, strided or not."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from sp_cases import context
+
+from streamfusion_diffusers import ParallelConfig
+from streamfusion_diffusers.spawn import ProcessPool
+
+WORLD = 3
+CONFIGS = [ParallelConfig(machines=1, gpus_per_machine=WORLD, method="ulysses"),
+           ParallelConfig(machines=WORLD, gpus_per_machine=1, method="ulysses", emulate_link="100:1")]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(WORLD) as p:
+        yield p
+
+
+def piece(src: int, dst: int, n: int) -> torch.Tensor:
+    """The n-th piece src sends dst: its own shape (src + dst rows, one of them empty) and values."""
+    rows = 0 if (src, dst, n) == (2, 0, 1) else src + dst + 1
+    return torch.arange(rows * 4, dtype=torch.float32).view(rows, 4) + 1000 * src + 100 * dst + 10 * n
+
+
+def pieces_job(config: ParallelConfig) -> list[tuple[int, int, int]]:
+    """(src, n, wrong elements) for every piece this rank received, plus its untouched padding (src -1)."""
+    ctx = context(config)
+    group, me = ctx.mesh(None).ulysses, dist.get_rank()
+    # piece 0 of each peer is sent from a strided view (a transposed copy) and lands contiguous; piece 1 is
+    # sent contiguous and lands in a strided column slice of one result with padding around it
+    sends = [[piece(me, j, 0).t().contiguous().t(), piece(me, j, 1)] for j in range(WORLD)]
+    flat = [torch.full(piece(j, me, 0).shape, -1.0) for j in range(WORLD)]
+    wide = torch.full((2 * WORLD + 1, 4 * WORLD + 2), -1.0)
+    recvs = [[flat[j], wide[: piece(j, me, 1).shape[0], 4 * j + 1: 4 * j + 5]] for j in range(WORLD)]
+    ctx.transport.begin_layer(0)
+    ctx.transport.all_to_all(sends, recvs, group).wait()
+    ctx.transport.end_layer()
+    out = [(j, n, int((recvs[j][n] != piece(j, me, n)).sum())) for j in range(WORLD) for n in range(2)]
+    padding = torch.ones(wide.shape, dtype=torch.bool)
+    for j in range(WORLD):
+        padding[: piece(j, me, 1).shape[0], 4 * j + 1: 4 * j + 5] = False
+    return out + [(-1, 0, int((wide[padding] != -1).sum()))]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["one-machine", "emulated-link"])
+def test_every_piece_lands_in_its_view(pool, config):
+    for rank, result in enumerate(pool.run(pieces_job, config)):
+        wrong = [(src, n, bad) for src, n, bad in result if bad]
+        assert not wrong, f"rank {rank}: (source, piece, wrong elements) {wrong}"
