@@ -33,7 +33,8 @@ def test_every_layout(pool, config):
 
 
 def _run_rank_exchanging_by_all_to_all(config: ParallelConfig, problem, pass_lens: bool):
-    """run_rank with every exchange sent as one all-to-all, as inside a CUDA-graph capture on NCCL."""
+    """run_rank with every exchange (and so every all-to-all) sent as one packed all-to-all, as inside a
+    CUDA-graph capture on NCCL."""
     original = TorchTransport.exchange
     TorchTransport.exchange = lambda self, sends, recvs, group: exchange_as_all_to_all(sends, recvs, group)
     try:
@@ -42,7 +43,7 @@ def _run_rank_exchanging_by_all_to_all(config: ParallelConfig, problem, pass_len
         TorchTransport.exchange = original
 
 
-@pytest.mark.parametrize("method", ["ring", "usp", "tas", "torus"])
+@pytest.mark.parametrize("method", ["ulysses", "ring", "usp", "tas", "torus"])
 @pytest.mark.parametrize("mesh", [(4, 1), (2, 2)], ids=lambda m: f"{m[0]}x{m[1]}")
 def test_exchanges_as_one_all_to_all_match_single_process(pool, mesh, method):
     """The graph-capture path of the torch transport: every schedule's exchanges are collective over their

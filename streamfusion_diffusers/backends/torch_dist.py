@@ -4,9 +4,9 @@ Every transfer is posted with async_op=True; NCCL runs it on its own stream, so 
 compute stream overlaps it until `wait()` adds the stream dependency. Hangs are bounded by the timeout the
 mesh's process groups were created with.
 
-Inside a CUDA-graph capture, `exchange` sends its bytes as one all-to-all instead of NCCL send/recv: captured
-send/recv pairs hung at their first replay on 2 x H200 (usp U1R2, torus U2R1T2; 2026-11-23) while captured
-all-to-alls replay fine (Ulysses). The price is a pack and an unpack copy, paid only by graphed layers.
+Inside a CUDA-graph capture, transfers go as one all-to-all of bytes instead of NCCL send/recv: a captured
+send/recv pair hung at its first replay on 2 x H200 (usp U1R2, 2026-11-23) while a captured all_to_all_single
+replayed fine. The price is a pack and an unpack copy, paid only by graphed layers.
 """
 from __future__ import annotations
 
@@ -41,34 +41,27 @@ class TorchTransport:
             raise ValueError("a rank does not send to itself; copy locally instead")
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return exchange_as_all_to_all(sends, recvs, group)
-        ops = []
+        ops, copies = [], []
         for tensor, peer in sends:
             if tensor.numel():
                 ops.append(dist.P2POp(dist.isend, tensor.contiguous(), group=group.pg, group_peer=peer))
-        for buffer, peer in recvs:
-            if buffer.numel():
-                ops.append(dist.P2POp(dist.irecv, buffer, group=group.pg, group_peer=peer))
-        return Handles(dist.batch_isend_irecv(ops)) if ops else Done()
-
-    def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
-                   group: Group) -> Handle:
-        me, ops, copies = group.index, [], []
-        for peer in range(group.size):
-            if peer == me:
-                continue
-            ops += [dist.P2POp(dist.isend, t.contiguous(), group=group.pg, group_peer=peer)
-                    for t in sends[peer] if t.numel()]
-            for view in recvs[peer]:
-                if not view.numel():
-                    continue
+        for view, peer in recvs:
+            if view.numel():
                 buffer = view if view.is_contiguous() else torch.empty(view.shape, dtype=view.dtype, device=view.device)
                 ops.append(dist.P2POp(dist.irecv, buffer, group=group.pg, group_peer=peer))
                 if buffer is not view:
                     copies.append((view, buffer))
         handle = Handles(dist.batch_isend_irecv(ops)) if ops else Done()
+        return Placed(handle, copies) if copies else handle
+
+    def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
+                   group: Group) -> Handle:
+        me, peers = group.index, [p for p in range(group.size) if p != group.index]
+        handle = self.exchange([(t, p) for p in peers for t in sends[p]], [(v, p) for p in peers for v in recvs[p]],
+                               group)
         for src, dst in zip(sends[me], recvs[me], strict=True):  # on the compute stream, beside the transfer
             dst.copy_(src)
-        return Placed(handle, copies) if copies else handle
+        return handle
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
         if group.size == 1:
@@ -87,12 +80,15 @@ class _Unpacked:
     def wait(self) -> None:
         self.work.wait()
         for buffer, piece in self.pieces:
-            _bytes(buffer).copy_(piece)
+            if buffer.is_contiguous():
+                _bytes(buffer).copy_(piece)
+            else:  # a strided view of the caller's result: through an aligned copy of the bytes
+                buffer.copy_(piece.clone().view(buffer.dtype).view(buffer.shape))
         self.pieces = []
 
 
 def _bytes(t: Tensor) -> Tensor:
-    return t.view(-1).view(torch.uint8)  # a view: receive buffers are contiguous (a copy would be lost)
+    return t.view(-1).view(torch.uint8)
 
 
 def exchange_as_all_to_all(sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
@@ -100,13 +96,15 @@ def exchange_as_all_to_all(sends: Sequence[tuple[Tensor, int]], recvs: Sequence[
     """`exchange` as one all-to-all of bytes over the whole group: per peer, the sends (and receives) in the
     order given, as send/recv match them. Every member of the group must call it (the schedules' exchanges are
     collective: every rank of a ring or torus group exchanges at the same step)."""
+    if group.size == 1:
+        return Done()
     to_peer: list[list[Tensor]] = [[] for _ in range(group.size)]
     from_peer: list[list[Tensor]] = [[] for _ in range(group.size)]
     for tensor, peer in sends:
         to_peer[peer].append(_bytes(tensor.contiguous()))
     for buffer, peer in recvs:
         from_peer[peer].append(buffer)
-    device = next(t for t, _ in [*sends, *recvs]).device
+    device = next((t.device for t, _ in [*sends, *recvs]), None) or torch.device("cuda", torch.cuda.current_device())
     flat = [b for chunks in to_peer for b in chunks]
     send = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=device)
     sizes = [[b.numel() * b.element_size() for b in chunks] for chunks in from_peer]
