@@ -79,8 +79,9 @@ def padded_length(w: Workload, world: int) -> int:
 
 
 def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
-    """Run on every rank; one row per case: the slowest rank's min / median / max over repetitions that are
-    interleaved across the cases (round-robin), and the worst rank's error against the exact rows."""
+    """Run on every rank; one row per case: the slowest rank's min / median / max per call over samples that
+    are interleaved across the cases (round-robin, bench/timing.py), after every case is set up and checked,
+    and the worst rank's error against the exact rows."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device, w = device_of_job(), setup.workload
     length = padded_length(w, world)
