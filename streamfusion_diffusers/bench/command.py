@@ -255,8 +255,9 @@ def main(args: argparse.Namespace) -> int:
     what = ", ".join(WHAT[x] for x in levels)
     model = f" ({size} transformers, random weights)" if model_levels else ""
     title = (f"{what[0].upper()}{what[1:]}{model}, {args.machines} x {m} {'GPUs' if gpu else 'CPU processes'}{link}, "
-             f"{str(dtype).removeprefix('torch.')}, min / median / max per call of {args.iters} samples of >= {SAMPLE_MS:g} "
-             f"ms after {args.warmup} warm-up{' (layer: interleaved across cases)' if 'layer' in levels else ''}")
+             f"{str(dtype).removeprefix('torch.')}, min / median / max per call of {args.iters} samples of >= "
+             f"{SAMPLE_MS:g} ms after {args.warmup} warm-up"
+             f"{' (layer: interleaved across cases)' if 'layer' in levels else ''}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or f"outputs/bench-{stamp}")
     setup_info = {"command": "streamfusion bench " + " ".join(_argv(args)), "world": world, "gpu": gpu,

@@ -90,8 +90,8 @@ def markdown(rows: list[dict], header: str) -> str:
         speedup = f"{base[key] / r['ms']:.2f}" if key in base else "-"
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
         lines.append(f"| {r['workload']} | {r['level']} | {r['method']} | {r['layout']} | {r['ms']:.3f} | "
-                     f"{_range(r)} | {_spread(r)} | {_calls(r)} | {_ratio(r['vs_bound'])} | {speedup} | {_err(r['max_abs_err'])} | "
-                     f"{_err(r['rel_err'])} | {peak} |")
+                     f"{_range(r)} | {_spread(r)} | {_calls(r)} | {_ratio(r['vs_bound'])} | {speedup} | "
+                     f"{_err(r['max_abs_err'])} | {_err(r['rel_err'])} | {peak} |")
     return "\n".join(lines) + "\n"
 
 
