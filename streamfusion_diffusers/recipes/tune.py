@@ -25,7 +25,7 @@ from ..bench.command import parse_workload, workload_specs
 from ..bench.layer import Case, Setup, bench_layer, padded_length
 from ..bench.timing import ITERS, SAMPLE_MS, WARMUP
 from ..bench.workloads import Workload, transformer_config
-from ..config import ParallelConfig, machine_shape, resolve_layout
+from ..config import ParallelConfig, layout_label, machine_shape, resolve_layout
 from ..spawn import job_shape, run_job
 from ..verify import DTYPES, TOLERANCE
 from . import load_recipe
@@ -237,15 +237,11 @@ def main(args: argparse.Namespace) -> int:
     for model, entries in by_model.items():
         path = write_recipe(out / f"{model}.yaml", model, entries, calibration)
         for e in entries:
+            chosen = layout_label(e["method"], e["ulysses"], e["ring"], e.get("torus"))
             print(f"{e['model']} {e.get('resolution') or e.get('frames') or e['tokens']} on {e['machines']} x "
-                  f"{e['gpus_per_machine']} ({e['link']}): {label_of(e)} {e['ms']['median']:.3f} ms "
+                  f"{e['gpus_per_machine']} ({e['link']}): {chosen} {e['ms']['median']:.3f} ms "
                   f"[{e['ms']['min']:.3f} - {e['ms']['max']:.3f}]" +
                   (f", runner-up {e['runner_up']['layout']} +{100 * e['margin']:.1f}%" if "margin" in e else ""))
         print(f"wrote {path}")
     print(f"wrote {out / 'measurements.json'} ({len(records)} cases measured vs predicted)")
     return 0
-
-
-def label_of(entry: dict) -> str:
-    torus = f"T{entry['torus']}" if entry["method"] == "torus" else ""
-    return f"{entry['method']} U{entry['ulysses']}R{entry['ring']}{torus}"
