@@ -119,6 +119,7 @@ def interleaved_ms(calls: Sequence[Callable[[], object]], iters: int, warmup: in
     with guard():
         n = calls_per_sample(calls, device, target_ms) if target_ms > 0 else [1] * len(calls)
     times: list[list[float]] = [[] for _ in calls]
+    collecting = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
@@ -127,7 +128,8 @@ def interleaved_ms(calls: Sequence[Callable[[], object]], iters: int, warmup: in
                 for c in order(i):
                     times[c].append(sample_ms(calls[c], n[c], device))
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
     slowest = torch.tensor(_slowest([t for row in times for t in row], device)).reshape(len(calls), iters)
     return [Stats.of(row, k) for row, k in zip(slowest.tolist(), n)]
 
