@@ -2,8 +2,10 @@
 # Issue 10 on one GPU host of P GPUs: `streamfusion tune` on the real 1 x P and on emulated machines, then the
 # bar check in the same call: `bench --methods auto,<ours>,xdit-usp --layouts all --recipe <what tune wrote>`.
 # Run from the project root on the device machine (x2: about 7 minutes), wheels carried in .whl/ if any:
-#   bash benchmarks/tune_suite.sh [--top K] [--iters N] [--warmup N] [--bar-iters N] [--backend torch|nvshmem]
-#                                 [--budget SECONDS] [--no-bar]
+#   bash benchmarks/tune_suite.sh [--top K] [--iters N] [--warmup N] [--backend torch|nvshmem] [--budget SECONDS]
+#                                 [--no-bar]
+# --iters / --warmup apply to tune and to the bar alike (default: bench's and tune's shared defaults), so that
+# both time every case the same way (bench/timing.py).
 # Shapes: real 1 x P; emulated N x P/N for every divisor N > 1 of P (x2: 2 x 1; x4: 2 x 2, 4 x 1) over the p4de
 # and dgx presets. Workloads: Flux 1024/2048/3072/4096 px, CogVideoX 49/161 frames (env TUNE_WORKLOADS, BAR_WORKLOADS,
 # BAR_EMULATED_WORKLOADS). Bar:
@@ -13,11 +15,11 @@
 # Outputs under $OUT: recipes/ (<model>.yaml, measurements.json: what `tune --merge-into` takes), bar/<job>/
 # (bench's table.md, results.json), logs/. Stdout: one line per step, tune's chosen layouts, PASS/FAIL lines.
 set -u
-top=6 iters=8 warmup=2 bar_iters=20 backend=torch budget=450 bar=1
+top=6 iters=10 warmup=3 backend=torch budget=450 bar=1
 while [ $# -gt 0 ]; do
   case $1 in
     --top) top=$2; shift 2 ;; --iters) iters=$2; shift 2 ;; --warmup) warmup=$2; shift 2 ;;
-    --bar-iters) bar_iters=$2; shift 2 ;; --backend) backend=$2; shift 2 ;; --budget) budget=$2; shift 2 ;;
+    --backend) backend=$2; shift 2 ;; --budget) budget=$2; shift 2 ;;
     --no-bar) bar=0; shift ;;
     *) echo "unknown option $1 (see the header of $0)"; exit 2 ;;
   esac
@@ -61,8 +63,8 @@ check() {  # check N M LINK WORKLOAD METHODS ESTIMATE_S
   fits "$6" || return
   local emulate=(); [ "$link" != real ] && emulate=(--emulate-link "$link")
   timeout $((budget - SECONDS + start)) $run bench --workloads "$w" --machines "$n" --gpus-per-machine "$m" \
-    "${emulate[@]}" --backend "$backend" --methods "$5" --layouts all --recipe "$recipes" --iters "$bar_iters" \
-    --timeout 120 --out "$OUT/bar/$name" > "$OUT/logs/$name.log" 2>&1
+    "${emulate[@]}" --backend "$backend" --methods "$5" --layouts all --recipe "$recipes" --iters "$iters" \
+    --warmup "$warmup" --timeout 120 --out "$OUT/bar/$name" > "$OUT/logs/$name.log" 2>&1
   echo "   rc=$?"; grep -E "^(PASS|FAIL|MISMATCH)" "$OUT/logs/$name.log" | cut -c1-200
   grep -m1 -E "Error|error:" "$OUT/logs/$name.log" | tr '\r' '\n' | tail -1 | cut -c1-200
 }

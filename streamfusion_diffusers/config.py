@@ -14,6 +14,16 @@ KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
 COMM_DTYPES: tuple[str | None, ...] = (None, "fp8", "int8")
 
 
+def layout_label(method: str, ulysses: int, ring: int, torus: int | None = None) -> str:
+    """How tables, recipes and logs name a layout: 'usp U2R4', 'torus U4R2T2' (the torus degree for Torus only)."""
+    return f"{method} {degrees_label(ulysses, ring, torus if method == 'torus' else None)}"
+
+
+def degrees_label(ulysses: int, ring: int, torus: int | None = None) -> str:
+    """The degrees of a layout alone, 'U4R2' or 'U4R2T2', where the method is said elsewhere."""
+    return f"U{ulysses}R{ring}" + (f"T{torus}" if torus else "")
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -86,7 +96,7 @@ class ParallelConfig:
     def label(self) -> str:
         """Short name such as 'torus U8R1' once both degrees are known, else the method alone."""
         if self.ulysses and self.ring:
-            return f"{self.method} U{self.ulysses}R{self.ring}"
+            return layout_label(self.method, self.ulysses, self.ring, self.torus)
         return self.method
 
 
@@ -131,9 +141,18 @@ class Layout:
         t, u = divmod(ulysses_index, self.ulysses_intra)
         return t, u, r
 
+    @property
+    def label(self) -> str:
+        """'torus U4R2T2': the layout without its cluster shape (layout_label)."""
+        return layout_label(self.method, self.ulysses, self.ring, self.torus)
+
+    @property
+    def degrees(self) -> str:
+        """'U4R2T2': the label without the method."""
+        return self.label.removeprefix(f"{self.method} ")
+
     def __str__(self) -> str:
-        torus = f"T{self.torus}" if self.method == "torus" else ""
-        return f"{self.method} {self.machines}x{self.gpus_per_machine} U{self.ulysses}R{self.ring}{torus}"
+        return f"{self.method} {self.machines}x{self.gpus_per_machine} {self.degrees}"
 
 
 def machine_shape(config: ParallelConfig, world_size: int) -> tuple[int, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .bench.costmodel import Prediction, candidate_layouts, predict
+from .bench.costmodel import candidate_layouts, predict
 from .links import PRESETS, parse_link
 from .bench.workloads import cogvideox, flux
 from .config import METHODS
@@ -30,11 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="recipe whose calibration header the cost model uses (default: the model's packaged one)")
     parser.add_argument("--all", action="store_true", help="list every layout, not only each method's best")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-
-
-def _label(p: Prediction) -> str:
-    lay = p.layout
-    return f"U{lay.ulysses}R{lay.ring}" + (f"T{lay.torus}" if lay.method == "torus" else "")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -67,10 +62,10 @@ def main(args: argparse.Namespace) -> int:
             print(f"{method:<8} {'-':<10} needs the {workload.heads} heads divisible by "
                   f"{args.machines * args.gpus_per_machine} ranks")
         for p in rows:
-            print(f"{method:<8} {_label(p):<10} {p.inter_machine_bytes_per_gpu / 1e6:>12.1f} {p.layer_ms:>9.2f} "
+            print(f"{method:<8} {p.layout.degrees:<10} {p.inter_machine_bytes_per_gpu / 1e6:>12.1f} {p.layer_ms:>9.2f} "
                   f"{p.step_ms:>9.1f}")
     usp = best.get("usp")
     speedup = f", {usp.step_ms / recommended.step_ms:.2f}x USP's best" if usp else ""
-    print(f"recommended: {recommended.layout.method} {_label(recommended)} "
+    print(f"recommended: {recommended.layout.label} "
           f"(predicted {recommended.step_ms:.0f} ms per step{speedup})")
     return 0

@@ -41,15 +41,45 @@ def _call_order(iters: int, warmup: int) -> tuple[list[str], list]:
 
     order: list[str] = []
     calls = [lambda name=name: order.append(name) for name in "abc"]
-    return order, interleaved_ms(calls, iters, warmup, torch.device("cpu"))
+    return order, interleaved_ms(calls, iters, warmup, torch.device("cpu"), target_ms=0)
 
 
 def test_repetitions_interleave_across_cases_and_noise_is_flagged():
     order, stats = run_local(_call_order, 1, 2, 1)[0]
     assert "".join(order) == "abcbcacab"  # one warm-up round, two timed rounds; each round starts one case later
-    assert len(stats) == 3 and all(s.min <= s.median <= s.max for s in stats)
+    assert len(stats) == 3 and all(s.min <= s.median <= s.max and s.calls == 1 for s in stats)
     row = dict(workload="w", level="layer", layout="usp U2R2", ms=1.0, min_ms=0.97, max_ms=1.03, spread=0.06)
     assert "a spread of 6.0% (> 5%)" in noisy([row])[0] and noisy([{**row, "spread": 0.04}]) == []
+
+
+def _batched(iters: int, warmup: int) -> tuple[list[int], list]:
+    """A 0.3 ms call and a 5 ms call timed together on a fake host clock that each call advances by its
+    duration: how often each ran, and their stats."""
+    import types
+
+    import torch
+
+    from streamfusion_diffusers.bench import timing
+
+    now, counts = [0.0], [0, 0]
+
+    def call(i: int, seconds: float):
+        def run():
+            counts[i] += 1
+            now[0] += seconds
+        return run
+
+    timing.time = types.SimpleNamespace(perf_counter=lambda: now[0])
+    return counts, interleaved_ms([call(0, 3e-4), call(1, 5e-3)], iters, warmup, torch.device("cpu"))
+
+
+def test_short_calls_are_timed_in_batches_and_reported_per_call():
+    counts, (short, long) = run_local(_batched, 2, 3, 1)[0]
+    # a sample lasts >= 2 ms: 7 back-to-back calls of 0.3 ms, its time divided by 7; the 5 ms call alone
+    assert (short.calls, long.calls) == (7, 1)
+    assert short.min == short.max == pytest.approx(0.3) and long.median == pytest.approx(5.0)
+    # warm-up 1, sizing (one call, then a batch of the estimate where it exceeds one), 3 samples of n calls
+    assert counts == [1 + (1 + 7) + 3 * 7, 1 + 1 + 3]
 
 
 def test_auto_summary_passes_within_two_percent_of_the_fastest_other_row():

@@ -31,6 +31,7 @@ from ..verify import DTYPES, TOLERANCE
 from . import e2e_command, report, variants, xdit
 from .costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
+from .timing import ITERS, SAMPLE_MS, WARMUP
 from .workloads import MODELS, Workload, is_flux, transformer_config
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"compile at block and step level; the bound also runs cuda-graph and compile); "
                              f"default eager")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16 on GPU, else float32")
-    parser.add_argument("--iters", type=int, default=None, help="timed repetitions (default 20; e2e: 3)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed repetitions first (default 3; e2e: 1)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help=f"timed samples per case, each at least {SAMPLE_MS:g} ms of back-to-back calls "
+                             f"(default {ITERS}, as tune; e2e: 3 generations)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help=f"untimed rounds of every case first (default {WARMUP}, as tune; e2e: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds one case may take before the job prints every stack and exits (default 300)")
@@ -203,7 +207,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError("--level e2e times whole generations in a table of its own: run it on its own")
         args.iters, args.warmup = args.iters or 3, 1 if args.warmup is None else args.warmup
         return e2e_command.run(args, _argv(args))
-    args.iters, args.warmup = args.iters or 20, 3 if args.warmup is None else args.warmup
+    args.iters, args.warmup = args.iters or ITERS, WARMUP if args.warmup is None else args.warmup
     workloads = [parse_workload(s) for s in workload_specs(args.workloads)]
     methods = _methods(args.methods, levels)
     ways = variants.parse_variants(args.variants)
@@ -252,8 +256,9 @@ def main(args: argparse.Namespace) -> int:
     what = ", ".join(WHAT[x] for x in levels)
     model = f" ({size} transformers, random weights)" if model_levels else ""
     title = (f"{what[0].upper()}{what[1:]}{model}, {args.machines} x {m} {'GPUs' if gpu else 'CPU processes'}{link}, "
-             f"{str(dtype).removeprefix('torch.')}, min / median / max of {args.iters} repetitions after {args.warmup} "
-             f"warm-up{' (layer: interleaved across cases)' if 'layer' in levels else ''}")
+             f"{str(dtype).removeprefix('torch.')}, min / median / max per call of {args.iters} samples of >= "
+             f"{SAMPLE_MS:g} ms after {args.warmup} warm-up"
+             f"{' (layer: interleaved across cases)' if 'layer' in levels else ''}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or f"outputs/bench-{stamp}")
     setup_info = {"command": "streamfusion bench " + " ".join(_argv(args)), "world": world, "gpu": gpu,

@@ -29,6 +29,7 @@ from diffusers import ContextParallelConfig
 from torch import Tensor
 
 from .. import ParallelConfig, init_parallel
+from ..config import degrees_label
 from ..models import MODELS
 from ..models.build import build_pipeline, build_transformer
 from ..models.full import build_full_pipeline
@@ -54,7 +55,7 @@ class E2ECase:
     @property
     def label(self) -> str:
         if self.system in ("diffusers-cp", "xfuser"):
-            return f"{self.system} {'cfg2 ' if self.cfg > 1 else ''}U{self.ulysses}R{self.ring}"
+            return f"{self.system} {'cfg2 ' if self.cfg > 1 else ''}{degrees_label(self.ulysses, self.ring)}"
         return self.system
 
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import ParallelConfig, init_parallel, sp_attention
+from ..config import layout_label
 from ..kernels import attention_with_lse
 from .timing import deadline, interleaved_ms
 from .variants import graphed, suffix
@@ -45,7 +46,7 @@ class Case:
         if self.method in ("bound", "auto"):
             base = "no-comm bound" if self.method == "bound" else "auto"
         else:
-            base = f"{self.method} U{self.ulysses}R{self.ring}{f'T{self.torus}' if self.torus else ''}"
+            base = layout_label(self.method, self.ulysses, self.ring, self.torus)
         return f"{base} {suffix(self.variant)}" if self.variant != "eager" else base
 
 
@@ -79,8 +80,9 @@ def padded_length(w: Workload, world: int) -> int:
 
 
 def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
-    """Run on every rank; one row per case: the slowest rank's min / median / max over repetitions that are
-    interleaved across the cases (round-robin), and the worst rank's error against the exact rows."""
+    """Run on every rank; one row per case: the slowest rank's min / median / max per call over samples that
+    are interleaved across the cases (round-robin, bench/timing.py), after every case is set up and checked,
+    and the worst rank's error against the exact rows."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device, w = device_of_job(), setup.workload
     length = padded_length(w, world)
@@ -123,8 +125,7 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
 
 def auto_label(ctx) -> str:
     """"auto (the layout it chose)" for a context of method "auto" that has run."""
-    return "auto (" + ", ".join(sorted({str(c.layout).replace(f" {c.layout.machines}x{c.layout.gpus_per_machine}", "")
-                                        for c in ctx.chosen.values()})) + ")"
+    return "auto (" + ", ".join(sorted({c.layout.label for c in ctx.chosen.values()})) + ")"
 
 
 def parallel_config(case: Case, setup: Setup) -> ParallelConfig:

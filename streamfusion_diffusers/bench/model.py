@@ -37,7 +37,7 @@ from ..sharding import GATHER_HOOK, plan_for
 from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from ..sequence import split_sizes
 from .layer import Case, Setup, device_of_job, parallel_config
-from .timing import Stats, deadline, time_ms
+from .timing import Stats, deadline, interleaved_ms
 from .variants import LEVELS as VARIANT_LEVELS
 from .variants import compiled, parallelize_options
 from .workloads import Workload, is_flux
@@ -226,7 +226,7 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
                       _relative(run.sample, ref.sample)]
         del outs
         calls = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**ref.inputs)}
-        ms = {level: Stats.of(time_ms(calls[level], base.iters, base.warmup, device)) for level in setup.levels
+        ms = {level: interleaved_ms([calls[level]], base.iters, base.warmup, device)[0] for level in setup.levels
               if level in VARIANT_LEVELS[case.variant]}
     return ms, errors
 

@@ -35,6 +35,10 @@ def _err(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
+def _calls(row: dict) -> str:
+    return str(row["calls"]) if row.get("calls") is not None else "-"
+
+
 def _spread(row: dict) -> str:
     spread = row.get("spread")
     if spread is None:
@@ -73,20 +77,21 @@ def auto_summary(rows: list[dict], within: float = 0.02) -> list[str]:
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    """One line per row; "ms" is the median, "spread" (max - min) / median, flagged "!" above SPREAD_LIMIT;
-    "x <baseline>" is the level's baseline (best layout) time over the row's."""
+    """One line per row; "ms" is the median per call, "spread" (max - min) / median, flagged "!" above
+    SPREAD_LIMIT; "calls" the back-to-back calls each sample timed; "x <baseline>" is the level's baseline (best
+    layout) time over the row's."""
     levels = list(dict.fromkeys(r["level"] for r in rows))
     baselines = "/".join(dict.fromkeys(BASELINE[level] for level in levels))
-    lines = [header, "", f"| workload | level | method | layout | ms | min - max | spread | x bound | "
-             f"x {baselines} | max abs err | rel err | peak GiB |", "|---|---|---|---|" + "---:|" * 8]
+    lines = [header, "", f"| workload | level | method | layout | ms | min - max | spread | calls | x bound | "
+             f"x {baselines} | max abs err | rel err | peak GiB |", "|---|---|---|---|" + "---:|" * 9]
     base = {(r["workload"], r["level"]): r["ms"] for r in best_rows(rows) if r["method"] == BASELINE[r["level"]]}
     for r in rows:
         key = (r["workload"], r["level"])
         speedup = f"{base[key] / r['ms']:.2f}" if key in base else "-"
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
         lines.append(f"| {r['workload']} | {r['level']} | {r['method']} | {r['layout']} | {r['ms']:.3f} | "
-                     f"{_range(r)} | {_spread(r)} | {_ratio(r['vs_bound'])} | {speedup} | {_err(r['max_abs_err'])} | "
-                     f"{_err(r['rel_err'])} | {peak} |")
+                     f"{_range(r)} | {_spread(r)} | {_calls(r)} | {_ratio(r['vs_bound'])} | {speedup} | "
+                     f"{_err(r['max_abs_err'])} | {_err(r['rel_err'])} | {peak} |")
     return "\n".join(lines) + "\n"
 
 

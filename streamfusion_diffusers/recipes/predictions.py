@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..bench import command as bench
 from ..bench.costmodel import Gpu
-from ..config import METHODS
+from ..config import METHODS, layout_label
 from ..verify import DTYPES
 from .calibrate import fit, predicted_ms
 from .choose import REAL_LINK, gpu_of
@@ -82,7 +82,7 @@ def table(records: list[dict]) -> str:
             if r["kind"] != "layer":
                 continue
             before, after = predicted_ms(r, Gpu()), predicted_ms(r, fitted)
-            layout = f"{r['method']} U{r['ulysses']}R{r['ring']}" + (f"T{r['torus']}" if r["torus"] else "")
+            layout = layout_label(r["method"], r["ulysses"], r["ring"], r["torus"])
             lines.append(f"| {r['machines']} x {r['gpus_per_machine']} | {r['link']} | {r['backend']} | "
                          f"{r.get('workload', r['tokens'])} | {layout} | {r['ms']:.3f} | {before:.3f} | "
                          f"{_err(before, r['ms'])} | {after:.3f} | {_err(after, r['ms'])} |")

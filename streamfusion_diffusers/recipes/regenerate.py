@@ -21,7 +21,7 @@ from . import load_recipe
 from .calibrate import fit
 from .predictions import load_records
 from .choose import REAL_LINK, Cluster, entry_workload, gpu_of, ranked
-from .store import label, layout_fields, write_recipe, write_records
+from .store import layout_fields, write_recipe, write_records
 
 
 def parse_shapes(text: str, default_link: str) -> list[tuple[int, int, str]]:
@@ -49,7 +49,7 @@ def predicted_entry(base: dict, w: Workload, cluster: Cluster, calibration: dict
              "link": cluster.link, **layout_fields(best.layout), "backend": cluster.backend, "kernel": kernel,
              "predicted_ms": round(best.layer_ms, 4)}
     if rest:
-        entry["runner_up"] = {"layout": label(rest[0].layout), "predicted_ms": round(rest[0].layer_ms, 4)}
+        entry["runner_up"] = {"layout": rest[0].layout.label, "predicted_ms": round(rest[0].layer_ms, 4)}
         entry["margin"] = round(rest[0].layer_ms / best.layer_ms - 1, 4)
     return {**entry, "source": "cost model", "date": datetime.date.today().isoformat()}
 

@@ -25,10 +25,6 @@ def layout_fields(lay: Layout) -> dict:
     return {**out, "torus": lay.torus} if lay.method == "torus" else out
 
 
-def label(lay: Layout) -> str:
-    return f"{lay.method} U{lay.ulysses}R{lay.ring}" + (f"T{lay.torus}" if lay.method == "torus" else "")
-
-
 def link_name(spec: str | None) -> str:
     """How an entry names its link: a preset's name, a 'GBPS:US' spec, or "real" (not emulated)."""
     if spec is None:

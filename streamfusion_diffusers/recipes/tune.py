@@ -20,10 +20,12 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from ..bench import report
 from ..bench.command import parse_workload, workload_specs
 from ..bench.layer import Case, Setup, bench_layer, padded_length
+from ..bench.timing import ITERS, SAMPLE_MS, WARMUP
 from ..bench.workloads import Workload, transformer_config
-from ..config import ParallelConfig, machine_shape, resolve_layout
+from ..config import ParallelConfig, layout_label, machine_shape, resolve_layout
 from ..spawn import job_shape, run_job
 from ..verify import DTYPES, TOLERANCE
 from . import load_recipe
@@ -55,8 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confirm-blocks", action="store_true",
                         help="time the best two again at block level (real-size models, GPUs only) and keep the "
                              "block level's winner")
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=ITERS,
+                        help=f"timed samples per case, each at least {SAMPLE_MS:g} ms of back-to-back calls "
+                             f"(default {ITERS}, as bench)")
+    parser.add_argument("--warmup", type=int, default=WARMUP,
+                        help=f"untimed rounds of every case first (default {WARMUP}, as bench)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one case may take (default 300)")
     parser.add_argument("--out", default="recipes",
@@ -142,7 +147,7 @@ def _records(rows: list[dict], predicted: dict[str, float], w: Workload, world: 
         out.append({**info, "kind": "bound" if case.method == "bound" else "layer", "workload": w.name,
                     "tokens": lw.tokens, "heads": w.heads, "head_dim": w.head_dim, "batch": w.batch,
                     "method": case.method, "ulysses": case.ulysses, "ring": case.ring, "torus": case.torus,
-                    "min_ms": r["min_ms"], "ms": r["ms"], "max_ms": r["max_ms"],
+                    "min_ms": r["min_ms"], "ms": r["ms"], "max_ms": r["max_ms"], "calls": r["calls"],
                     "predicted_ms": predicted.get(case)})
     return out
 
@@ -216,11 +221,15 @@ def main(args: argparse.Namespace) -> int:
     info = {"device": torch.cuda.get_device_name() if gpu else "cpu", "date": datetime.date.today().isoformat(),
             "machines": args.machines, "gpus_per_machine": m, "link": cluster.link, "backend": args.backend,
             "kernel": args.kernel, "dtype": str(dtype).removeprefix("torch."), "elem_bytes": dtype.itemsize}
+    for r in rows:
+        r["ok"] = r["level"] != "layer" or r["max_abs_err"] <= TOLERANCE[dtype]
+    print(report.markdown([r for r in rows if r["level"] == "layer"],
+                          f"## streamfusion tune: one attention layer, {args.machines} x {m} ({cluster.link}), "
+                          f"{info['dtype']}, min / median / max per call of {args.iters} samples of >= {SAMPLE_MS:g} "
+                          f"ms after {args.warmup} warm-up, interleaved across cases"))
     records, by_model = [], {}
     for spec, w, predicted in plans:
         mine = [r for r in rows if r["workload"] == w.name]
-        for r in mine:
-            r["ok"] = r["level"] != "layer" or r["max_abs_err"] <= TOLERANCE[dtype]
         records += _records(mine, predicted, w, world, info)
         by_model.setdefault(_model(spec), []).append(_entry(spec, w, mine, list(predicted), info))
     every = write_records(out / "measurements.json", records)
@@ -228,15 +237,11 @@ def main(args: argparse.Namespace) -> int:
     for model, entries in by_model.items():
         path = write_recipe(out / f"{model}.yaml", model, entries, calibration)
         for e in entries:
+            chosen = layout_label(e["method"], e["ulysses"], e["ring"], e.get("torus"))
             print(f"{e['model']} {e.get('resolution') or e.get('frames') or e['tokens']} on {e['machines']} x "
-                  f"{e['gpus_per_machine']} ({e['link']}): {label_of(e)} {e['ms']['median']:.3f} ms "
+                  f"{e['gpus_per_machine']} ({e['link']}): {chosen} {e['ms']['median']:.3f} ms "
                   f"[{e['ms']['min']:.3f} - {e['ms']['max']:.3f}]" +
                   (f", runner-up {e['runner_up']['layout']} +{100 * e['margin']:.1f}%" if "margin" in e else ""))
         print(f"wrote {path}")
     print(f"wrote {out / 'measurements.json'} ({len(records)} cases measured vs predicted)")
     return 0
-
-
-def label_of(entry: dict) -> str:
-    torus = f"T{entry['torus']}" if entry["method"] == "torus" else ""
-    return f"{entry['method']} U{entry['ulysses']}R{entry['ring']}{torus}"
