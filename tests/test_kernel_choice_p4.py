@@ -89,7 +89,7 @@ def gathers_in_cpu_attention() -> int:
     gather, gathers = dispatch._gather, []
     dispatch._gather = lambda *args: gathers.append(1) or gather(*args)
     try:
-        x = torch.randn(1, 8, 4, 16)
+        x = torch.randn(1, 8, 4, 64, dtype=torch.bfloat16)  # a shape the fused kernel takes on a GPU
         sp_attention(x, x, x, context(ParallelConfig(machines=1, gpus_per_machine=WORLD, method="ring")))
     finally:
         dispatch._gather = gather
