@@ -31,7 +31,7 @@ from .attention.torus import TorusSchedule, finished
 from .attention.ulysses import _peer_lens, post_gather_heads, post_scatter_heads
 from .attention.volume import peer_bytes
 from .context import ParallelContext
-from .kernels import Partial, attend_chunks
+from .kernels import Partial, agreed_choices, attend_chunks
 from .processors import TokenLayout
 from .recipes.choose import attention_plan
 
@@ -101,7 +101,9 @@ def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenL
     parts = [finish() for finish in posted]  # per wave: Q, K, V as [T, B, L_part_w, h, D]
     shard = joint_shard(*jqkv, mesh) if jqkv else None
     part_lens = [sum(_peer_lens(mesh, wave_lens[w])) for w in range(waves)]
-    gathers = _attend(parts, part_lens, shard, mesh, transport, lens, wave_lens, scale, kernel)
+    signature = ("waves", waves, mesh.layout, tuple(lens), joint, b, heads, d, parts[0][0].dtype)
+    with agreed_choices(ctx.cfg.sp, signature, parts[0][0], kernel):  # every rank picks the same kernel per call
+        gathers = _attend(parts, part_lens, shard, mesh, transport, lens, wave_lens, scale, kernel)
     joint_out = gather_joint(shard, jqkv[0], mesh, transport) if shard is not None else None
     for w, finish in enumerate(gathers):
         out = finish()

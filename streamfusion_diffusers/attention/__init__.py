@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..backends import Transport
 from ..context import ParallelContext
-from ..kernels import Partial, attend_chunks
+from ..kernels import Partial, agreed_choices, attend_chunks
 from ..mesh import Mesh
 from ..recipes.choose import attention_plan
 from .agreement import agreed_seq_lens
@@ -43,11 +43,13 @@ def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint
     transport = ctx.transport
     transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint_len, q.element_size()))
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
-    if mesh.layout.torus == 1 and mesh.layout.ring == 1:
-        out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel)
-    else:
-        xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
-        out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel).run()
+    signature = ("sp_attention", mesh.layout, tuple(lens), joint_len, b, heads, d, q.dtype)
+    with agreed_choices(ctx.cfg.sp, signature, q, kernel):  # every rank picks the same kernel per call
+        if mesh.layout.torus == 1 and mesh.layout.ring == 1:
+            out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel)
+        else:
+            xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
+            out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel).run()
     out = gather_heads(out, mesh, transport, lens)
     joint_out = gather_joint(shard, joint_q, mesh, transport) if shard is not None else None
     transport.end_layer()

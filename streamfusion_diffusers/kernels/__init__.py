@@ -3,24 +3,27 @@
 Algorithms only call `Partial`, `Partial.result` and `attend_chunks`, so the kernel behind them is chosen
 here: "reference" (float32 torch, any device), "sdpa" (PyTorch's cuDNN/flash SDPA + a one-pass merge per
 chunk pair), "fused" (one Triton launch for all chunks, merge in the kernel: paper Algorithm 2) or "auto"
-(reference off CUDA, else the faster of sdpa and fused for the call's shape, measured once and cached).
+(reference off CUDA, else the faster of sdpa and fused for the call's shape, measured once and cached;
+inside `agreed_choices` every rank of the layer picks the same: see dispatch.py).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..mesh import Group
 from . import dispatch
 from .merge import merge_into
 from .optional import has_triton
 from .reference import attention_with_lse_reference
 from .sdpa import attention_sdpa, attention_with_lse_sdpa
 
-__all__ = ["Partial", "attention_with_lse", "attend_chunks", "merge_into"]
+__all__ = ["Partial", "agreed_choices", "attention_with_lse", "attend_chunks", "merge_into"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -94,6 +97,7 @@ def attend_chunks(
     finalize: these are the last key/value chunks for these queries, so each Partial keeps only its output
     in the query dtype (the fused kernel writes it directly instead of a float32 state).
     """
+    dispatch.count_call()  # every call, even one with nothing to do, so call positions match across ranks
     pairs = [(p, q) for p, q in zip(partials, q_chunks, strict=True) if q.shape[1] > 0]
     kv = [(k, v) for k, v in kv_chunks if k.shape[1] > 0]
     if not pairs:
@@ -195,6 +199,15 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
         "sdpa": (prepare, lambda s: _attend_unfused(s, kv, scale, finalize, "sdpa")),
         "fused": (prepare, lambda s: _attend_fused(s, kv, scale, finalize)),
     })
+
+
+def agreed_choices(group: Group, signature: Hashable, q: Tensor, kernel: str) -> AbstractContextManager:
+    """Scope of one sp_attention layer call (signature: what every rank knows alike about it) whose "auto"
+    choices every rank of `group` shares (see dispatch.py); nothing where no choice is measured: a named kernel,
+    or no fused candidate for q's device, dtype and head dim (the same on every rank)."""
+    if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q):
+        return dispatch.layer(signature, group)
+    return nullcontext()
 
 
 def _fused_supports(q: Tensor) -> bool:
