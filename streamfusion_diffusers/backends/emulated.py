@@ -4,12 +4,15 @@ Wraps a real transport. Every transfer between ranks of different (virtual) mach
 and is also booked on this rank's outgoing and incoming network queues for bytes / bandwidth + latency; the
 transfer counts as done when both the real move and its booking are over. Queues are per rank, so
 back-to-back transfers wait for each other as on one NIC. Transfers inside a machine are untouched.
-On GPU the booking is a sleep kernel on a side stream per queue (the host never blocks); on the CPU it is a
-deadline the handle sleeps until.
+On GPU the booking is held by a host thread that the queue's stream waits on without an SM (`gpu_delay.py`:
+a sleep kernel there would wait for the attention filling every SM, and no transfer would ever overlap it);
+inside a CUDA-graph capture, or without cuda-bindings, it falls back to a sleep kernel. The host never blocks.
+On the CPU the booking is a deadline the handle sleeps until.
 """
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Sequence
 
@@ -17,8 +20,11 @@ import torch
 from torch import Tensor
 
 from ..links import Link
+from ..logs import say_once
 from ..mesh import Group
 from .base import Handle, Transport
+
+log = logging.getLogger(__name__)
 
 
 class _HostQueue:
@@ -61,16 +67,48 @@ def _job_sleep_rate(index: int) -> float:
     return sleep_cycles_per_second(torch.device("cuda", index))
 
 
-class _StreamQueue:
-    def __init__(self, device: torch.device, cycles_per_s: float):
+class _SleepQueue:
+    """The fallback booking: a sleep kernel, which a kernel filling every SM delays until it ends."""
+
+    def __init__(self, device: torch.device):
         self.stream = torch.cuda.Stream(device)
-        self.cycles_per_s = cycles_per_s
+        self.cycles_per_s = _job_sleep_rate(device.index)
 
     def book(self, seconds: float) -> torch.cuda.Event:
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))  # starts no earlier than the post
         with torch.cuda.stream(self.stream):
             torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
         return self.stream.record_event()
+
+
+class _GpuQueue:
+    """One direction of this GPU's emulated NIC: bookings held by a host thread, sleep kernels while capturing."""
+
+    def __init__(self, device: torch.device):
+        self.sleep = _SleepQueue(device)
+        try:
+            from .gpu_delay import NicQueue
+            self.nic: object | None = NicQueue(device)
+        except Exception as err:  # no cuda-bindings, or no stream memory operations on this GPU / driver
+            self.nic = None
+            say_once(log, logging.WARNING, "emulated link: no host-held bookings (%s); using sleep kernels, which "
+                     "attention delays, so transfers that would overlap it are emulated as serial", err)
+
+    def book(self, seconds: float) -> torch.cuda.Event:
+        if self.nic is None or torch.cuda.is_current_stream_capturing():
+            if self.nic is not None:
+                say_once(log, logging.INFO, "emulated link inside a CUDA graph: sleep kernels, which attention "
+                         "delays (transfers that would overlap it are emulated as serial)")
+            return self.sleep.book(seconds)
+        return self.nic.book(seconds)
+
+
+@functools.cache
+def _gpu_queues(index: int) -> tuple[_GpuQueue, _GpuQueue]:
+    """This process's NIC on GPU `index`, outgoing and incoming: one per rank, shared by every context of a job
+    (bench and tune build many), as one machine's NIC is shared by whatever runs on it."""
+    device = torch.device("cuda", index)
+    return _GpuQueue(device), _GpuQueue(device)
 
 
 class _EventHandle:
@@ -91,8 +129,7 @@ class EmulatedTransport:
         self.name = f"{inner.name}+emulated({link.name})"
         self.gpus_per_machine = gpus_per_machine
         if device.type == "cuda":
-            rate = _job_sleep_rate(device.index if device.index is not None else torch.cuda.current_device())
-            self._queues: tuple = (_StreamQueue(device, rate), _StreamQueue(device, rate))
+            self._queues: tuple = _gpu_queues(device.index if device.index is not None else torch.cuda.current_device())
         else:
             self._queues = (_HostQueue(), _HostQueue())
 

@@ -1,0 +1,84 @@
+"""The emulated link's time on a GPU, held without an SM, as a NIC's DMA is.
+
+A NIC moves bytes while every SM computes. A delay kernel cannot stand in for it: measured on an H200
+(`benchmarks/link_delay_check.py`), a `torch.cuda._sleep` posted beside a cuDNN attention kernel does not start
+until the attention's blocks, which fill every SM, are done, so a booked transfer never overlaps attention and
+every schedule that hides transfers behind attention (Torus, the ring passes) is emulated as serial.
+
+`NicQueue` holds each booking on the host instead: a thread waits until the booking's data is ready on the GPU
+(an event) and the previous booking on the queue is over, sleeps the booked time, then raises a counter in pinned
+memory; the queue's stream waits for that counter with a stream memory operation (`cuStreamWaitValue32`), which
+the GPU's front end evaluates, not an SM.
+"""
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+
+import torch
+
+# a woken booking thread needs the GIL back within this long, also while the main thread launches kernels
+_GIL_SWITCH_S = 1e-4
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        from cuda import cuda as driver  # cuda-python before 12.6
+    return driver
+
+
+def _check(result: tuple) -> tuple:
+    err, *rest = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA driver call failed: {err}")
+    return tuple(rest)
+
+
+def _sleep_until(deadline: float) -> None:
+    """Sleep, then spin the last 0.2 ms (time.sleep overshoots by tens of microseconds); the spin yields the GIL."""
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(left - 2e-4 if left > 3e-4 else 0)
+
+
+class NicQueue:
+    """One direction of one rank's NIC: bookings run one after another, each from when its data is ready."""
+
+    def __init__(self, device: torch.device):
+        self._driver = _driver()
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self._done = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # bookings finished, raised by the thread
+        self._done_view = self._done.numpy()
+        (self._done_ptr,) = _check(self._driver.cuMemHostGetDevicePointer(self._done.data_ptr(), 0))
+        self._posted = 0
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        if sys.getswitchinterval() > _GIL_SWITCH_S:
+            sys.setswitchinterval(_GIL_SWITCH_S)
+        threading.Thread(target=self._serve, name=f"emulated-nic-{device}", daemon=True).start()
+
+    def book(self, seconds: float) -> torch.cuda.Event:
+        """Hold `seconds` on this queue once the current stream's work so far is done; returns its end event."""
+        ready = torch.cuda.current_stream(self.device).record_event()
+        self._posted += 1
+        self._jobs.put((ready, time.perf_counter(), seconds, self._posted))
+        flags = self._driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        _check(self._driver.cuStreamWaitValue32(self._driver.CUstream(self.stream.cuda_stream), self._done_ptr,
+                                                self._posted, flags))
+        return self.stream.record_event()
+
+    def _serve(self) -> None:
+        busy_until = 0.0
+        while True:
+            ready, posted_at, seconds, number = self._jobs.get()
+            if ready.query():  # ready while the queue was busy: starts when the last booking ended, not now
+                start = max(busy_until, posted_at)
+            else:
+                ready.synchronize()
+                start = max(time.perf_counter(), busy_until)
+            busy_until = start + seconds
+            _sleep_until(busy_until)
+            self._done_view[0] = number

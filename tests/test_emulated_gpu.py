@@ -1,0 +1,62 @@
+"""The emulated link's bookings on a GPU behave like a NIC's transfers: they overlap an attention kernel that
+fills every SM (a sleep kernel cannot: it waits for the attention to end), and bookings on one queue run one
+after another. One GPU; needs cuda-bindings (it comes with CUDA torch wheels)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="needs cuda-bindings")]
+
+
+def _ms(run) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # the host ahead of the GPU, as in a layer
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _attention():
+    q = torch.randn(1, 24, 16384, 128, device="cuda", dtype=torch.bfloat16)
+    return lambda: F.scaled_dot_product_attention(q, q, q)
+
+
+def test_a_booking_overlaps_attention_that_fills_every_sm():
+    from streamfusion_diffusers.backends.emulated import _gpu_queues
+
+    send, _ = _gpu_queues(torch.cuda.current_device())
+    assert send.nic is not None, "host-held bookings unavailable: the emulated link would serialize transfers"
+    attend = _attention()
+    attend()
+    attention_ms = min(_ms(attend) for _ in range(3))
+    seconds = 2 * attention_ms * 1e-3
+
+    def booked_beside_attention():
+        event = send.book(seconds)
+        attend()
+        torch.cuda.current_stream().wait_event(event)
+
+    both = min(_ms(booked_beside_attention) for _ in range(3))
+    # overlapped: max(A, D) = D; serial (a sleep kernel behind the attention) would be A + D = 1.5 D
+    assert both < 1.15 * seconds * 1e3, (both, attention_ms)
+    assert both > 0.97 * seconds * 1e3, (both, attention_ms)
+
+
+def test_bookings_on_one_queue_run_one_after_another():
+    from streamfusion_diffusers.backends.emulated import _gpu_queues
+
+    _, receive = _gpu_queues(torch.cuda.current_device())
+
+    def three():
+        events = [receive.book(5e-3) for _ in range(3)]
+        torch.cuda.current_stream().wait_event(events[-1])
+
+    total = min(_ms(three) for _ in range(3))
+    assert 14.5 < total < 16.5, total
