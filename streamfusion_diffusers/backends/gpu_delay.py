@@ -74,11 +74,13 @@ class NicQueue:
         busy_until = 0.0
         while True:
             ready, posted_at, seconds, number = self._jobs.get()
-            if ready.query():  # ready while the queue was busy: starts when the last booking ended, not now
-                start = max(busy_until, posted_at)
-            else:
-                ready.synchronize()
-                start = max(time.perf_counter(), busy_until)
-            busy_until = start + seconds
-            _sleep_until(busy_until)
-            self._done_view[0] = number
+            try:
+                if ready.query():  # ready while the queue was busy: starts when the last booking ended, not now
+                    start = max(busy_until, posted_at)
+                else:
+                    ready.synchronize()
+                    start = max(time.perf_counter(), busy_until)
+                busy_until = start + seconds
+                _sleep_until(busy_until)
+            finally:  # a failed wait (the GPU's error surfaces on the main thread) must not leave the stream stuck
+                self._done_view[0] = number
