@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Sequence
 
@@ -86,11 +87,16 @@ class _GpuQueue:
 
     def __init__(self, device: torch.device):
         self.sleep = _SleepQueue(device)
+        self.nic: object | None = None
+        if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+            # one hardware queue: kernels start in launch order, so a sleep posted before the attention runs
+            # beside it, while a stream waiting on the host would stall every stream behind it (measured)
+            say_once(log, logging.INFO, "emulated link: CUDA_DEVICE_MAX_CONNECTIONS=1, bookings are sleep kernels")
+            return
         try:
             from .gpu_delay import NicQueue
-            self.nic: object | None = NicQueue(device)
+            self.nic = NicQueue(device)
         except Exception as err:  # no cuda-bindings, or no stream memory operations on this GPU / driver
-            self.nic = None
             say_once(log, logging.WARNING, "emulated link: no host-held bookings (%s); using sleep kernels, which "
                      "attention delays, so transfers that would overlap it are emulated as serial", err)
 
