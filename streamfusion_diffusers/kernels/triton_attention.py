@@ -190,14 +190,26 @@ def multi_chunk_attention(
         kv_rows.append([_offset(k, x_base), *k.stride()[:3], _offset(v, x_base), *v.stride()[:3], k.shape[1]])
     if cfg.use_tma:
         _set_tma_allocator()
-    q_table = torch.tensor(q_rows, dtype=torch.int64).to(q0.device)
-    kv_table = torch.tensor(kv_rows, dtype=torch.int64).to(q0.device)
+    q_table, kv_table = _device_table(q_rows, q0.device), _device_table(kv_rows, q0.device)
     _multi_chunk_attention[(tiles, batch * heads)](
         x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
         DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+
+
+# Host tables copied by captured CUDA graphs: a replay copies from the same host memory again, so it must live
+# as long as the graph (a few hundred bytes per captured call; graphs are captured once per shape).
+_CAPTURED_TABLES: list[Tensor] = []
+
+
+def _device_table(rows: list[list[int]], device: torch.device) -> Tensor:
+    """The chunk table on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows)."""
+    host = torch.tensor(rows, dtype=torch.int64).pin_memory()
+    if torch.cuda.is_current_stream_capturing():
+        _CAPTURED_TABLES.append(host)
+    return host.to(device, non_blocking=True)
 
 
 def _offset(x: Tensor, base: Tensor) -> int:
