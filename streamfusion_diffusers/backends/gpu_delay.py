@@ -1,9 +1,10 @@
 """The emulated link's time on a GPU, held without an SM, as a NIC's DMA is.
 
 A NIC moves bytes while every SM computes. A delay kernel cannot stand in for it: measured on an H200
-(`benchmarks/link_delay_check.py`), a `torch.cuda._sleep` posted beside a cuDNN attention kernel does not start
-until the attention's blocks, which fill every SM, are done, so a booked transfer never overlaps attention and
-every schedule that hides transfers behind attention (Torus, the ring passes) is emulated as serial.
+(`benchmarks/link_delay_check.py`), a `torch.cuda._sleep` booked as transfers are posted (after the work queued
+so far, so it becomes ready together with the attention queued next) starts only when that attention, whose
+blocks fill every SM, is done: the booked transfer does not overlap it, and schedules that hide transfers behind
+attention (Torus, the ring passes) were emulated as serial.
 
 `NicQueue` holds each booking on the host instead: a thread waits until the booking's data is ready on the GPU
 (an event) and the previous booking on the queue is over, sleeps the booked time, then raises a counter in pinned
