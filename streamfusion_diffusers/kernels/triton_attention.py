@@ -206,7 +206,10 @@ _CAPTURED_TABLES: list[Tensor] = []
 
 def _device_table(rows: list[list[int]], device: torch.device) -> Tensor:
     """The chunk table on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows)."""
-    host = torch.tensor(rows, dtype=torch.int64).pin_memory()
+    host = torch.tensor(rows, dtype=torch.int64)
+    if device.type != "cuda":  # Triton's interpreter, on the CPU
+        return host
+    host = host.pin_memory()
     if torch.cuda.is_current_stream_capturing():
         _CAPTURED_TABLES.append(host)
     return host.to(device, non_blocking=True)
