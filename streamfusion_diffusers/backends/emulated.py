@@ -86,7 +86,7 @@ class _GpuQueue:
     """One direction of this GPU's emulated NIC: bookings held by a host thread, sleep kernels while capturing."""
 
     def __init__(self, device: torch.device):
-        self.sleep = _SleepQueue(device)
+        self.sleep = _SleepQueue(device)  # made up front: its calibration cannot run inside a graph capture
         self.nic: object | None = None
         if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
             # one hardware queue: kernels start in launch order, so a sleep posted before the attention runs

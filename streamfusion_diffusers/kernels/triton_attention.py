@@ -190,7 +190,8 @@ def multi_chunk_attention(
         kv_rows.append([_offset(k, x_base), *k.stride()[:3], _offset(v, x_base), *v.stride()[:3], k.shape[1]])
     if cfg.use_tma:
         _set_tma_allocator()
-    q_table, kv_table = _device_table(q_rows, q0.device), _device_table(kv_rows, q0.device)
+    table = _device_table(q_rows + kv_rows, q0.device)  # both 9 wide: one host tensor, one copy per call
+    q_table, kv_table = table[:len(q_rows)], table[len(q_rows):]
     _multi_chunk_attention[(tiles, batch * heads)](
         x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
         DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -205,7 +206,7 @@ _CAPTURED_TABLES: list[Tensor] = []
 
 
 def _device_table(rows: list[list[int]], device: torch.device) -> Tensor:
-    """The chunk table on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows)."""
+    """The chunk tables on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows)."""
     host = torch.tensor(rows, dtype=torch.int64)
     if device.type != "cuda":  # Triton's interpreter, on the CPU
         return host
