@@ -28,7 +28,7 @@ from streamfusion_diffusers.bench.model import model_inputs
 from streamfusion_diffusers.bench.workloads import flux
 from streamfusion_diffusers.models import MODELS
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers import parallelize, unparallelize
 
 WARMUP = {"layer": 20, "step": 3}
 # Allocated bytes must not move at all. The peak may move by one block of the caching allocator (2 MiB: a

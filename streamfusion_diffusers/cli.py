@@ -1,13 +1,17 @@
 """The `streamfusion` command: one subcommand per job."""
 from __future__ import annotations
 
-import argparse
 import logging
+import os
 import sys
 
 from . import generate, launch, plan, verify
 from .bench import command as bench
+from .extras import missing
+from .logs import quiet_third_party
+from .options import Parser, check
 from .recipes import tune
+from .spawn import RankFailure
 
 COMMANDS = {
     "generate": (generate, "run a Flux or CogVideoX pipeline sequence-parallel; writes the output and run.json"),
@@ -20,18 +24,35 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="streamfusion", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser = Parser(prog="streamfusion", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log at INFO level, with third-party warnings and every rank's traceback on failure")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=help_text, description=module.__doc__))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
+    quiet_third_party(args.verbose)
+    where = f"streamfusion {args.command}"
     try:
+        check(args)
         return COMMANDS[args.command][0].main(args)
     except ValueError as err:  # configuration errors already say what to change
-        parser.exit(2, f"streamfusion {args.command}: error: {err}\n")
+        return _fail(f"{where}: error: {err}")
+    except ModuleNotFoundError as err:
+        if missing(err.name) is None:
+            raise
+        return _fail(f"{where}: error: {missing(err.name)}")
+    except RankFailure as err:
+        return _fail(f"{where}: {err}" if args.verbose else f"{where}: {err.summary} (-v: every rank's traceback)", 1)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    """One message on stderr, from the job's rank 0 only (every rank of a launched job checks the same)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
 BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "nvshmem")
 KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
 COMM_DTYPES: tuple[str | None, ...] = (None, "fp8", "int8")
+DEFAULT_TIMEOUT_S = 300.0  # how long any collective waits for a peer before it fails (process groups, transports)
 
 
 def layout_label(method: str, ulysses: int, ring: int, torus: int | None = None) -> str:
@@ -62,7 +63,7 @@ class ParallelConfig:
     method: Method = "torus"
     backend: str = "torch"
     kernel: str = "auto"
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     strict: bool = False
     emulate_link: str | None = None
     recipe: str | None = None

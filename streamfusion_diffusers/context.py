@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
-import os
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +13,7 @@ from .backends.emulated import EmulatedTransport
 from .backends.quantized import QuantizedTransport
 from .backends.watch import WatchedTransport
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
+from .join import join_job
 from .links import parse_link
 from .mesh import CfgGroups, Mesh
 
@@ -33,11 +32,7 @@ class ParallelContext:
     """
 
     def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None):
-        if not dist.is_initialized():
-            if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-                raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch "
-                                   "with torchrun / `streamfusion launch`) before init_parallel")
-            _join_launched_job(config.timeout_s)
+        join_job(timeout_s=config.timeout_s)  # under a launcher, when the script did not join yet
         self.config = config
         self.global_rank, self.job_size = dist.get_rank(), dist.get_world_size()
         self.worlds = _check_worlds(worlds) if worlds else None
@@ -172,15 +167,6 @@ def _check_worlds(worlds: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...
         raise ValueError(f"worlds {out} must split ranks 0..{dist.get_world_size() - 1} into disjoint groups of "
                          f"one size, each in ascending order")
     return out
-
-
-def _join_launched_job(timeout_s: float) -> None:
-    """Create the default process group of a job that torchrun, `streamfusion launch` or accelerate started
-    (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK set): NCCL with one GPU per process, else gloo."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def shutdown() -> None:

@@ -1,20 +1,22 @@
 """`streamfusion generate`: run a Flux or CogVideoX pipeline sequence-parallel and write its output and run.json
 (the options and their checks: job.py).
 
-With no arguments: a tiny Flux pipeline (random weights) on the CPU, in 4 gloo processes as 2 machines x 2,
-with method "auto" (the recipe entry for the shape and cluster, else the cost model's choice). `--model flux-dev`
-or `--model cogvideox-5b` builds the real-size transformer from its real config (random weights unless `--weights` names a hub id or local folder); launch those under
-torchrun, one GPU per process. The layout is checked before any process starts or any model is built.
+With no arguments: a tiny Flux pipeline (random weights) with method "auto" (the recipe entry for the shape and
+cluster, else the cost model's choice), in one NCCL process per visible GPU or, with no GPU (or --cpu), in 4 gloo
+processes on the CPU as 2 machines x 2; under torchrun, in the launcher's processes. `--model flux-dev` or
+`--model cogvideox-5b` builds the real-size pipeline from its real configs (random weights unless `--weights`
+names a hub id or local folder); without a GPU those are refused unless --cpu asks for them. Everything is
+checked before any process starts or any model is built.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import importlib.util
 import json
 import logging
-import os
+import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import init_parallel, shutdown
-from .job import DTYPES, Job, add_arguments, make_job
+from .context import ParallelContext, init_parallel
+from .extras import install_hint
+from .job import DTYPES, Job, add_arguments, make_job, real_size
+from .join import launched
 from .phases import PhaseTimer
-from .spawn import run_local
+from .spawn import run_job
 
 logger = logging.getLogger(__name__)
+
+
 def _write_output(job: Job, result: Any) -> list[str]:
     out = Path(job.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +46,7 @@ def _write_output(job: Job, result: Any) -> list[str]:
         from diffusers.utils import export_to_video
 
         return [export_to_video(frames, str(out / "video.mp4"), fps=8)]
-    logger.warning("no video encoder installed (pip install imageio imageio-ffmpeg): writing the frames as PNGs")
+    logger.warning("no video encoder installed (%s): writing the frames as PNGs", install_hint("video"))
     (out / "frames").mkdir(exist_ok=True)
     paths = [out / "frames" / f"{i:03d}.png" for i in range(len(frames))]
     for frame, path in zip(frames, paths):
@@ -48,13 +54,36 @@ def _write_output(job: Job, result: Any) -> list[str]:
     return [str(p) for p in paths]
 
 
+def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
+    """The layout each attention shape ran and why: method "auto"'s recipe entry or cost-model prediction,
+    else the layout asked for."""
+    if ctx.config.method != "auto":
+        return [{"layout": str(ctx.layout(heads)), "kernel": ctx.config.kernel, "why": "asked for"}]
+    return [{"tokens": key[0], "joint_tokens": key[3], "heads": key[1], "head_dim": key[2], "layout": str(c.layout),
+             "kernel": c.kernel, "why": c.why} for key, c in ctx.chosen.items()]
+
+
+def _output_size(job: Job, result: Any) -> dict:
+    """The size the pipeline produced (what ran), as run.json records it."""
+    if job.spec.family == "flux":
+        width, height = result.images[0].size
+        return {"height": height, "width": width}
+    frames = result.frames[0]
+    width, height = frames[0].size
+    return {"height": height, "width": width, "frames": len(frames)}
+
+
 def run_rank(job: Job) -> dict | None:
     """One rank's share of the job; rank 0 decodes, writes the output and returns the run record."""
-    from .models.build import build_pipeline, load_pipeline  # diffusers is an extra: imported only to run
+    from diffusers.utils import logging as diffusers_logging  # diffusers is an extra: imported only to run
+
+    from .models.build import build_pipeline, load_pipeline
     from .models.full import build_full_pipeline
-    from .parallelize import parallelize
+    from .parallel_pipeline import parallelize
 
     rank = dist.get_rank()
+    if rank != 0:  # progress (loading, denoising) on rank 0 only
+        diffusers_logging.disable_progress_bar()
     device = torch.device("cuda", torch.cuda.current_device()) if job.gpu else torch.device("cpu")
     dtype = DTYPES[job.dtype]
     ctx = init_parallel(job.parallel)
@@ -63,7 +92,7 @@ def run_rank(job: Job) -> dict | None:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
-        build = build_pipeline if job.model.startswith("tiny-") else build_full_pipeline
+        build = build_full_pipeline if real_size(job.model) else build_pipeline
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
@@ -83,15 +112,18 @@ def run_rank(job: Job) -> dict | None:
     finished = phases.now()
     if rank != 0:
         return None
+    heads = transformer.config.num_attention_heads
     record = {
         "model": job.model, "weights": job.weights or "random", "prompt": job.prompt,
         "height": job.height, "width": job.width, "frames": job.frames if job.spec.family == "cogvideox" else None,
+        "output_size": _output_size(job, result),
         "steps": job.steps, "guidance_scale": job.guidance_scale, "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
         "cuda_graph": job.cuda_graph,
-        "layout": str(ctx.layout(transformer.config.num_attention_heads)), "cfg": ctx.cfg.degree,
-        "layout_choice": sorted({c.why for c in ctx.chosen.values()}) or None,  # method auto: why
+        "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
+        "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
+        "attention": _attention_record(ctx, heads),
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
         "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
@@ -101,29 +133,34 @@ def run_rank(job: Job) -> dict | None:
     return record
 
 
-def _join_torchrun(gpu: bool) -> None:
-    if dist.is_initialized():
-        return
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=600))
+def _memory_line(job: Job) -> str:
+    """What a real-size model asks of the CPU: its parameters (counted on the meta device) per process."""
+    from .models.full import build_full_pipeline
+
+    pipe = build_full_pipeline(job.model, dtype=DTYPES[job.dtype], device="meta")
+    parts = [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
+    each = sum(p.numel() * p.element_size() for c in parts for p in c.parameters())
+    return (f"streamfusion generate: {job.model} on the CPU in {job.world_size} processes needs about "
+            f"{job.world_size * each / 2**30:.0f} GiB of memory ({each / 2**30:.0f} GiB of {job.dtype} weights each)")
 
 
 def main(args: argparse.Namespace) -> int:
     job = make_job(args)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        _join_torchrun(job.gpu)
-        record = run_rank(job)
-        shutdown()
-    else:
-        record = run_local(run_rank, job.world_size, job, backend="nccl" if job.gpu else "gloo", timeout_s=3600)[0]
+    if real_size(job.model) and not job.gpu and not launched():
+        print(_memory_line(job), file=sys.stderr)
+    # no bound on the whole run: a rank that fails or dies ends it, and one that stalls makes its peers'
+    # collectives fail after timeout_s
+    record = run_job(run_rank, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
+                     wait_s=math.inf)[0]
     if record is not None:
         steps = record["step_latency_s"]
         mean_ms = 1e3 * sum(steps) / max(len(steps), 1)
         cfg = f"cfg {record['cfg']} x " if record["cfg"] > 1 else ""
-        print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}), "
-              f"{len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
+        print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}, "
+              f"{record['backend']}), {len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
+        if job.parallel.method == "auto":
+            print("method auto: " + "; ".join(sorted({a["why"] for a in record["attention"]})))
         print(f"wrote {', '.join(record['outputs'][:3])}{' ...' if len(record['outputs']) > 3 else ''} and "
               f"{Path(job.output) / 'run.json'}")
     return 0

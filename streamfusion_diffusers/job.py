@@ -6,21 +6,24 @@ the CFG split against the cluster, the token count against the ranks, the recipe
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from . import ParallelConfig
 from .config import METHODS, cfg_shape, resolve_layout
+from .extras import missing
+from .join import launched
 from .models import MODELS, ModelSpec
 from .recipes import load_recipes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_PROMPT = "a photo of a red cat on a quiet street at sunset"
-SPAWN_SHAPE = (2, 2)  # machines x GPUs (processes) per machine when not under torchrun
+SPAWN_SHAPE = (2, 2)  # machines x processes per machine of a CPU job not under torchrun
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,9 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ring", type=int, default=None, help="Ring degree R (default: P / U)")
     parser.add_argument("--torus", type=int, default=None, help="Torus degree T (torus method only)")
     parser.add_argument("--machines", type=int, default=None,
-                        help=f"machines N (default {SPAWN_SHAPE[0]} when spawning, the node count under torchrun)")
+                        help=f"machines N (default: 1 on GPUs, {SPAWN_SHAPE[0]} on the CPU, the node count under "
+                             f"torchrun)")
     parser.add_argument("--gpus-per-machine", type=int, default=None,
-                        help=f"processes per machine M (default {SPAWN_SHAPE[1]} when spawning, "
+                        help=f"processes per machine M (default: every visible GPU, {SPAWN_SHAPE[1]} on the CPU, "
                              f"LOCAL_WORLD_SIZE under torchrun)")
     parser.add_argument("--backend", choices=("torch", "nvshmem"), default=None,
                         help="transport: torch (NCCL on GPUs, gloo on the CPU) or nvshmem (one-sided, GPUs; falls back "
@@ -56,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default float32 on the CPU, bfloat16 on GPUs")
     parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
-    parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even where GPUs exist")
+    parser.add_argument("--cpu", action="store_true",
+                        help="gloo processes on the CPU even where GPUs are visible (default: one NCCL process per GPU)")
     parser.add_argument("--cfg-parallel", nargs="?", const="2", choices=("1", "2", "auto"), default="1",
                         help="compute the two classifier-free-guidance branches at once, each on half of the ranks "
                              "(one branch per half of the machines when the machine count is even); "
@@ -131,25 +136,69 @@ def cfg_degree(option: str, is_guided: bool) -> int:
     return int(option)
 
 
+def real_size(model: str) -> bool:
+    return not model.startswith("tiny-")
+
+
+def cluster(args: argparse.Namespace) -> tuple[int, int, bool]:
+    """(machines, processes per machine, GPUs or not): torchrun's job; else one process per visible GPU on one
+    machine, the way torchrun would start them; else (--cpu, or no GPU) gloo processes on the CPU."""
+    if launched():
+        world = int(os.environ["WORLD_SIZE"])
+        machines = args.machines or max(world // int(os.environ.get("LOCAL_WORLD_SIZE", world)), 1)
+        per_machine = args.gpus_per_machine or world // machines
+        if machines * per_machine != world:
+            raise ValueError(f"--machines {machines} x --gpus-per-machine {per_machine} is not the {world} ranks "
+                             f"torchrun started")
+        return machines, per_machine, torch.cuda.is_available() and not args.cpu
+    visible = 0 if args.cpu else torch.cuda.device_count()
+    if visible == 0:
+        if real_size(args.model) and not args.cpu:
+            tiny = f"tiny-{MODELS[args.model].family}"
+            raise ValueError(f"{args.model} is a real-size model and no GPU is visible: run the same command where "
+                             f"GPUs are (one process per GPU), or here `streamfusion generate --model "
+                             f"{tiny if tiny in MODELS else 'tiny-flux'}`, or add --cpu to run {args.model} on the "
+                             f"CPU anyway (slow, tens of GB of memory per process)")
+        return args.machines or SPAWN_SHAPE[0], args.gpus_per_machine or SPAWN_SHAPE[1], False
+    machines = args.machines or 1
+    per_machine = args.gpus_per_machine or max(visible // machines, 1)
+    if machines * per_machine > visible:
+        raise ValueError(f"--machines {machines} x --gpus-per-machine {per_machine} needs {machines * per_machine} "
+                         f"GPUs and {visible} are visible: ask for fewer, or add --cpu for gloo processes on the CPU")
+    return machines, per_machine, True
+
+
+def check_size(spec: ModelSpec, height: int, width: int, frames: int | None) -> None:
+    """Sizes the pipeline runs as given (it would round others silently)."""
+    step = spec.vae_scale * (spec.transformer.get("patch_size") or 1) * (2 if spec.family == "flux" else 1)
+    for name, value in (("--height", height), ("--width", width)):
+        if value % step:
+            raise ValueError(f"{name} {value}: must be a multiple of {step} for this model "
+                             f"(e.g. {max(step, value // step * step)})")
+    if frames is None:
+        return
+    if spec.family != "cogvideox":
+        raise ValueError("--frames is for video models (CogVideoX); drop it")
+    ratio = spec.transformer["temporal_compression_ratio"]
+    if (frames - 1) % ratio:
+        raise ValueError(f"--frames {frames}: must be {ratio}k + 1 (e.g. {(frames - 1) // ratio * ratio + 1})")
+
+
+def given(value: Any, default: Any) -> Any:
+    """A given option's value, else the default: a given 0 stays 0."""
+    return default if value is None else value
+
+
 def make_job(args: argparse.Namespace) -> Job:
     """Resolve defaults and check the layout against the model, before any process starts."""
     if importlib.util.find_spec("diffusers") is None:
-        raise ValueError("streamfusion generate needs diffusers: pip install 'streamfusion-diffusers[diffusers]'")
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if under_torchrun:
-        world = int(os.environ["WORLD_SIZE"])
-        per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        machines = args.machines or max(world // per_machine, 1)
-        gpus_per_machine = args.gpus_per_machine or world // machines
-        gpu = torch.cuda.is_available() and not args.cpu
-    else:
-        machines = args.machines or SPAWN_SHAPE[0]
-        gpus_per_machine = args.gpus_per_machine or SPAWN_SHAPE[1]
-        world = machines * gpus_per_machine
-        gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world and not args.cpu
+        raise ValueError(f"streamfusion generate {missing('diffusers')}")
+    machines, gpus_per_machine, gpu = cluster(args)
+    world = machines * gpus_per_machine
     spec = MODELS[args.model]
-    height, width = args.height or spec.height, args.width or spec.width
-    frames = args.frames or spec.frames
+    height, width = given(args.height, spec.height), given(args.width, spec.width)
+    check_size(spec, height, width, args.frames)
+    frames = given(args.frames, spec.frames)
     if args.recipe and args.method != "auto":
         raise ValueError(f"--recipe is what --method auto reads; drop --method {args.method} or --recipe")
     parallel = ParallelConfig(machines=machines, gpus_per_machine=gpus_per_machine, method=args.method,
@@ -158,7 +207,7 @@ def make_job(args: argparse.Namespace) -> Job:
         parallel = dataclasses.replace(parallel, backend=args.backend)
     if args.comm_dtype:
         parallel = dataclasses.replace(parallel, comm_dtype=args.comm_dtype)
-    guidance_scale = args.guidance_scale or spec.guidance_scale
+    guidance_scale = given(args.guidance_scale, spec.guidance_scale)
     cfg = cfg_degree(args.cfg_parallel, guided(spec, guidance_scale, args.true_cfg_scale))
     parallel = dataclasses.replace(parallel, cfg=cfg)
     branch_machines, branch_gpus = cfg_shape(machines, gpus_per_machine, cfg)
@@ -175,7 +224,7 @@ def make_job(args: argparse.Namespace) -> Job:
         from .graphs import NO_GPU
         raise ValueError(NO_GPU)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
-               steps=args.steps or spec.steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
-               max_sequence_length=args.max_sequence_length or spec.max_sequence_length, seed=args.seed,
+               steps=given(args.steps, spec.steps), guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
+               max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph)

@@ -1,11 +1,11 @@
 """`streamfusion launch`: torchrun with the NVSHMEM environment sized for the model, on one machine or many.
 
     streamfusion launch [--nnodes N --nproc-per-node M --node-rank i --master-addr host --master-port p]
-                        [--recipe flux-dev --resolution 2048 | --recipe cogvideox-5b --frames 49]
+                        [--model flux-dev --resolution 2048 | --model cogvideox-5b --frames 49]
                         script.py args...  |  -m module args...
 
 Runs `python -m torch.distributed.run` (torchrun) with the same arguments, and sets NVSHMEM_SYMMETRIC_SIZE
-(unless already set) to what the largest sp_attention layer of that model and size needs on N x M GPUs, so
+(unless already set) to what the largest sp_attention layer of that --model and size needs on N x M GPUs, so
 backend "nvshmem" never runs out of symmetric heap. Every other variable passes through untouched, among
 them the ones that keep NVLink multicast off (NCCL_NVLS_ENABLE, NVSHMEM_DISABLE_NVLS,
 TORCH_SYMM_MEM_DISABLE_MULTICAST). The script calls `init_parallel(...)`, which joins the process group the
@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 .. N-1")
     parser.add_argument("--master-addr", default="127.0.0.1", help="address of machine 0 (default 127.0.0.1)")
     parser.add_argument("--master-port", type=int, default=29500)
-    parser.add_argument("--recipe", default=None, help="model recipe (flux-dev, cogvideox-5b, or a YAML path): "
-                        "sizes the NVSHMEM symmetric heap for that model")
+    parser.add_argument("--model", choices=sorted(WORKLOADS), default=None,
+                        help="the model the script runs: sizes the NVSHMEM symmetric heap for it")
+    parser.add_argument("--recipe", default=None, help=argparse.SUPPRESS)  # deprecated: was the model
     parser.add_argument("--resolution", type=int, default=None, help="image side in pixels (Flux)")
     parser.add_argument("--height", type=int, default=None, help="frame height in pixels (default: the model's)")
     parser.add_argument("--width", type=int, default=None, help="frame width in pixels (default: the model's)")
@@ -82,11 +83,20 @@ def heap_bytes(tokens: int, joint: int, heads: int, head_dim: int, machines: int
     return world * per_peer + world * MAX_MESSAGES * 8 + HEAP_SLACK
 
 
+def heap_model(args: argparse.Namespace) -> str | None:
+    """--model; launch's --recipe, which named the model before, says once that it is deprecated."""
+    if args.recipe is None:
+        return args.model
+    print(f"streamfusion launch: --recipe is deprecated here (--recipe means where method auto looks, in every "
+          f"command): use --model {load_recipe(args.recipe).model}", file=sys.stderr)
+    return args.model or load_recipe(args.recipe).model
+
+
 def nvshmem_env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
-    """The NVSHMEM variables to set: the symmetric heap, from the recipe's model and size."""
-    if args.recipe is None or "NVSHMEM_SYMMETRIC_SIZE" in os.environ:
+    """The NVSHMEM variables to set: the symmetric heap, from the model and size."""
+    model = heap_model(args)
+    if model is None or "NVSHMEM_SYMMETRIC_SIZE" in os.environ:
         return {}
-    model = load_recipe(args.recipe).model
     side = args.resolution
     tokens, joint, heads, head_dim = sequence_tokens(model, args.height or side, args.width or side, args.frames)
     return {"NVSHMEM_SYMMETRIC_SIZE": str(heap_bytes(tokens, joint, heads, head_dim, args.nnodes, nproc))}

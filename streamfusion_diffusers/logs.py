@@ -1,9 +1,12 @@
 """Messages said once per job: fallbacks and choices go to the log on global rank 0 only, each distinct message
-once, instead of once per rank (and per context, layer or call) as every rank reaches the same code."""
+once, instead of once per rank (and per context, layer or call) as every rank reaches the same code; what other
+libraries say is silenced unless asked for (`-v`)."""
 from __future__ import annotations
 
 import logging
 import os
+import sys
+import warnings
 
 import torch.distributed as dist
 
@@ -24,3 +27,16 @@ def say_once(logger: logging.Logger, level: int, msg: str, *args: object) -> Non
         return
     _said.add(key)
     logger.log(level, msg, *args)
+
+
+def quiet_third_party(verbose: bool) -> None:
+    """Silence other libraries' Python warnings and their logs below ERROR (transformers' and diffusers': optional
+    backends they fall back from, tokenizer truncation), unless `verbose`. Set in the environment too, so that
+    the ranks a command spawns inherit it."""
+    if verbose:
+        return
+    warnings.filterwarnings("ignore", module=r"(?!streamfusion_diffusers)")
+    for library in ("transformers", "diffusers"):
+        os.environ.setdefault(f"{library.upper()}_VERBOSITY", "error")
+        if library in sys.modules:  # imported already: its logging read the environment then
+            sys.modules[library].utils.logging.set_verbosity_error()

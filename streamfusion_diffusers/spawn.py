@@ -1,30 +1,76 @@
 """Local multi-process jobs on one machine: gloo on the CPU, NCCL with one GPU per process.
 
-`run_local` is a one-shot job (used by `streamfusion verify` and `generate`); `ProcessPool` keeps the same
-workers and process group alive across many calls, so a test module pays the start-up cost once.
+`run_job` runs a command's work on every rank: it joins the launcher's job under torchrun, else spawns local
+ranks (`run_local`). `ProcessPool` keeps the same ranks and process group alive across many calls, so a test
+module pays the start-up cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out of
+memory, exited) or raises ends the whole job within seconds, naming the rank and the cause, and its peers are
+stopped; a rank that stalls ends it when its peers' collectives give up (`timeout_s`); ranks whose parent
+dies exit too.
 """
 from __future__ import annotations
 
-import datetime
+import logging
 import os
 import queue
+import signal
 import socket
+import threading
+import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .config import DEFAULT_TIMEOUT_S
 from .context import shutdown
+from .join import join_job, launched
 
-DEFAULT_TIMEOUT_S = 300.0
+POLL_S = 0.5  # how often the parent looks at its ranks while it waits
+GRACE_S = 5.0  # after the first failure, how long the other ranks may take to report theirs
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def exit_cause(code: int) -> str:
+    """What a rank's exit code says: the signal that killed it, or the code it exited with."""
+    if code < 0:
+        name = signal.Signals(-code).name
+        oom = " (what the out-of-memory killer sends)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{oom}"
+    return f"exited with code {code}"
+
+
+class RankFailure(RuntimeError):
+    """Some ranks of a local job failed: `failures` maps each to its cause (a traceback or how it ended)."""
+
+    def __init__(self, what: str, failures: dict[int, str], died: set[int]):
+        self.what, self.failures, self.died = what, failures, died
+        details = "\n".join(f"rank {r}:\n{text}" for r, text in sorted(failures.items()))
+        super().__init__(f"{what} failed on {len(failures)} rank(s):\n{details}")
+
+    @property
+    def summary(self) -> str:
+        """One line per distinct cause, ranks that died first (their peers' errors follow from them)."""
+        causes: dict[str, list[int]] = {}
+        for rank in sorted(self.failures, key=lambda r: (r not in self.died, r)):
+            text = self.failures[rank].strip().splitlines() or ["no message"]
+            causes.setdefault(text[-1], []).append(rank)
+        parts = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {cause}"
+                 for cause, ranks in causes.items()]
+        return f"{self.what} failed: " + "; ".join(parts)
+
+
+def _exit_with(parent: int) -> None:
+    """Exit this rank when the process that spawned it is gone (killed before it could stop its ranks)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float) -> None:
@@ -34,14 +80,15 @@ def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float)
     import torch
 
     torch.set_num_threads(1)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    join_job(gpu=backend == "nccl", timeout_s=timeout_s)
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
+def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: float, parent: tuple[int, int, list],
             inbox: mp.Queue, outbox: mp.Queue) -> None:
+    pid, log_level, warning_filters = parent
+    threading.Thread(target=_exit_with, args=(pid,), daemon=True).start()
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
+    warnings.filters[:] = warning_filters
     try:
         _init(rank, world_size, port, backend, timeout_s)
     except Exception:  # noqa: BLE001 - report start-up failures to the parent instead of hanging it
@@ -58,17 +105,24 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: floa
 
 
 class ProcessPool:
-    """`world_size` processes joined in one process group, running functions on every rank on request."""
+    """`world_size` processes joined in one process group, running functions on every rank on request.
 
-    def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S):
+    timeout_s: the process group's (how long a collective waits for a peer). wait_s: how long one call may
+    take in all before the pool gives up on it (None: timeout_s; math.inf: as long as every rank runs).
+    """
+
+    def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 wait_s: float | None = None):
         self.world_size, self.timeout_s = world_size, timeout_s
+        self.wait_s = timeout_s if wait_s is None else wait_s
         ctx = mp.get_context("spawn")
         port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._outbox = ctx.Queue()
+        parent = (os.getpid(), logging.getLogger().getEffectiveLevel(), list(warnings.filters))
         self._procs = [
-            ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, self._inboxes[r], self._outbox),
-                        daemon=True)
+            ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, parent, self._inboxes[r],
+                                              self._outbox), daemon=True)
             for r in range(world_size)
         ]
         for p in self._procs:
@@ -76,21 +130,39 @@ class ProcessPool:
         self._collect("start-up")
 
     def _collect(self, what: str) -> list[Any]:
+        """Every rank's answer; on the first failure (an error, a rank gone) the others get GRACE_S to report
+        theirs, then the pool stops and raises RankFailure."""
         results: list[Any] = [None] * self.world_size
-        errors = []
-        for _ in range(self.world_size):
+        failures: dict[int, str] = {}
+        died: set[int] = set()
+        pending = set(range(self.world_size))
+        started = time.monotonic()
+        give_up = started + self.wait_s
+        while pending:
             try:
-                rank, ok, value = self._outbox.get(timeout=self.timeout_s)
+                rank, ok, value = self._outbox.get(timeout=POLL_S)
+                pending.discard(rank)
+                if ok:
+                    results[rank] = value
+                else:
+                    failures[rank] = value
             except queue.Empty:
-                self.close()
-                raise TimeoutError(f"{what}: no answer from every rank within {self.timeout_s:.0f} s") from None
-            if ok:
-                results[rank] = value
-            else:
-                errors.append(f"rank {rank}:\n{value}")
-        if errors:
-            self.close()
-            raise RuntimeError(f"{what} failed on {len(errors)} rank(s):\n" + "\n".join(errors))
+                for rank in sorted(pending):
+                    code = self._procs[rank].exitcode
+                    if code is not None:
+                        pending.discard(rank)
+                        died.add(rank)
+                        failures[rank] = exit_cause(code)
+            now = time.monotonic()
+            if failures:
+                give_up = min(give_up, now + GRACE_S)
+            if pending and now > give_up:
+                why = "stopped, no answer yet" if failures else f"no answer within {self.wait_s:.0f} s (stalled)"
+                failures.update(dict.fromkeys(pending, why))
+                break
+        if failures:
+            self.close(stop=True)
+            raise RankFailure(what, failures, died)
         return results
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
@@ -101,14 +173,20 @@ class ProcessPool:
             inbox.put((fn, args, kwargs))
         return self._collect(getattr(fn, "__name__", "task"))
 
-    def close(self) -> None:
+    def close(self, stop: bool = False) -> None:
+        """Let the ranks finish (their shutdown is collective), or with `stop` end them at once."""
         for inbox, proc in zip(self._inboxes, self._procs):
             if proc.is_alive():
-                inbox.put(None)
+                if stop:
+                    proc.terminate()
+                else:
+                    inbox.put(None)
+        ends = time.monotonic() + (2.0 if stop else 10.0)
         for proc in self._procs:
-            proc.join(timeout=10)
+            proc.join(timeout=max(0.0, ends - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
+                proc.join()
         self._procs = []
 
     def __enter__(self) -> ProcessPool:
@@ -119,15 +197,10 @@ class ProcessPool:
 
 
 def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> list[Any]:
+              timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None, **kwargs: Any) -> list[Any]:
     """Start `world_size` local processes, run fn on each rank once, and return the per-rank results."""
-    with ProcessPool(world_size, backend=backend, timeout_s=timeout_s) as pool:
+    with ProcessPool(world_size, backend=backend, timeout_s=timeout_s, wait_s=wait_s) as pool:
         return pool.run(fn, *args, **kwargs)
-
-
-def under_torchrun() -> bool:
-    """True when this process is one rank of a job started by torchrun (or `streamfusion launch`)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def job_shape(default_world: int, cpu_only: bool = False) -> tuple[int, bool]:
@@ -135,31 +208,28 @@ def job_shape(default_world: int, cpu_only: bool = False) -> tuple[int, bool]:
     get a GPU each when there are enough of them (and `cpu_only` is not asked for)."""
     import torch
 
-    if under_torchrun():
+    if launched():
         return int(os.environ["WORLD_SIZE"]), torch.cuda.is_available() and not cpu_only
     return default_world, torch.cuda.is_available() and torch.cuda.device_count() >= default_world and not cpu_only
 
 
 def run_job(fn: Callable[..., Any], world_size: int, *args: Any, gpu: bool,
-            timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:
+            timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None) -> list[Any]:
     """Run fn on every rank: join the torchrun job this process belongs to, or spawn `world_size` local ranks.
 
-    Under torchrun the list holds this rank's result only (every rank returns); locally, every rank's.
+    Under torchrun the list holds this rank's result only (every rank returns); locally, every rank's. Under
+    torchrun a rank that fails exits, and torchrun stops the others.
     """
-    backend = "nccl" if gpu else "gloo"
-    if not under_torchrun():
-        return run_local(fn, world_size, *args, backend=backend, timeout_s=timeout_s)
-    owned = not dist.is_initialized()
-    if owned:
-        if gpu:
-            import torch
-
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if not launched():
+        return run_local(fn, world_size, *args, backend="nccl" if gpu else "gloo", timeout_s=timeout_s,
+                         wait_s=wait_s)
+    owned = join_job(gpu, timeout_s)
     try:
         result = fn(*args)
     except BaseException:
         if owned:
+            import torch.distributed as dist
+
             dist.destroy_process_group()
         raise
     if owned:  # together, so that no rank tears down its transport while a peer still uses it

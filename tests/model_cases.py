@@ -18,7 +18,7 @@ from diffusers.models.embeddings import get_3d_rotary_pos_embed
 from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers.models import TINY_COGVIDEOX, TINY_FLUX
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers import parallelize, unparallelize
 from streamfusion_diffusers.sequence import split_sizes
 
 TOL = 1e-4

@@ -15,7 +15,7 @@ from streamfusion_diffusers import ParallelConfig, generate, init_parallel
 from streamfusion_diffusers.config import cfg_shape
 from streamfusion_diffusers.mesh import cfg_branches
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
-from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers import parallelize, unparallelize
 from streamfusion_diffusers.spawn import ProcessPool
 
 WORLD = 4

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_map_only
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.compiled import compile_blocks, repeated_blocks, uncompile_blocks
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers import parallelize, unparallelize
 from streamfusion_diffusers.spawn import ProcessPool
 
 BACKEND = "aot_eager"

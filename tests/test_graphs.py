@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_map_only
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.cli import main as cli_main
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers import parallelize, unparallelize
 from streamfusion_diffusers.spawn import ProcessPool
 
 GPUS = torch.cuda.device_count()

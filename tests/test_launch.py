@@ -13,7 +13,7 @@ from streamfusion_diffusers.sequence import split_sizes
 def test_dry_run_prints_torchrun_with_the_heap(capsys, monkeypatch):
     monkeypatch.delenv("NVSHMEM_SYMMETRIC_SIZE", raising=False)
     assert main(["launch", "--nnodes", "2", "--nproc-per-node", "4", "--node-rank", "1", "--master-addr", "10.0.0.7",
-                 "--recipe", "flux-dev", "--resolution", "2048", "--dry-run", "-m", "streamfusion_diffusers",
+                 "--model", "flux-dev", "--resolution", "2048", "--dry-run", "-m", "streamfusion_diffusers",
                  "generate", "--model", "flux-dev"]) == 0
     out = capsys.readouterr().out
     heap = heap_bytes(*sequence_tokens("flux-dev", 2048, 2048), machines=2, gpus_per_machine=4)
@@ -24,8 +24,16 @@ def test_dry_run_prints_torchrun_with_the_heap(capsys, monkeypatch):
 
 def test_print_env_keeps_a_heap_the_user_set(capsys, monkeypatch):
     monkeypatch.setenv("NVSHMEM_SYMMETRIC_SIZE", "8G")
-    assert main(["launch", "--nproc-per-node", "8", "--recipe", "cogvideox-5b", "--frames", "49", "--print-env"]) == 0
+    assert main(["launch", "--nproc-per-node", "8", "--model", "cogvideox-5b", "--frames", "49", "--print-env"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_recipe_that_named_the_model_still_sizes_the_heap_and_says_so(capsys, monkeypatch):
+    monkeypatch.delenv("NVSHMEM_SYMMETRIC_SIZE", raising=False)
+    assert main(["launch", "--nproc-per-node", "2", "--recipe", "flux-dev", "--print-env"]) == 0
+    out, err = capsys.readouterr()
+    heap = heap_bytes(*sequence_tokens("flux-dev"), machines=1, gpus_per_machine=2)
+    assert out == f"export NVSHMEM_SYMMETRIC_SIZE={heap}\n" and "use --model flux-dev" in err
 
 
 def test_heap_covers_every_method_layer():
@@ -43,7 +51,5 @@ def test_heap_covers_every_method_layer():
     (["--nproc-per-node", "1"], "name the script"),
 ])
 def test_bad_arguments_name_the_fix(capsys, argv, message):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["launch", *argv])
-    assert exit_info.value.code == 2
+    assert main(["launch", *argv]) == 2
     assert message in capsys.readouterr().err

@@ -12,7 +12,7 @@ from model_cases import FLUX_CASES
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.parallelize import parallelize
+from streamfusion_diffusers import parallelize
 from streamfusion_diffusers.spawn import ProcessPool
 
 WORLD = 4

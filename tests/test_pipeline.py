@@ -14,7 +14,7 @@ import torch.distributed as dist
 from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers import generate
 from streamfusion_diffusers.models.build import build_pipeline
-from streamfusion_diffusers.parallelize import parallelize
+from streamfusion_diffusers import parallelize
 from streamfusion_diffusers.spawn import ProcessPool
 from streamfusion_diffusers.vae import is_split
 

@@ -119,7 +119,7 @@ def _pipeline_difference(name: str, comm_dtype: str) -> dict:
     """On every rank: the tiny pipeline's output on 2 x 2 torus with plain and with 1-byte transfers."""
     from streamfusion_diffusers import init_parallel
     from streamfusion_diffusers.models.build import build_pipeline
-    from streamfusion_diffusers.parallelize import parallelize, unparallelize
+    from streamfusion_diffusers import parallelize, unparallelize
 
     pipe = build_pipeline(name)
     pipe.set_progress_bar_config(disable=True)

@@ -9,7 +9,7 @@ from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case, context
 
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers import parallelize, unparallelize
 from streamfusion_diffusers.spawn import ProcessPool
 from streamfusion_diffusers.waves import TILE_ROWS, auto_waves, wave_sizes
 

@@ -33,7 +33,7 @@ from ..config import degrees_label
 from ..models import MODELS
 from ..models.build import build_pipeline, build_transformer
 from ..models.full import build_full_pipeline
-from ..parallelize import parallelize, unparallelize
+from ..parallel_pipeline import parallelize, unparallelize
 from ..phases import PHASES, PhaseTimer
 from ..vae_parallel import unsupported
 from .layer import device_of_job

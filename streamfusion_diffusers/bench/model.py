@@ -32,7 +32,7 @@ from tqdm import tqdm
 from .. import init_parallel
 from ..kernels import attention_with_lse
 from ..models.build import build_transformer
-from ..parallelize import parallelize, unparallelize
+from ..parallel_pipeline import parallelize, unparallelize
 from ..sharding import GATHER_HOOK, plan_for
 from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from ..sequence import split_sizes

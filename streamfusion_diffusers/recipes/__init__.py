@@ -3,7 +3,8 @@
 A recipe file holds one model's entries; each entry names the cluster shape (machines, gpus_per_machine), the
 workload size (`resolution` for images, `frames` for video) and the layout (method, ulysses, ring, torus,
 backend), plus where the choice came from (`source`: a measurement or the cost model). Packaged recipes are
-found by model name (`flux-dev`); any other argument is read as a path. An optional `calibration` mapping in
+found by model name (`flux-dev`); any other argument is read as a path. `streamfusion tune` writes into the
+user's recipe folder (`user_folder()`), which method "auto" reads before the packaged recipes. An optional `calibration` mapping in
 the file's header holds cost-model figures fitted from `streamfusion tune`'s measurements (recipes/calibrate.py).
 
 This package is the one home of choosing a layout: the files and their loader (here), `choose` (what
@@ -11,6 +12,7 @@ This package is the one home of choosing a layout: the files and their loader (h
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,6 +23,14 @@ from ..config import ParallelConfig
 
 LAYOUT_KEYS = ("method", "ulysses", "ring", "torus", "backend")
 SIZE_KEYS = ("resolution", "frames")
+FOLDER_VARIABLE = "STREAMFUSION_RECIPES"
+
+
+def user_folder() -> Path:
+    """The user's recipes: $STREAMFUSION_RECIPES, else $XDG_CACHE_HOME/streamfusion/recipes (~/.cache/...)."""
+    if os.environ.get(FOLDER_VARIABLE):
+        return Path(os.environ[FOLDER_VARIABLE]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streamfusion" / "recipes"
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class Recipe:
     entries: tuple[dict, ...]
     path: str
     calibration: dict | None = None
+    packaged: bool = False
 
     def entry(self, machines: int, gpus_per_machine: int, link: str | None = None, **size: int) -> dict:
         """The entry for this cluster shape (and inter-machine link, when given) and size; the nearest size of
@@ -69,15 +80,16 @@ def load_recipe(name_or_path: str) -> Recipe:
         missing = [k for k in ("machines", "gpus_per_machine", "method") if k not in e]
         if missing:
             raise ValueError(f"recipe {where}: entry {e} lacks {', '.join(missing)}")
-    return Recipe(data["model"], tuple(data["entries"]), where, data.get("calibration"))
+    return Recipe(data["model"], tuple(data["entries"]), where, data.get("calibration"), packaged.is_file())
 
 
 def load_recipes(where: str | None = None) -> list[Recipe]:
-    """Every recipe `method="auto"` may read: the packaged ones (None), one by name or path, or a folder's."""
+    """Every recipe `method="auto"` may read: the user's folder's, then the packaged ones (None); one by name
+    or path; or a folder's."""
     if where is None:
-        return [load_recipe(p.name.removesuffix(".yaml")) for p in sorted(resources.files(__package__).iterdir(),
-                                                                          key=lambda p: p.name)
-                if p.name.endswith(".yaml")]
+        mine = sorted(user_folder().glob("*.yaml"))
+        packaged = sorted(p.name for p in resources.files(__package__).iterdir() if p.name.endswith(".yaml"))
+        return [load_recipe(str(p)) for p in mine] + [load_recipe(name.removesuffix(".yaml")) for name in packaged]
     if Path(where).is_dir():
         found = sorted(Path(where).glob("*.yaml"))
         if not found:

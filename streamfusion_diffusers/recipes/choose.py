@@ -81,7 +81,8 @@ def _matches(entry: dict, w: Workload | None, shape: Workload, cluster: Cluster)
 
 
 def find_entry(recipes: list[Recipe], shape: Workload, cluster: Cluster) -> tuple[Recipe, dict] | None:
-    """The entry for this shape and cluster at the nearest sequence length, of the same transport if any."""
+    """The entry for this shape and cluster at the nearest sequence length, of the same transport if any;
+    the user's recipes (`streamfusion tune`'s) before the packaged ones."""
     seen = shape.tokens + shape.text_tokens
     found = []
     for recipe in recipes:
@@ -89,10 +90,10 @@ def find_entry(recipes: list[Recipe], shape: Workload, cluster: Cluster) -> tupl
             w = entry_workload(e, recipe.model)
             if _matches(e, w, shape, cluster):
                 other = transport_name(e.get("backend", "torch")) != transport_name(cluster.backend)
-                found.append((other, abs(math.log((w.tokens + w.text_tokens) / seen)), recipe, e))
+                found.append((other, recipe.packaged, abs(math.log((w.tokens + w.text_tokens) / seen)), recipe, e))
     if not found:
         return None
-    _, _, recipe, entry = min(found, key=lambda x: x[:2])
+    *_, recipe, entry = min(found, key=lambda x: x[:3])
     return recipe, entry
 
 

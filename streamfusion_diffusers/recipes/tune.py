@@ -28,7 +28,7 @@ from ..bench.workloads import Workload, transformer_config
 from ..config import ParallelConfig, layout_label, machine_shape, resolve_layout
 from ..spawn import job_shape, run_job
 from ..verify import DTYPES, TOLERANCE
-from . import load_recipe
+from . import FOLDER_VARIABLE, load_recipe, user_folder
 from .calibrate import fit
 from .choose import Cluster, gpu_of, ranked, schedule_key
 from .predictions import load_records, table
@@ -64,9 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"untimed rounds of every case first (default {WARMUP}, as bench)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one case may take (default 300)")
-    parser.add_argument("--out", default="recipes",
+    parser.add_argument("--out", default=str(user_folder()),
                         help="folder of the recipes to write or merge into (<model>.yaml) and measurements.json; "
-                             "streamfusion_diffusers/recipes regenerates the packaged ones (default ./recipes)")
+                             "streamfusion_diffusers/recipes regenerates the packaged ones (default: your recipe "
+                             f"folder, which method auto reads first: ${FOLDER_VARIABLE} or "
+                             "~/.cache/streamfusion/recipes)")
     parser.add_argument("--from-cost-model", action="store_true",
                         help="write the cost model's choice (source: cost model) where no entry was measured; "
                              "runs no job")

@@ -1,0 +1,36 @@
+"""Joining the job's process group: the one place a process group is created, with one default timeout.
+
+Local jobs (spawn.py), launched jobs (torchrun, `streamfusion launch`, accelerate: init_parallel and the
+commands) all come here, so every rank of every job waits on a lost peer for the same bounded time.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from .config import DEFAULT_TIMEOUT_S
+
+
+def launched() -> bool:
+    """True when this process is one rank of a job a launcher started (torchrun sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def join_job(gpu: bool | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Create the default process group from what the launcher set (RANK, WORLD_SIZE, MASTER_ADDR/PORT,
+    LOCAL_RANK): NCCL with one GPU per process (gpu None: where CUDA is available), else gloo. Every
+    collective on it fails after `timeout_s` instead of hanging. Returns whether it created the group
+    (False: one exists already, and its creator tears it down)."""
+    if dist.is_initialized():
+        return False
+    if not launched():
+        raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch with "
+                           "torchrun / `streamfusion launch`) before init_parallel")
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return True
