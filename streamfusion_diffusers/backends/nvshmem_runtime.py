@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..extras import install_hint
 from ..logs import say_once
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def _probe() -> str | None:
         import nvshmem.core  # noqa: F401
         from cuda.core import Device  # noqa: F401
     except ImportError as err:
-        return f"nvshmem4py is not installed ({err}); pip install 'streamfusion-diffusers[nvshmem]'"
+        return f"nvshmem4py is not installed ({err}); " + install_hint("nvshmem")
     return None
 
 

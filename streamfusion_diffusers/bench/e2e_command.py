@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..extras import install_hint
 from ..job import DEFAULT_PROMPT, guided, image_tokens
 from ..models import MODELS
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
@@ -62,7 +63,7 @@ def _wanted(wanted: set | None, system: str, cfg: int, u: int, r: int) -> bool:
 def _xfuser_missing() -> str | None:
     """Why xfuser cannot run here, or None; tried on every rank before the job, so all ranks skip it alike."""
     if importlib.util.find_spec("xfuser") is None:
-        return "not installed (pip install 'streamfusion-diffusers[xdit]')"
+        return f"not installed ({install_hint('xdit')})"
     try:
         import xfuser  # noqa: F401
     except Exception as err:  # xfuser raises NotImplementedError without a GPU, ImportError for missing parts

@@ -6,6 +6,7 @@ import logging
 import textwrap
 from pathlib import Path
 
+from ..extras import install_hint
 from .timing import SPREAD_LIMIT
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        logger.warning("matplotlib is not installed (pip install 'streamfusion-diffusers[bench]'): no plot written")
+        logger.warning("matplotlib is not installed (%s): no plot written", install_hint("bench"))
         return False
     best = [r for r in best_rows(rows) if r["method"] != "bound"]
     groups = list(dict.fromkeys((r["workload"], r["level"]) for r in best))

@@ -5,7 +5,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-INSTALL_HINT = "the xdit-usp baseline needs yunchang: pip install 'streamfusion-diffusers[xdit]'"
+from ..extras import missing
+
+INSTALL_HINT = f"the xdit-usp baseline {missing('yunchang')}"
 
 
 def available() -> bool:

@@ -14,6 +14,7 @@ xfuser is imported here only, lazily: it refuses to import without a GPU.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..context import ParallelContext, init_parallel
+from ..extras import missing
 from .install import install, model_name, uninstall
 from .layout import XDiTJob, parallel_config, refuse_unsupported
 
@@ -74,6 +76,8 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
     models) raise ValueError naming what to turn off, before anything changes.
     Returns the context, or None when xfuser runs no sequence parallelism (nothing to replace).
     """
+    if importlib.util.find_spec("xfuser") is None:
+        raise ModuleNotFoundError(f"streamfusion_diffusers.xdit.enable {missing('xfuser')}", name="xfuser")
     job = read_job(pipe)
     refuse_unsupported(job)
     if job.sp_degree == 1:

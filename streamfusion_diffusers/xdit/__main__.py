@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import runpy
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..config import BACKENDS, KERNELS, METHODS
+from ..extras import missing
 
 
 def parse(argv: Sequence[str]) -> tuple[str, dict[str, Any], list[str]]:
@@ -63,7 +65,10 @@ def run(script: str, options: dict[str, Any], args: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run(*parse(sys.argv[1:] if argv is None else argv))
+    script, options, args = parse(sys.argv[1:] if argv is None else argv)
+    if importlib.util.find_spec("xfuser") is None:
+        raise SystemExit(f"python -m streamfusion_diffusers.xdit: error: {missing('xfuser')}")
+    run(script, options, args)
 
 
 if __name__ == "__main__":
