@@ -25,7 +25,7 @@ EMU_WORKLOADS=${EMU_WORKLOADS:-flux-dev:3072 flux-dev:4096 cogvideox-5b:161 cogv
 STEP_WORKLOADS=${STEP_WORKLOADS:-flux-dev:2048 flux-dev:4096}
 sf="python3 -m streamfusion_diffusers"
 launch="$sf launch --nproc-per-node $P"
-heap="--recipe cogvideox-5b --frames 321 --height 768 --width 1360"  # the largest layer any part runs
+heap="--model cogvideox-5b --frames 321 --height 768 --width 1360"  # the largest layer any part runs
 table() { grep -E '^\| [a-z]|MISMATCH|Error|error:' "$1" | grep -v -- '---' | cut -c1-160; }
 echo "P=$P machines for emulation: $MACHINES; links: $LINKS"
 
@@ -53,7 +53,7 @@ fi
 
 if [[ " $parts " == *" layer "* ]]; then
   echo "== layer_bench: every machine shape, NCCL vs NVSHMEM, CUDA graph"
-  timeout 300 $launch --recipe flux-dev --resolution 4096 benchmarks/layer_bench.py --out "$work" \
+  timeout 300 $launch --model flux-dev --resolution 4096 benchmarks/layer_bench.py --out "$work" \
     --machines "1,$(echo $MACHINES | tr ' ' ',')" > "$work/layer.log" 2>&1
   grep -E "^(check|flux|cog|graph)" "$work/layer.log" | grep -v vs-torch
 fi
@@ -104,7 +104,7 @@ if [[ " $parts " == *" profile "* ]]; then
   echo "== profile: one Flux 2048 px layer, 1x$P"
   for spec in "torus nvshmem" "ulysses torch"; do
     set -- $spec
-    timeout 100 $launch --recipe flux-dev --resolution 2048 benchmarks/profile_layer.py \
+    timeout 100 $launch --model flux-dev --resolution 2048 benchmarks/profile_layer.py \
       --workload flux-2048 --method $1 --backend $2 2>&1 | grep -E "^(flux|  )"
   done
 fi

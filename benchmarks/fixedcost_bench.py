@@ -1,7 +1,7 @@
 """Issue 11 in one job on 1 x P GPUs: what the fixed cost of a layer and of a step comes to, and what CUDA graphs,
 TokenWeave waves and torch.compile take off it, beside xDiT's USP, diffusers' context parallelism and the bound.
 
-    python3 -m streamfusion_diffusers launch --nproc-per-node 2 --recipe flux-dev --resolution 2048 \
+    python3 -m streamfusion_diffusers launch --nproc-per-node 2 --model flux-dev --resolution 2048 \
         benchmarks/fixedcost_bench.py --out "$OUT/fixedcost"
 
 (a) One Flux attention layer at 1024 and 2048 px (`streamfusion bench` layer level: every layout of ours eager

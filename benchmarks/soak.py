@@ -8,7 +8,7 @@ sync per repetition); torch.cuda memory (allocated now, and peak since warm-up) 
 memory are sampled after warm-up, half-way and at the end, the largest rank's. The NVSHMEM mailbox lives
 outside torch's allocator: its size is reported too. Rank 0 prints a table and writes soak.json under --out.
 
-    python3 -m streamfusion_diffusers launch --nproc-per-node 2 --recipe flux-dev --resolution 2048 \\
+    python3 -m streamfusion_diffusers launch --nproc-per-node 2 --model flux-dev --resolution 2048 \\
         benchmarks/soak.py --layers 1000 --steps 200 --out $OUT/soak
 """
 from __future__ import annotations

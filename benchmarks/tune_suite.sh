@@ -39,7 +39,7 @@ xdit=${BAR_BASELINE-,xdit-usp}  # empty where yunchang is not installed (CPU smo
 ours=ulysses,ring,usp,tas,torus
 # every job under torchrun, NVSHMEM's heap sized for the largest layer (CogVideoX 161 frames)
 sf="python3 -m streamfusion_diffusers"
-run="$sf launch --nproc-per-node $P --recipe cogvideox-5b --frames 161 -m streamfusion_diffusers"
+run="$sf launch --nproc-per-node $P --model cogvideox-5b --frames 161 -m streamfusion_diffusers"
 start=$SECONDS
 fits() {  # fits SECONDS: whether a step of about that long still fits the budget
   [ $((SECONDS - start + $1)) -le "$budget" ] && return 0

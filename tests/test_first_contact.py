@@ -91,7 +91,8 @@ def test_tune_writes_where_auto_reads_first(tmp_path, monkeypatch):
     assert (tmp_path / "flux-dev.yaml").is_file()  # the default --out is the user's folder
     shape, cluster = flux(1024), Cluster(1, 4)
     assert "(packaged)" in choose(shape, cluster, recipe="flux-dev").why
-    mine = {"machines": 1, "gpus_per_machine": 4, "method": "ring", "resolution": 1024, "source": "measured"}
+    # measured at another size than the packaged entry for 1024: the user's entry still comes first
+    mine = {"machines": 1, "gpus_per_machine": 4, "method": "ring", "resolution": 1536, "source": "measured"}
     write_recipe(tmp_path / "flux-dev.yaml", "flux-dev", [mine])
     choice = choose(shape, cluster)  # no recipe named: the user's entries before the packaged ones
     assert choice.layout.method == "ring" and str(tmp_path) in choice.why, choice.why
