@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from . import generate, launch, plan, verify
 from .bench import command as bench
@@ -39,20 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         check(args)
         return COMMANDS[args.command][0].main(args)
     except ValueError as err:  # configuration errors already say what to change
-        return _fail(f"{where}: error: {err}")
+        _fail(f"{where}: error: {err}")
     except ModuleNotFoundError as err:
         if missing(err.name) is None:
             raise
-        return _fail(f"{where}: error: {missing(err.name)}")
+        _fail(f"{where}: error: {missing(err.name)}")
     except RankFailure as err:
-        return _fail(f"{where}: {err}" if args.verbose else f"{where}: {err.summary} (-v: every rank's traceback)", 1)
+        _fail(f"{where}: {err}" if args.verbose else f"{where}: {err.summary} (-v: every rank's traceback)", 1)
 
 
-def _fail(message: str, code: int = 2) -> int:
-    """One message on stderr, from the job's rank 0 only (every rank of a launched job checks the same)."""
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """Exit with one message on stderr, said by the job's rank 0 only (every rank of a launched job checks the
+    same); code 2 as argparse's usage errors."""
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr)
-    return code
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

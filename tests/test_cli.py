@@ -18,5 +18,7 @@ def test_verify_passes_and_prints_every_method(capsys):
 
 
 def test_verify_rejects_a_bad_layout_before_starting(capsys):
-    assert main(["verify", "--machines", "1", "--gpus-per-machine", "4", "--methods", "ulysses", "--heads", "6"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--machines", "1", "--gpus-per-machine", "4", "--methods", "ulysses", "--heads", "6"])
+    assert exit_info.value.code == 2
     assert "ulysses in [1, 2]" in capsys.readouterr().err

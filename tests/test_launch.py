@@ -51,5 +51,7 @@ def test_heap_covers_every_method_layer():
     (["--nproc-per-node", "1"], "name the script"),
 ])
 def test_bad_arguments_name_the_fix(capsys, argv, message):
-    assert main(["launch", *argv]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["launch", *argv])
+    assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
