@@ -11,7 +11,7 @@ EXTRAS = {  # top-level module -> the extra that installs it (pyproject.toml's o
 
 def install_hint(extra: str) -> str:
     """The command that installs an extra (this package is installed from its folder, not from an index)."""
-    return f'pip install -e ".[{extra}]" (in the streamfusion-diffusers folder)'
+    return f'pip install -e ".[{extra}]" in the streamfusion-diffusers folder'
 
 
 def missing(module: str | None) -> str | None:

@@ -138,7 +138,7 @@ def test_generate_cfg_parallel_records_two_branches(pool, tmp_path):
     assert job.parallel.cfg == 2
     run = pool.run(generate.run_rank, job)[0]
     # method auto (generate's default) chose each branch's layout on one of the 2 machines
-    assert run["cfg"] == 2 and " 1x2" in run["layout"] and run["layout_choice"], run
+    assert run["cfg"] == 2 and " 1x2" in run["layout"] and run["attention"][0]["why"], run
     assert json.loads((tmp_path / "run.json").read_text())["cfg"] == 2
     phases = run["phases_s"]
     assert all(phases[p] > 0 for p in ("text_encoding", "denoising", "decode")), phases

@@ -75,7 +75,9 @@ def test_generate_writes_the_image_and_run_json(pool, tmp_path):
     run = json.loads((tmp_path / "run.json").read_text())
     assert run == records[0]
     assert run["layout"].split()[1] == "2x2" and len(run["step_latency_s"]) == 3
-    assert run["layout_choice"] and "cost model" in run["layout_choice"][0]  # no recipe entry for tiny-flux
+    assert [a["layout"] for a in run["attention"]] == [run["layout"]]  # what ran, and why:
+    assert "cost model" in run["attention"][0]["why"]  # no recipe entry for tiny-flux
+    assert run["backend"] == "torch over gloo" and run["output_size"] == {"height": 64, "width": 64}
     assert all(t > 0 for t in run["step_latency_s"]) and run["total_s"] >= sum(run["step_latency_s"])
     assert Path(run["outputs"][0]).name == "image.png" and (tmp_path / "image.png").stat().st_size > 0
 
@@ -90,7 +92,7 @@ def test_generate_video_writes_frames_or_a_video(pool, tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (("--method", "ulysses", "--machines", "1", "--gpus-per-machine", "16", "--model", "flux-dev"),
+    (("--method", "ulysses", "--machines", "1", "--gpus-per-machine", "16", "--model", "flux-dev", "--cpu"),
      "does not divide the 24 heads"),
     (("--method", "torus", "--ulysses", "3"), "does not divide 4 ranks; valid ulysses degrees"),
     (("--height", "4", "--width", "4"), "raise --height/--width"),
