@@ -88,17 +88,23 @@ def test_a_killed_rank_ends_generate_within_seconds(tmp_path):
 
 
 def test_tune_writes_where_auto_reads_first(tmp_path, monkeypatch):
-    monkeypatch.setenv("STREAMFUSION_RECIPES", str(tmp_path))
-    assert main(["tune", "--from-cost-model", "--workloads", "flux-dev:1024", "--machines", "1",
-                 "--gpus-per-machine", "4"]) == 0
-    assert (tmp_path / "flux-dev.yaml").is_file()  # the default --out is the user's folder
     shape, cluster = flux(1024), Cluster(1, 4)
-    assert "(packaged)" in choose(shape, cluster, recipe="flux-dev").why
+    monkeypatch.setenv("STREAMFUSION_RECIPES", str(tmp_path / "tuned"))
+    assert main(["tune", "--from-cost-model", "--workloads", "flux-dev:1024", "--machines", "1",
+                 "--gpus-per-machine", "4"]) == 0  # the default --out: the user's folder
+    assert str(tmp_path / "tuned" / "flux-dev.yaml") in choose(shape, cluster).why  # no recipe named
+
+
+def test_the_users_entries_come_before_the_packaged_ones(tmp_path, monkeypatch):
+    shape, cluster = flux(1024), Cluster(1, 4)
+    packaged = choose(shape, cluster, recipe="flux-dev")
+    assert "(packaged)" in packaged.why and packaged.layout.method != "tas"
+    monkeypatch.setenv("STREAMFUSION_RECIPES", str(tmp_path))
     # measured at another size than the packaged entry for 1024: the user's entry still comes first
-    mine = {"machines": 1, "gpus_per_machine": 4, "method": "ring", "resolution": 1536, "source": "measured"}
-    write_recipe(tmp_path / "flux-dev.yaml", "flux-dev", [mine])
-    choice = choose(shape, cluster)  # no recipe named: the user's entries before the packaged ones
-    assert choice.layout.method == "ring" and str(tmp_path) in choice.why, choice.why
+    mine = {"machines": 1, "gpus_per_machine": 4, "method": "tas", "resolution": 1536, "source": "measured"}
+    write_recipe(tmp_path / "mine.yaml", "flux-dev", [mine])
+    choice = choose(shape, cluster)
+    assert choice.layout.method == "tas" and str(tmp_path / "mine.yaml") in choice.why, choice.why
 
 
 def _free_port() -> int:
