@@ -41,7 +41,7 @@ def exit_cause(code: int) -> str:
     """What a rank's exit code says: the signal that killed it, or the code it exited with."""
     if code < 0:
         name = signal.Signals(-code).name
-        oom = " (what the out-of-memory killer sends)" if -code == signal.SIGKILL else ""
+        oom = " (by hand, or by the out-of-memory killer)" if -code == signal.SIGKILL else ""
         return f"killed by {name}{oom}"
     return f"exited with code {code}"
 
