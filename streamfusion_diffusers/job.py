@@ -142,7 +142,15 @@ def real_size(model: str) -> bool:
 
 def cluster(args: argparse.Namespace) -> tuple[int, int, bool]:
     """(machines, processes per machine, GPUs or not): torchrun's job; else one process per visible GPU on one
-    machine, the way torchrun would start them; else (--cpu, or no GPU) gloo processes on the CPU."""
+    machine, the way torchrun would start them; else (--cpu, or no GPU) gloo processes on the CPU. A real-size
+    model without a GPU only with --cpu."""
+    visible = 0 if args.cpu else torch.cuda.device_count()
+    if visible == 0 and real_size(args.model) and not args.cpu:
+        tiny = f"tiny-{MODELS[args.model].family}"
+        raise ValueError(f"{args.model} is a real-size model and no GPU is visible: run the same command where GPUs "
+                         f"are (one process per GPU), or here `streamfusion generate --model "
+                         f"{tiny if tiny in MODELS else 'tiny-flux'}`, or add --cpu to run {args.model} on the CPU "
+                         f"anyway (slow, tens of GB of memory per process)")
     if launched():
         world = int(os.environ["WORLD_SIZE"])
         machines = args.machines or max(world // int(os.environ.get("LOCAL_WORLD_SIZE", world)), 1)
@@ -150,15 +158,8 @@ def cluster(args: argparse.Namespace) -> tuple[int, int, bool]:
         if machines * per_machine != world:
             raise ValueError(f"--machines {machines} x --gpus-per-machine {per_machine} is not the {world} ranks "
                              f"torchrun started")
-        return machines, per_machine, torch.cuda.is_available() and not args.cpu
-    visible = 0 if args.cpu else torch.cuda.device_count()
+        return machines, per_machine, visible > 0
     if visible == 0:
-        if real_size(args.model) and not args.cpu:
-            tiny = f"tiny-{MODELS[args.model].family}"
-            raise ValueError(f"{args.model} is a real-size model and no GPU is visible: run the same command where "
-                             f"GPUs are (one process per GPU), or here `streamfusion generate --model "
-                             f"{tiny if tiny in MODELS else 'tiny-flux'}`, or add --cpu to run {args.model} on the "
-                             f"CPU anyway (slow, tens of GB of memory per process)")
         return args.machines or SPAWN_SHAPE[0], args.gpus_per_machine or SPAWN_SHAPE[1], False
     machines = args.machines or 1
     per_machine = args.gpus_per_machine or max(visible // machines, 1)
