@@ -28,7 +28,7 @@ from streamfusion_diffusers.kernels.triton_attention import DEFAULT_CONFIGS, Til
 SHARES = [("flux1024/P8", 576, 4608, 24, 128), ("flux2048/P2", 8448, 16896, 24, 128),
           ("flux4096/P2", 33024, 66048, 24, 128), ("cogvideox49-480x720/P2", 8888, 17776, 48, 64)]
 SWEEP = [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 4, 3, True), TileConfig(128, 128, 8, 2, True),
-         TileConfig(128, 128, 8, 4, True), TileConfig(64, 128, 4, 3, True), TileConfig(128, 64, 8, 4, False)]
+         TileConfig(64, 128, 4, 3, True), TileConfig(128, 64, 8, 4, False)]
 
 
 def graph_ms(fn: Callable[[], object], calls: int, reps: int) -> list[float]:
@@ -94,7 +94,7 @@ def main() -> None:
             try:
                 once = graph_ms(fn, 1, 3)
                 times = graph_ms(fn, max(1, min(200, int(args.budget_ms / max(once) + 1))), args.reps)
-            except RuntimeError as err:
+            except Exception as err:  # noqa: BLE001  a config the chip cannot run (shared memory) is reported
                 row["ms"][col] = {"error": str(err)[:200]}
                 continue
             row["ms"][col] = {"min": min(times), "median": statistics.median(times), "max": max(times)}
