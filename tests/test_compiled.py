@@ -88,6 +88,35 @@ def test_cogvideox_compiles_whole(pool):
         assert max(res["vs_eager"]) <= 1e-5 and max(res["vs_reference"]) <= TOL, res
 
 
+def bound_compiled_vs_eager(config: ParallelConfig, case: Case, seed: int) -> dict:
+    """On every rank: the bench's no-communication bound (a custom op too) compiled whole with fullgraph=True
+    against its eager run (the same random keys, made at the first call), and its nodes in the graph."""
+    from streamfusion_diffusers.bench.model import FluxBoundProcessor
+
+    torch._dynamo.reset()
+    nodes: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        nodes.append(sum("streamfusion.local_attention" in str(n.target) for n in gm.graph.nodes))
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    model = build_transformer(case.config, seed=seed)
+    inputs = case.inputs(seed + 1)
+    with torch.no_grad():
+        parallelize(model, context(config))
+        model.set_attn_processor(FluxBoundProcessor(context(config), model._streamfusion.state))
+        eager = model(**inputs).sample
+        out = torch.compile(model, fullgraph=True, backend=counting)(**inputs).sample
+        unparallelize(model)
+    return {"vs_eager": ((out - eager).norm() / eager.norm()).item(), "nodes": nodes,
+            "attention_layers": len(repeated_blocks(model))}
+
+
+def test_the_bench_bound_compiles_as_one_graph(pool):
+    for res in pool.run(bound_compiled_vs_eager, CONFIGS["usp"], FLUX, 5):
+        assert res["nodes"] == [res["attention_layers"]] and res["vs_eager"] <= 1e-5, res
+
+
 def test_compile_blocks_is_deprecated_naming_the_replacement():
     model = build_transformer(FLUX.config)
     with pytest.warns(DeprecationWarning, match="compile_repeated_blocks"):
