@@ -30,12 +30,7 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
               joint_k: Tensor | None = None, joint_v: Tensor | None = None,
               seq_lens: Sequence[int] | None = None, scale: float | None = None
               ) -> Tensor | tuple[Tensor, Tensor]:
-    """Attention of this rank's query rows over the whole sequence [joint tokens ; slice 0 ; ... ; slice P-1].
-
-    q, k, v: [B, L_local, H, D], rank i holding the i-th slice. seq_lens: every rank's slice length when they
-    differ (None: all equal). joint_q/k/v: [B, L_joint, H, D], the same on every rank. scale: default
-    1/sqrt(D). Returns the output for the local rows, and with joint tokens also the joint rows' output.
-    """
+    """`sp_attention`, eagerly: its arguments and results (attention/__init__.py)."""
     joint = (joint_q, joint_k, joint_v)
     lens = agreed_seq_lens(ctx, q, k, v, joint, seq_lens)  # every rank agrees on the shapes (once per shape)
     b, _, heads, d = q.shape
