@@ -21,8 +21,9 @@ from streamfusion_diffusers.spawn import ProcessPool
 
 FLUX = FLUX_CASES["text-joint-batch2"]  # 7 text tokens on 4 ranks: joint tokens; batch 2 for the CFG split
 CONFIGS = {"ulysses": ParallelConfig(method="ulysses"), "ring": ParallelConfig(method="ring"),
-           "usp": ParallelConfig(method="usp", ulysses=2), "tas": ParallelConfig(method="tas"), "torus": ParallelConfig(machines=2, method="torus"),
-           "auto": ParallelConfig(method="auto"), "usp-cfg2": ParallelConfig(method="usp", cfg=2)}
+           "usp": ParallelConfig(method="usp", ulysses=2), "tas": ParallelConfig(method="tas"),
+           "torus": ParallelConfig(machines=2, method="torus"), "auto": ParallelConfig(method="auto"),
+           "usp-cfg2": ParallelConfig(method="usp", cfg=2)}
 
 
 def compiled_vs_eager(config: ParallelConfig, case: Case, seed: int, how: str, backend: str = "aot_eager",
