@@ -1,20 +1,17 @@
-"""torch.compile of the transformer blocks around our attention (issue 11; DynaFlow: compile what is static, keep
-the schedule as data): everything in a block but attention (norms, modulation, projections, QK-norm, RoPE,
-gates, MLP) is fused by the compiler, and attention stays eager.
+"""torch.compile of a parallelized transformer, as diffusers users compile (issue 25).
 
-The seam is `processors.base.attend`, marked `torch.compiler.disable`: Dynamo ends the graph before it and
-resumes after it, so each block compiles into a graph before attention and one after, and the transfers, the
-schedule's Python and the transport's streams never enter a graph. This is diffusers' regional compilation
-(`compile_repeated_blocks`): one compile per block class, reused by every block of that class.
+`sp_attention` is the custom op `streamfusion::sp_attention` under the compiler (attention/op.py), so a
+parallelized model compiles like a plain one, with `fullgraph=True`: `transformer.compile_repeated_blocks(
+fullgraph=True)` where the model declares repeated blocks (Flux), `torch.compile(transformer, fullgraph=True)`
+always (CogVideoX declares none). `compile_blocks` (issue 11, when attention broke the graph) remains as a
+deprecated shortcut for the first; `repeated_blocks` also names CogVideoX's blocks for the bench's variants.
 """
 from __future__ import annotations
 
-import logging
+import warnings
 from typing import Any
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 # diffusers' FluxTransformer2DModel names its repeated blocks; CogVideoX (0.42) does not, so they are named here
 REPEATED_BLOCKS = ("FluxTransformerBlock", "FluxSingleTransformerBlock", "CogVideoXBlock")
@@ -31,18 +28,21 @@ def repeated_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def compile_blocks(transformer: torch.nn.Module, **compile_kwargs: Any) -> list[torch.nn.Module]:
-    """Compile each repeated block in place (`module.compile(**compile_kwargs)`, e.g. backend="inductor",
-    mode="max-autotune-no-cudagraphs"); attention runs eager between the compiled parts. Call it after
-    `parallelize` or before, in any order with it; `uncompile_blocks` undoes it. Returns the compiled blocks."""
+    """Deprecated: call `transformer.compile_repeated_blocks(fullgraph=True)` (diffusers), or
+    `torch.compile(transformer, fullgraph=True)` for a model without declared repeated blocks. Compiles each
+    repeated block in place with `compile_kwargs`; `uncompile_blocks` undoes it. Returns the compiled blocks."""
+    warnings.warn("compile_blocks is deprecated: use transformer.compile_repeated_blocks(fullgraph=True), or "
+                  "torch.compile(transformer, fullgraph=True) for CogVideoX (attention now compiles into the graph)",
+                  DeprecationWarning, stacklevel=2)
     blocks = repeated_blocks(transformer)
     for block in blocks:
         block.compile(**compile_kwargs)
-    logger.info("compiled %d blocks of %s (attention stays eager)", len(blocks), type(transformer).__name__)
     return blocks
 
 
 def uncompile_blocks(transformer: torch.nn.Module) -> None:
-    """Run every block eager again (what `compile_blocks` set, removed; Dynamo's caches kept for a later compile)."""
+    """Run every block eager again (what `compile_blocks` or `compile_repeated_blocks` set, removed; Dynamo's
+    caches kept for a later compile)."""
     for block in repeated_blocks(transformer):
         block._compiled_call_impl = None
 

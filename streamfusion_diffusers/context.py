@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -34,6 +36,8 @@ class ParallelContext:
     def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None):
         join_job(timeout_s=config.timeout_s)  # under a launcher, when the script did not join yet
         self.config = config
+        self.handle = next(_HANDLES)  # how compiled code names this context (a custom op takes no Python object)
+        _LIVE[self.handle] = self
         self.global_rank, self.job_size = dist.get_rank(), dist.get_world_size()
         self.worlds = _check_worlds(worlds) if worlds else None
         self.machines, self.gpus_per_machine = machine_shape(config, len(self.worlds[0]) if self.worlds
@@ -147,6 +151,17 @@ class ParallelContext:
 
 
 _MESHES: dict[tuple, Mesh] = {}
+_HANDLES = itertools.count()
+_LIVE: weakref.WeakValueDictionary[int, ParallelContext] = weakref.WeakValueDictionary()
+
+
+def context_of(handle: int) -> ParallelContext:
+    """The live context with this `handle` (what the compiled `sp_attention` op receives in its place)."""
+    ctx = _LIVE.get(handle)
+    if ctx is None:
+        raise RuntimeError(f"ParallelContext {handle} is gone: compiled code outlived its context; compile again "
+                           f"after init_parallel")
+    return ctx
 
 
 def _shared_mesh(layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:

@@ -1,26 +1,18 @@
 """`sp_attention`: exact softmax attention over a sequence split across ranks, by any of the five methods.
 
-Every method is the same three steps on the mesh (torus T, intra-Ulysses U', ring R):
-scatter heads over the intra-Ulysses group, run the Torus schedule (a single ring pass when T = 1, one
-attention call when T = R = 1), gather heads back.
-ulysses = (1, P, 1), ring = (1, 1, P), usp/tas = (1, U, R), torus = (T, U/T, R).
+Eager calls run the layer directly (`layer.run_layer`); under torch.compile the call becomes the custom op
+`streamfusion::sp_attention` (`op.py`), so a parallelized transformer compiles with `fullgraph=True`.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
-from ..backends import Transport
 from ..context import ParallelContext
-from ..kernels import Partial, agreed_choices, attend_chunks
-from ..mesh import Mesh
-from ..recipes.choose import attention_plan
-from .agreement import agreed_seq_lens
-from .joint import gather_joint, joint_shard
-from .torus import JointShard, TorusSchedule, finished
-from .ulysses import gather_heads, scatter_heads
-from .volume import peer_bytes
+from .layer import run_layer
+from .op import sp_attention_op
 
 __all__ = ["sp_attention"]
 
@@ -35,40 +27,9 @@ def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint
     differ (None: all equal). joint_q/k/v: [B, L_joint, H, D], the same on every rank. scale: default
     1/sqrt(D). Returns the output for the local rows, and with joint tokens also the joint rows' output.
     """
-    joint = (joint_q, joint_k, joint_v)
-    lens = agreed_seq_lens(ctx, q, k, v, joint, seq_lens)  # every rank agrees on the shapes (once per shape)
-    b, _, heads, d = q.shape
-    joint_len = joint_q.shape[1] if joint_q is not None else 0
-    mesh, kernel = attention_plan(ctx, q, lens, joint_len)  # method "auto" chooses here, once per shape
-    transport = ctx.transport
-    transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint_len, q.element_size()))
-    shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
-    signature = ("sp_attention", mesh.layout, tuple(lens), joint_len, b, heads, d, q.dtype)
-    with agreed_choices(ctx.cfg.sp, signature, q, kernel):  # every rank picks the same kernel per call
-        if mesh.layout.torus == 1 and mesh.layout.ring == 1:
-            out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel)
-        else:
-            xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
-            out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel).run()
-    out = gather_heads(out, mesh, transport, lens)
-    joint_out = gather_joint(shard, joint_q, mesh, transport) if shard is not None else None
-    transport.end_layer()
-    return out if joint_out is None else (out, joint_out)
-
-
-def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None, mesh: Mesh,
-                      transport: Transport, lens: Sequence[int], scale: float | None, kernel: str
-                      ) -> tuple[list[Tensor], JointShard | None]:
-    """T = 1, R = 1 (Ulysses, USP without ring): after the all-to-all every query sees every key, so the joint
-    tokens (all their rows, this rank's heads) ride in front of the sequence in the same buffers, as xDiT's
-    USP puts them, and one attention call covers every row: no key concatenation, no separate small call for
-    the joint queries. Returns the sequence rows' output and the joint shard, finished."""
-    front = (shard.q, shard.k, shard.v) if shard is not None else ()
-    xq, xk, xv = (x[0] for x in scatter_heads((q, k, v), mesh, transport, lens, front))
-    partial = Partial()
-    attend_chunks([partial], [xq], [(xk, xv)], scale, kernel, finalize=True)
-    out = finished(partial, xq)
-    if shard is None:
-        return [out], None
-    skip = shard.q.shape[1]
-    return [out[:, skip:]], JointShard(shard.q, shard.k, shard.v, Partial(out[:, :skip], None, True))
+    if not torch.compiler.is_compiling():
+        return run_layer(q, k, v, ctx, joint_q=joint_q, joint_k=joint_k, joint_v=joint_v, seq_lens=seq_lens,
+                         scale=scale)
+    lens = None if seq_lens is None else [int(n) for n in seq_lens]
+    out, joint_out = sp_attention_op(q, k, v, ctx.handle, joint_q, joint_k, joint_v, lens, scale)
+    return out if joint_q is None else (out, joint_out)

@@ -20,16 +20,24 @@ BACKENDS = ("cudnn", "flash", "efficient")
 _failed: set[str] = set()
 
 
-def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """q, k, v in [B, H, L, D]; returns the op's raw (out, lse)."""
+def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float, lse: bool = True) -> tuple[Tensor, Tensor]:
+    """q, k, v in [B, H, L, D]; returns the op's raw (out, lse); lse=False asks for none where the kernel can skip
+    it (cuDNN, efficient: flash always writes it) and returns an undefined one."""
     aten = torch.ops.aten
     if backend == "cudnn":
-        res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)
+        res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, lse, 0.0, False, False, scale=scale)
     elif backend == "flash":
         res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
     else:
-        res = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
+        res = aten._scaled_dot_product_efficient_attention(q, k, v, None, lse, 0.0, False, scale=scale)
     return res[0], res[1]
+
+
+def attention_no_lse(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """q [B, Lq, H, D], k, v [B, Lk, H, D] -> out [B, Lq, H, D] by one named SDPA backend, without the
+    log-sum-exp: what a rank's share costs with no merge to feed (the bench's no-communication bound)."""
+    out, _ = _call(backend, *(x.transpose(1, 2) for x in (q, k, v)), scale, lse=False)
+    return out.transpose(1, 2)
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:

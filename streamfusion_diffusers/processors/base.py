@@ -83,7 +83,6 @@ class SPAttnProcessor:
         return attend(query, key, value, self.ctx, self.state)
 
 
-@torch.compiler.disable  # transfers and the schedule's Python stay eager; torch.compile breaks the graph here
 def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState) -> Tensor:
     """Attention of the local rows [joint ; sharded] of q, k, v ([B, L, H, D]) over the whole sequence."""
     layout = state.layout
