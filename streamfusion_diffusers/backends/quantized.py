@@ -24,7 +24,6 @@ rotation and scale granularity); int8 with the rotation does with every kind tra
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -118,11 +117,11 @@ class _Restore:
 
 
 class QuantizedTransport:
-    """`inner` with inter-machine `exchange` chunks sent in a 1-byte codec plus scales (CODECS[comm_dtype]),
-    rows Hadamard-rotated unless rotate=False; the machine of a rank is rank // gpus_per_machine."""
+    """`inner` with inter-machine `exchange` chunks sent in a 1-byte codec plus scales (CODECS[comm_dtype], rows
+    Hadamard-rotated); the machine of a rank is rank // gpus_per_machine."""
 
-    def __init__(self, inner: Transport, comm_dtype: str, gpus_per_machine: int, rank: int, rotate: bool = True):
-        self.inner, self.codec = inner, dataclasses.replace(CODECS[comm_dtype], rotate=rotate)
+    def __init__(self, inner: Transport, comm_dtype: str, gpus_per_machine: int, rank: int):
+        self.inner, self.codec = inner, CODECS[comm_dtype]
         self.gpus_per_machine, self.rank = gpus_per_machine, rank
         self.name = f"{inner.name}+{comm_dtype}"
 
