@@ -12,7 +12,9 @@ slowest rank's time per repetition. The systems:
   ours-no-vae-split (rank 0 decodes alone); ours-cfg (the guidance branches on halves of the ranks);
 - diffusers-cp (Flux, GPUs): diffusers' own context parallelism at one Ulysses x Ring layout;
 - xfuser (CogVideoX, GPUs): xFuserCogVideoXPipeline at one layout, CFG parallel included (xfuser has no
-  parallel VAE for CogVideoX: every rank decodes the whole video).
+  parallel VAE for CogVideoX: every rank decodes the whole video);
+- cache-dit, cache-dit-fp8, cache-dit-async (GPUs): Cache-DiT's parallelism at one layout, caching off
+  (`bench/cachedit.py`).
 Baselines get a fresh transformer each (diffusers' and xfuser's changes to it cannot be undone).
 """
 from __future__ import annotations
@@ -36,11 +38,13 @@ from ..models.full import build_full_pipeline
 from ..parallel_pipeline import parallelize, unparallelize
 from ..phases import PHASES, PhaseTimer
 from ..vae_parallel import unsupported
+from . import cachedit
 from .layer import device_of_job
 from .timing import deadline
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}  # output vs one-gpu, relative
 OURS = ("ours", "ours-no-vae-split", "ours-cfg")
+BASELINES = ("diffusers-cp", "xfuser", *cachedit.SYSTEMS)  # each takes a fresh transformer, changed for good
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class E2ECase:
 
     @property
     def label(self) -> str:
-        if self.system in ("diffusers-cp", "xfuser"):
+        if self.system in BASELINES:
             return f"{self.system} {'cfg2 ' if self.cfg > 1 else ''}{degrees_label(self.ulysses, self.ring)}"
         return self.system
 
@@ -218,6 +222,14 @@ def _xfuser(pipe: Any, setup: E2ESetup, case: E2ECase, device: torch.device) -> 
     return _slowest(runs, setup.iters, device), out
 
 
+def _cache_dit(pipe: Any, setup: E2ESetup, case: E2ECase, device: torch.device) -> tuple[dict, Tensor, str]:
+    fresh = _fresh(pipe, setup, device)
+    cachedit.enable(fresh, case.system, case.ulysses, case.ring)
+    runs, out = _repeat(fresh, setup, "pt", device)
+    return (_slowest(runs, setup.iters, device), out,
+            cachedit.layout(case.system, case.ulysses, case.ring, cachedit.parallel_vae(fresh)))
+
+
 def _relative(out: Tensor | None, ref: Tensor) -> float | None:
     if out is None:
         return None
@@ -240,7 +252,7 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
     rows = []
     timed = any(c.system == "one-gpu" for c in cases)
     # one-gpu first (the reference), baselines last: each of them changes its fresh transformer for good
-    ordered = sorted(cases, key=lambda c: (c.system != "one-gpu", c.system in ("diffusers-cp", "xfuser")))
+    ordered = sorted(cases, key=lambda c: (c.system != "one-gpu", c.system in BASELINES))
     if not timed:
         ordered.insert(0, E2ECase("one-gpu"))
     refs: dict[str, Tensor] | None = None
@@ -256,6 +268,8 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
                 phases, out, layout = _ours(pipe, setup, case, device)
                 exact = case.system == "ours-no-vae-split" or unsupported(pipe.vae) is None  # patch-parallel
                 ref_kind = "untiled" if exact else "tiled"
+            elif case.system in cachedit.SYSTEMS:
+                phases, out, layout = _cache_dit(pipe, setup, case, device)
             elif case.system == "diffusers-cp":
                 phases, out = _diffusers_cp(pipe, setup, case, device)
                 layout = f"ulysses_degree={case.ulysses}, ring_degree={case.ring}"

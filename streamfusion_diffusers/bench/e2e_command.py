@@ -1,5 +1,6 @@
 """`streamfusion bench --level e2e`: whole generations of Flux / CogVideoX, ours against one GPU, diffusers' context
-parallelism (Flux) and xfuser's pipeline (CogVideoX), in one job; see `bench/e2e.py` for what each system runs.
+parallelism (Flux), xfuser's pipeline (CogVideoX) and Cache-DiT's parallelism (`bench/cachedit.py`), in one job;
+see `bench/e2e.py` for what each system runs.
 
 Which systems run where is settled here, before any process starts, and every skip is said once: the baselines
 need GPUs (diffusers places rank r on accelerator r, xfuser refuses to import without one), diffusers has no
@@ -24,9 +25,10 @@ from ..job import DEFAULT_PROMPT, guided, image_tokens
 from ..models import MODELS
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES
-from . import e2e_report
+from . import cachedit, e2e_report
 
-SYSTEMS = ("one-gpu", "ours", "ours-no-vae-split", "ours-cfg", "diffusers-cp", "xfuser")
+BASELINES = ("diffusers-cp", "xfuser", *cachedit.SYSTEMS)
+SYSTEMS = ("one-gpu", "ours", "ours-no-vae-split", "ours-cfg", *BASELINES)
 NO_GPU = "{} skipped: it needs GPUs ({}); run the job under torchrun on GPUs to time it"
 
 
@@ -46,7 +48,7 @@ def _baseline_layouts(spec: str) -> set[tuple[str | None, int, int, int]] | None
         return None
     wanted = set()
     for item in (s.strip() for s in spec.split(",") if s.strip()):
-        match = re.fullmatch(r"(?:(diffusers-cp|xfuser):)?(?:cfg(\d))?U(\d+)R(\d+)", item)
+        match = re.fullmatch(rf"(?:({'|'.join(BASELINES)}):)?(?:cfg(\d))?U(\d+)R(\d+)", item)
         if not match:
             raise ValueError(f"layout {item!r} is not like U2R1, cfg2U1R1 or xfuser:U2R1 (the e2e baselines' "
                              f"layouts)")
@@ -92,7 +94,7 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
             notes.append(why)
 
     for system in systems:
-        if system in ("diffusers-cp", "xfuser") and setup.emulate_link:
+        if system in BASELINES and setup.emulate_link:
             skip(f"{system} skipped: --emulate-link slows our transfers only, the baselines' would cross the real "
                  f"link; time them without it")
         elif system == "ours-cfg" and not is_guided:
@@ -113,6 +115,17 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
             skip(f"xfuser skipped for {setup.name}: the e2e level compares xfuser on CogVideoX, diffusers-cp on Flux")
         elif system == "xfuser" and (broken := _xfuser_missing()):
             skip(f"xfuser skipped: {broken}")
+        elif system in cachedit.SYSTEMS and not gpu:
+            skip(NO_GPU.format("cache-dit", "its context parallelism places rank r on accelerator r, as diffusers'"))
+        elif system in cachedit.SYSTEMS and (broken := cachedit.missing()):
+            skip(f"cache-dit skipped: {broken}")
+        elif system in cachedit.SYSTEMS:
+            for u, r in _degrees(world, heads, True):
+                why = cachedit.why_not(system, u, r, family)
+                if why is None and _wanted(wanted, system, 1, u, r):
+                    cases.append(E2ECase(system, u, r))
+                elif why is not None and wanted is None:
+                    skip(f"{system} U{u}R{r} skipped: {why}")
         elif system == "diffusers-cp":
             half = setup.dtype in (torch.float16, torch.bfloat16)  # diffusers' ring needs cuDNN's LSE
             cases += [E2ECase(system, u, r) for u, r in _degrees(world, heads, half)
