@@ -62,6 +62,7 @@ class ParallelContext:
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
         self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape
+        self.fault = None  # verify --self-test only: a deliberate fault for the schedules (attention/faults.py)
         self._cfg: CfgGroups | None = None
         if self.worlds:
             if config.cfg != 1:
