@@ -9,12 +9,14 @@ import torch
 import yaml
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
+from streamfusion_diffusers.bench.layer import Case
 from streamfusion_diffusers.bench.workloads import Workload
 from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
 from streamfusion_diffusers.recipes import load_recipe
 from streamfusion_diffusers.recipes.calibrate import fit
 from streamfusion_diffusers.recipes.choose import Cluster, choose, entry_layout
+from streamfusion_diffusers.recipes import tune
 from streamfusion_diffusers.recipes.store import write_recipe
 from streamfusion_diffusers.sequence import split_sizes
 from streamfusion_diffusers.spawn import ProcessPool
@@ -116,3 +118,32 @@ def test_merge_keeps_other_entries_and_calibration_fits(tuned, tmp_path):
     assert calibration["attention_tflops"][DIM] > 0
     with pytest.raises(ValueError, match="method 'auto' chooses ulysses"):
         ParallelConfig(method="auto", ulysses=2)
+
+
+SPEC = f"custom:{TOKENS}:{TEXT}:{HEADS}:{DIM}"
+INFO = {"machines": 2, "gpus_per_machine": 2, "link": "real", "backend": "torch", "kernel": "auto",
+        "dtype": "float32", "device": "cpu", "date": "2026-11-24"}
+FAST, SLOW = Case("usp", 2, 2), Case("usp", 4, 1)
+
+
+def _row(case: Case, level: str, ms: float, rel_err: float) -> dict:
+    return {"workload": "w", "level": level, "method": case.method, "layout": case.label, "ms": ms,
+            "min_ms": ms, "max_ms": ms, "calls": 1, "rel_err": rel_err, "ok": rel_err <= threshold(torch.float32)}
+
+
+def test_a_layout_that_is_not_exact_is_never_written_nor_calibrated():
+    w = Workload("w", TOKENS, TEXT, HEADS, DIM, 2)
+    rows = [_row(Case("bound"), "layer", 1.0, 0.0), _row(FAST, "layer", 2.0, 0.3), _row(SLOW, "layer", 3.0, 1e-7),
+            _row(FAST, "block", 20.0, 0.3), _row(SLOW, "block", 30.0, 1e-7)]
+    entry = tune._entry(SPEC, w, rows, [FAST, SLOW], INFO)
+    assert (entry["ulysses"], entry["ring"]) == (4, 1) and "runner_up" not in entry, entry
+    assert list(entry["block_ms"]) == [SLOW.label], entry
+    records = tune._records(rows, {FAST: 2.0, SLOW: 3.0}, w, WORLD, INFO)
+    assert sorted((r["kind"], r["ulysses"]) for r in records) == [("bound", 1), ("layer", 4)], records
+
+
+def test_no_exact_layout_is_one_clear_error():
+    w = Workload("w", TOKENS, TEXT, HEADS, DIM, 2)
+    rows = [_row(FAST, "layer", 2.0, 0.3), _row(SLOW, "block", 30.0, 1e-7)]
+    with pytest.raises(RuntimeError, match="no layout of w passed the exactness check"):
+        tune._entry(SPEC, w, rows, [FAST, SLOW], INFO)
