@@ -1,6 +1,7 @@
 """ParallelContext: a resolved layout bound to the running torch.distributed job."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import logging
@@ -182,6 +183,17 @@ def _join_launched_job(timeout_s: float) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
                             timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _release_at_exit() -> None:
+    """Destroy a gloo process group still up when the interpreter exits, while torch.distributed is whole: an
+    error that ends a script keeps our groups alive in its traceback until after that, and gloo then aborts
+    the process ('terminate called') instead of exiting with the error. (NCCL groups are left to torch.)"""
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+
+
+atexit.register(_release_at_exit)
 
 
 def shutdown() -> None:
