@@ -30,7 +30,7 @@ from ..backends import Handle, Transport
 from ..backends.watch import stage
 from ..kernels import Partial
 from ..mesh import Mesh
-from .faults import Exact
+from .faults import EXACT, Exact
 from .ring import KVBlock, Queries, ring_attend
 
 
@@ -55,7 +55,7 @@ class TorusSchedule:
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, mesh: Mesh, transport: Transport,
                  seq_lens: Sequence[int], joint: JointShard | None, scale: float | None, kernel: str,
-                 fault: Exact):
+                 fault: Exact = EXACT):
         self.q, self.k, self.v = q, k, v
         self.mesh, self.transport, self.joint = mesh, transport, joint
         self.scale, self.kernel, self.fault = scale, kernel, fault

@@ -4,7 +4,8 @@ For each workload the cost model ranks every distinct layout of every method on 
 the real one); the K best predicted, plus plain Ulysses and USP, are timed at the layer level in one job with
 repetitions interleaved across them (optionally the best two again at block level). Every candidate's
 output is checked against exact attention (exactness.py, layer and block); a layout that fails is reported,
-left out of the measurements and never written. The fastest that passes becomes a recipe entry (`source: measured`) merged into <out>/<model>.yaml; every case's measured and predicted time goes
+left out of the measurements and never written. The fastest that passes becomes a recipe entry
+(`source: measured`) merged into <out>/<model>.yaml; every case's measured and predicted time goes
 to <out>/measurements.json, from which the cost model's overheads are fitted into the recipe headers.
 `--from-cost-model` writes predicted entries (`source: cost model`) for shapes nobody measured, and
 `--merge-from` merges device runs' outputs into a recipe folder (the packaged one: recipes/regenerate.py);
