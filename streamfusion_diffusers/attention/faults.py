@@ -91,6 +91,9 @@ class ShiftRows(Exact):
     def __init__(self, victim: int = 1):
         self.victim = victim
 
+    def applies(self, layout: Layout, text: int) -> bool:
+        return layout.world_size > self.victim
+
     def output(self, out: Tensor, rank: int) -> Tensor:
         return out.roll(1, dims=1) if rank == self.victim else out
 
