@@ -103,15 +103,15 @@ def _verify_rank(configs: list[ParallelConfig], w: Workload, faults: Sequence[Ex
         err = error(ctx)
         ms = median_ms(lambda: sp_attention(*mine, ctx, seq_lens=lens, **joint), w.iters, 0, device) \
             if w.iters else None
-        caught = {}
+        faulty = {}  # each fault that applies: the relative error it made
         for fault in (f for f in faults if f.applies(layout, w.joint)):
             ctx.fault = fault
             try:
-                caught[fault.name] = error(ctx)
+                faulty[fault.name] = error(ctx)
             finally:
                 ctx.fault = None
         table.append(dict(method=config.method, layout=str(layout), rel_err=err, ms=ms,
-                          ok=passes(err, w.dtype), faults=caught))
+                          ok=passes(err, w.dtype), faults=faulty))
     return table
 
 
