@@ -95,6 +95,8 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     q, k_loc, v_loc = q_all[:, rows].contiguous(), k[:, rows].contiguous(), v[:, rows].contiguous()
     del q_all
     ref = reference_attention(q, k, v)
+    if device.type == "cuda":  # peak_gib is the cases' memory, not the float32 reference's
+        torch.cuda.reset_peak_memory_stats(device)
     calls, errors, labels = [], [], []
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
