@@ -36,7 +36,9 @@ class CfgSplitHook(ModelHook):
     per step (Flux with true_cfg_scale > 1, after `pair_calls`): the first call is deferred and returns an empty
     tensor, the second runs the first call's inputs on branch 0 and its own on branch 1 at once, fills the first
     call's tensor in place and returns its own. The pipeline reads neither before the second call; a step with
-    only one call (true CFG off) is flushed before the scheduler step reads it.
+    only one call (true CFG off) is flushed before the scheduler step reads it. A deferred call pairs only with
+    a call of its own timestep: one left over by an error (the pipeline raised between the two calls) is
+    dropped, not paired with the next generation's first call, and its tensor holds NaN, never stale values.
     """
 
     def __init__(self, ctx: ParallelContext):
@@ -76,9 +78,14 @@ class CfgSplitHook(ModelHook):
         if batch % degree == 0:
             out = self._forward(self._branch(bound, batch, degree))
             return _with_sample(out, gather(_sample(out), [batch // degree] * degree, self.ctx.cfg.cfg.pg, dim=0))
+        if self.pending is not None and not _same_step(self.pending[0], bound):
+            logger.warning("cfg: a deferred transformer call was never paired (an error between the guidance "
+                           "calls?); it is dropped")
+            self.pending = None
         if self.scheduler is not None and self.pending is None:
-            placeholder = torch.empty((*bound.arguments["hidden_states"].shape[:-1], module.proj_out.out_features),
-                                      dtype=module.proj_out.weight.dtype, device=module.proj_out.weight.device)
+            placeholder = torch.full((*bound.arguments["hidden_states"].shape[:-1], module.proj_out.out_features),
+                                     float("nan"), dtype=module.proj_out.weight.dtype,
+                                     device=module.proj_out.weight.device)
             self.pending = bound, placeholder
             return _output(bound, placeholder)
         if self.pending is not None:
@@ -125,6 +132,14 @@ def cfg_hook(target: Any, transformer: torch.nn.Module, ctx: ParallelContext) ->
     if isinstance(transformer, FluxTransformer2DModel) and hasattr(target, "scheduler"):
         hook.pair_calls(target.scheduler)
     return hook
+
+
+def _same_step(first: inspect.BoundArguments, bound: inspect.BoundArguments) -> bool:
+    """Whether two calls are the two guidance calls of one step: the same timestep and latent shape."""
+    a, b = first.arguments, bound.arguments
+    t, u = a.get("timestep"), b.get("timestep")
+    same_t = t is u or (isinstance(t, Tensor) and isinstance(u, Tensor) and t.shape == u.shape and torch.equal(t, u))
+    return same_t and a["hidden_states"].shape == b["hidden_states"].shape
 
 
 def _sample(output: Any) -> Tensor:

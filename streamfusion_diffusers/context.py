@@ -1,6 +1,7 @@
 """ParallelContext: a resolved layout bound to the running torch.distributed job."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import logging
@@ -61,6 +62,7 @@ class ParallelContext:
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
         self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape
+        self.fault = None  # verify --self-test only: a deliberate fault for the schedules (attention/faults.py)
         self._cfg: CfgGroups | None = None
         if self.worlds:
             if config.cfg != 1:
@@ -182,6 +184,17 @@ def _check_worlds(worlds: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...
         raise ValueError(f"worlds {out} must split ranks 0..{dist.get_world_size() - 1} into disjoint groups of "
                          f"one size, each in ascending order")
     return out
+
+
+def _release_at_exit() -> None:
+    """Destroy a gloo process group still up when the interpreter exits, while torch.distributed is whole: an
+    error that ends a script keeps our groups alive in its traceback until after that, and gloo then aborts
+    the process ('terminate called') instead of exiting with the error. (NCCL groups are left to torch.)"""
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+
+
+atexit.register(_release_at_exit)
 
 
 def shutdown() -> None:

@@ -1,25 +1,30 @@
 """`streamfusion verify`: every method against single-process attention on this cluster, with timings.
 
 Run it before a long job: it spawns a local job (gloo on the CPU, or NCCL when there is a GPU per process),
-or joins the running one under torchrun, and exits non-zero if any method disagrees with the reference.
+or joins the running one under torchrun, and exits non-zero if any method disagrees with the reference
+(exactness.py: relative error against softmax attention written out in torch, per-dtype thresholds).
+`--self-test` then runs every method again with each deliberate fault that applies to its layout (a ring
+block dropped, the text keys dropped, a block counted twice, one rank's rows shifted) and fails unless the
+same check catches every one: proof that the check can fail at the size it ran.
 """
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from . import ParallelConfig, init_parallel, sp_attention
-from .config import METHODS, resolve_layout
-from .kernels import attention_with_lse_reference
-from .sequence import split_sizes
+from .attention.faults import FAULTS, Exact
 from .bench.timing import median_ms
+from .config import METHODS, resolve_layout
+from .exactness import passes, reference_attention, relative_error, threshold
+from .sequence import split_sizes
 from .spawn import job_shape, run_job
 
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -49,9 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default float32 on CPU, bfloat16 on GPU")
-    parser.add_argument("--iters", type=int, default=3, help="timed calls per method after one warm-up call")
+    parser.add_argument("--iters", type=int, default=3,
+                        help="timed calls per method after the checked one (0: no timing)")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds the whole check may take before the job is ended (default 1800)")
+    parser.add_argument("--self-test", action="store_true",
+                        help="then run every method with each deliberate fault that applies to its layout (ring "
+                             "block dropped, text keys dropped, a block counted twice, one rank's rows shifted) "
+                             "and exit non-zero unless the check catches every one")
 
 
 def _device() -> torch.device:
@@ -60,19 +72,9 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget_bytes: int = 2**31) -> torch.Tensor:
-    """float32 (float64 for float32 inputs) attention, a few heads at a time to bound the score matrix."""
-    dtype = torch.float64 if q.dtype == torch.float32 else torch.float32
-    heads_per_call = max(1, budget_bytes // (q.shape[0] * q.shape[1] * k.shape[1] * 8))
-    outs = [attention_with_lse_reference(q[:, :, h:h + heads_per_call].to(dtype),
-                                         k[:, :, h:h + heads_per_call].to(dtype),
-                                         v[:, :, h:h + heads_per_call].to(dtype), q.shape[-1] ** -0.5)[0]
-            for h in range(0, q.shape[2], heads_per_call)]
-    return torch.cat(outs, dim=2)
-
-
-def _verify_rank(configs: list[ParallelConfig], w: Workload) -> list[dict]:
-    """Run every config on this rank; returns the rows, with error and time as maxima over ranks."""
+def _verify_rank(configs: list[ParallelConfig], w: Workload, faults: Sequence[Exact]) -> list[dict]:
+    """Run every config on this rank (then each applicable fault); returns the rows, relative errors over
+    every rank's output rows, times as this rank's."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
     seed = torch.tensor([w.seed], device=device)
@@ -84,36 +86,53 @@ def _verify_rank(configs: list[ParallelConfig], w: Workload) -> list[dict]:
     jq, jk, jv = (torch.randn(jshape, generator=g, device=device, dtype=w.dtype) for _ in range(3))
     lens = split_sizes(w.seq_len, world)
     rows = slice(sum(lens[:rank]), sum(lens[: rank + 1]))
-    fk, fv = torch.cat([jk, k], dim=1), torch.cat([jv, v], dim=1)
-    ref = _reference(torch.cat([jq, q[:, rows]], dim=1), fk, fv)
+    ref = reference_attention(torch.cat([jq, q[:, rows]], dim=1), torch.cat([jk, k], dim=1), torch.cat([jv, v], dim=1))
     joint = dict(joint_q=jq, joint_k=jk, joint_v=jv) if w.joint else {}
+    mine = [x[:, rows].contiguous() for x in (q, k, v)]
+    del q, k, v
+
+    def error(ctx) -> float:
+        res = sp_attention(*mine, ctx, seq_lens=lens, **joint)
+        out = torch.cat(res[::-1], dim=1) if w.joint else res  # [joint rows ; this rank's rows], as ref
+        return relative_error(out, ref, distributed=True)
+
     table = []
     for config in configs:
         ctx = init_parallel(config)
-        layout = str(ctx.layout(w.heads))
-        call = lambda: sp_attention(q[:, rows], k[:, rows], v[:, rows], ctx, seq_lens=lens, **joint)  # noqa: E731
-        res = call()
-        out, jout = res if w.joint else (res, jq[:, :0])
-        err = max((out.float() - ref[:, w.joint:].float()).abs().max().item(),
-                  (jout.float() - ref[:, : w.joint].float()).abs().max().item() if w.joint else 0.0)
-        ms = median_ms(call, w.iters, 0, device)
-        worst = torch.tensor([err], dtype=torch.float64, device=device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        table.append(dict(method=config.method, layout=layout, max_err=worst.item(), ms=ms,
-                          ok=worst.item() <= TOLERANCE[w.dtype]))
+        layout = ctx.layout(w.heads)
+        err = error(ctx)
+        ms = median_ms(lambda: sp_attention(*mine, ctx, seq_lens=lens, **joint), w.iters, 0, device) \
+            if w.iters else None
+        faulty = {}  # each fault that applies: the relative error it made
+        for fault in (f for f in faults if f.applies(layout, w.joint)):
+            ctx.fault = fault
+            try:
+                faulty[fault.name] = error(ctx)
+            finally:
+                ctx.fault = None
+        table.append(dict(method=config.method, layout=str(layout), rel_err=err, ms=ms,
+                          ok=passes(err, w.dtype), faults=faulty))
     return table
 
 
 def _print(table: list[dict], w: Workload, world: int, where: str) -> None:
+    limit = threshold(w.dtype)
     print(f"streamfusion verify: {world} ranks, {where}; B={w.batch} L={w.seq_len} (+{w.joint} joint) "
-          f"H={w.heads} D={w.head_dim} {str(w.dtype).removeprefix('torch.')}, tolerance {TOLERANCE[w.dtype]:g}")
-    print(f"{'method':<8} {'layout':<22} {'max abs err':>11} {'median ms':>10}  result")
+          f"H={w.heads} D={w.head_dim} {str(w.dtype).removeprefix('torch.')}, relative error threshold {limit:.1e}")
+    print(f"{'method':<8} {'layout':<22} {'rel err':>9} {'median ms':>10}  result")
     for row in table:
-        print(f"{row['method']:<8} {row['layout']:<22} {row['max_err']:>11.2e} {row['ms']:>10.2f}  "
+        ms = f"{row['ms']:>10.2f}" if row["ms"] is not None else f"{'-':>10}"
+        print(f"{row['method']:<8} {row['layout']:<22} {row['rel_err']:>9.2e} {ms}  "
               f"{'ok' if row['ok'] else 'MISMATCH'}")
+    for row in table:
+        for name, err in row["faults"].items():
+            what = (f"caught (rel err {err:.2e} > {limit:.1e})" if not passes(err, w.dtype) else
+                    f"NOT CAUGHT (rel err {err:.2e} <= {limit:.1e})")
+            print(f"self-test: {row['method']} {row['layout']}: {name}: {what}")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, faults: Sequence[Exact] = FAULTS) -> int:
+    """faults: what --self-test injects (tests pass their own)."""
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 4), args.cpu)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))
@@ -129,8 +148,10 @@ def main(args: argparse.Namespace) -> int:
                  head_dim=args.head_dim, dtype=DTYPES[args.dtype] if args.dtype else
                  (torch.bfloat16 if gpu else torch.float32),
                  seed=args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little"), iters=args.iters)
-    table = run_job(_verify_rank, world, configs, w, gpu=gpu)[0]
+    table = run_job(_verify_rank, world, configs, w, faults if args.self_test else (), gpu=gpu,
+                    timeout_s=args.timeout)[0]
     if int(os.environ.get("RANK", 0)) == 0:
         _print(table, w, world, "NCCL on GPUs" if gpu else "gloo on the CPU")
-    return 0 if all(row["ok"] for row in table) else 1
+    missed = [err for row in table for err in row["faults"].values() if passes(err, w.dtype)]
+    return 0 if all(row["ok"] for row in table) and not missed else 1
 

@@ -89,28 +89,33 @@ def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenL
         bounds.append(end)
     posted: list[Callable[[], list[Tensor]]] = []
     jqkv: tuple[Tensor, ...] = ()
-    for w in range(waves):
-        q, k, v = block.pre(bounds[w], bounds[w + 1])
-        if w == 0 and joint:
-            jqkv, (q, k, v) = tuple(x[:, :joint] for x in (q, k, v)), tuple(x[:, joint:] for x in (q, k, v))
-        if w == 0:  # the layout (method "auto" chooses it here, once per shape) and the kernel
-            mesh, kernel = attention_plan(ctx, q, lens, joint)
-            b, _, _, d = q.shape
-            transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint, q.element_size()))
-        posted.append(post_scatter_heads((q, k, v), mesh, transport, wave_lens[w]))
-    parts = [finish() for finish in posted]  # per wave: Q, K, V as [T, B, L_part_w, h, D]
-    shard = joint_shard(*jqkv, mesh) if jqkv else None
-    part_lens = [sum(_peer_lens(mesh, wave_lens[w])) for w in range(waves)]
-    signature = ("waves", waves, mesh.layout, tuple(lens), joint, b, heads, d, parts[0][0].dtype)
-    with agreed_choices(ctx.cfg.sp, signature, parts[0][0], kernel):  # every rank picks the same kernel per call
-        gathers = _attend(parts, part_lens, shard, mesh, transport, lens, wave_lens, scale, kernel)
-    joint_out = gather_joint(shard, jqkv[0], mesh, transport) if shard is not None else None
-    for w, finish in enumerate(gathers):
-        out = finish()
-        if w == 0 and joint_out is not None:
-            out = torch.cat([joint_out, out], dim=1)
-        block.post(bounds[w], bounds[w + 1], out)
-    transport.end_layer()
+    begun = False
+    try:
+        for w in range(waves):
+            q, k, v = block.pre(bounds[w], bounds[w + 1])
+            if w == 0 and joint:
+                jqkv, (q, k, v) = tuple(x[:, :joint] for x in (q, k, v)), tuple(x[:, joint:] for x in (q, k, v))
+            if w == 0:  # the layout (method "auto" chooses it here, once per shape) and the kernel
+                mesh, kernel = attention_plan(ctx, q, lens, joint)
+                b, _, _, d = q.shape
+                transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint, q.element_size()))
+                begun = True
+            posted.append(post_scatter_heads((q, k, v), mesh, transport, wave_lens[w]))
+        parts = [finish() for finish in posted]  # per wave: Q, K, V as [T, B, L_part_w, h, D]
+        shard = joint_shard(*jqkv, mesh) if jqkv else None
+        part_lens = [sum(_peer_lens(mesh, wave_lens[w])) for w in range(waves)]
+        signature = ("waves", waves, mesh.layout, tuple(lens), joint, b, heads, d, parts[0][0].dtype)
+        with agreed_choices(ctx.cfg.sp, signature, parts[0][0], kernel):  # every rank picks the same kernel per call
+            gathers = _attend(parts, part_lens, shard, mesh, transport, lens, wave_lens, scale, kernel)
+        joint_out = gather_joint(shard, jqkv[0], mesh, transport) if shard is not None else None
+        for w, finish in enumerate(gathers):
+            out = finish()
+            if w == 0 and joint_out is not None:
+                out = torch.cat([joint_out, out], dim=1)
+            block.post(bounds[w], bounds[w + 1], out)
+    finally:
+        if begun:  # also on an error: every transfer the layer posted is over before it propagates
+            transport.end_layer()
 
 
 def _attend(parts, part_lens, shard, mesh, transport, lens, wave_lens, scale, kernel) -> list[Callable[[], Tensor]]:

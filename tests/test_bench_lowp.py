@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from streamfusion_diffusers.bench.command import LOWP_REL_TOLERANCE, REL_TOLERANCE
+from streamfusion_diffusers.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
 from streamfusion_diffusers.cli import main
 
 
@@ -22,5 +22,5 @@ def test_step_rows_over_fp8_transfers_are_checked_as_lossy(tmp_path, capsys):
     step = rows["step"]
     print(f"\nfp8 torus U2R1T2: layer rel err {rows['layer']['rel_err']:.2e}, step {step['rel_err']:.2e}")
     # the step's error is the codec's, beyond float32's exact tolerance, and within the lossy one
-    assert REL_TOLERANCE[torch.float32] < step["rel_err"] <= LOWP_REL_TOLERANCE and step["ok"]
+    assert MODEL_THRESHOLD[torch.float32] < step["rel_err"] <= LOWP_THRESHOLD and step["ok"]
     assert "MISMATCH" not in captured.out

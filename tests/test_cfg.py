@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.hooks import HookRegistry
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case
 
 from streamfusion_diffusers import ParallelConfig, generate, init_parallel
+from streamfusion_diffusers.cfg import CFG_HOOK
 from streamfusion_diffusers.config import cfg_shape
 from streamfusion_diffusers.mesh import cfg_branches
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
@@ -118,6 +121,30 @@ def test_transformer_batch2_with_cfg_parallel_is_exact(pool, case):
     config = ParallelConfig(machines=1, gpus_per_machine=4, method="torus", cfg=2)
     for res in pool.run(_transformer, config, case):
         assert res["cfg"] == 2 and res["error"] <= TOL, res
+
+
+def _after_a_stale_call(config: ParallelConfig) -> list[float]:
+    """On every rank: Flux's paired guidance calls after a deferred call whose pair never came (the pipeline
+    raised in between); the relative errors of the step's uncond and cond outputs."""
+    case = FLUX_CASES["text-sharded-uneven-image"]
+    model = build_transformer(case.config, seed=3)
+    stale, uncond, cond = case.inputs(5), case.inputs(6), case.inputs(7)
+    uncond["timestep"] = cond["timestep"]  # the two guidance calls of one step
+    with torch.no_grad():
+        want = [model(**x).sample for x in (uncond, cond)]
+        parallelize(model, init_parallel(config))
+        HookRegistry.check_if_exists_or_initialize(model).get_hook(CFG_HOOK).pair_calls(
+            FlowMatchEulerDiscreteScheduler())
+        model(**stale)  # deferred; no pair follows
+        got = [model(**x).sample for x in (uncond, cond)]
+        unparallelize(model)
+    return [((g - w).norm() / w.norm()).item() for g, w in zip(got, want)]
+
+
+def test_a_deferred_call_left_by_an_error_is_not_paired(pool):
+    config = ParallelConfig(machines=1, gpus_per_machine=4, method="usp", cfg=2)
+    for errors in pool.run(_after_a_stale_call, config):
+        assert all(e <= TOL for e in errors), errors
 
 
 def test_auto_keeps_one_branch_for_an_unguided_batch(pool):

@@ -18,6 +18,7 @@ from ..kernels import Partial, agreed_choices, attend_chunks
 from ..mesh import Mesh
 from ..recipes.choose import attention_plan
 from .agreement import agreed_seq_lens
+from .faults import EXACT, Exact
 from .joint import gather_joint, joint_shard
 from .torus import JointShard, TorusSchedule, finished
 from .ulysses import gather_heads, scatter_heads
@@ -40,20 +41,23 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
     transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint_len, q.element_size()))
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
     signature = ("sp_attention", mesh.layout, tuple(lens), joint_len, b, heads, d, q.dtype)
-    with agreed_choices(ctx.cfg.sp, signature, q, kernel):  # every rank picks the same kernel per call
-        if mesh.layout.torus == 1 and mesh.layout.ring == 1:
-            out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel)
-        else:
-            xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
-            out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel).run()
-    out = gather_heads(out, mesh, transport, lens)
-    joint_out = gather_joint(shard, joint_q, mesh, transport) if shard is not None else None
-    transport.end_layer()
+    fault: Exact = ctx.fault or EXACT  # verify --self-test's injected fault (attention/faults.py)
+    try:
+        with agreed_choices(ctx.cfg.sp, signature, q, kernel):  # every rank picks the same kernel per call
+            if mesh.layout.torus == 1 and mesh.layout.ring == 1:
+                out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel, fault)
+            else:
+                xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
+                out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel, fault).run()
+        out = fault.output(gather_heads(out, mesh, transport, lens), ctx.rank)
+        joint_out = gather_joint(shard, joint_q, mesh, transport) if shard is not None else None
+    finally:
+        transport.end_layer()  # also on an error: every transfer the layer posted is over before it propagates
     return out if joint_out is None else (out, joint_out)
 
 
 def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None, mesh: Mesh,
-                      transport: Transport, lens: Sequence[int], scale: float | None, kernel: str
+                      transport: Transport, lens: Sequence[int], scale: float | None, kernel: str, fault: Exact
                       ) -> tuple[list[Tensor], JointShard | None]:
     """T = 1, R = 1 (Ulysses, USP without ring): after the all-to-all every query sees every key, so the joint
     tokens (all their rows, this rank's heads) ride in front of the sequence in the same buffers, as xDiT's
@@ -62,9 +66,9 @@ def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None,
     front = (shard.q, shard.k, shard.v) if shard is not None else ()
     xq, xk, xv = (x[0] for x in scatter_heads((q, k, v), mesh, transport, lens, front))
     partial = Partial()
-    attend_chunks([partial], [xq], [(xk, xv)], scale, kernel, finalize=True)
+    skip = shard.q.shape[1] if shard is not None else 0
+    attend_chunks([partial], [xq], fault.keys(0, [(xk, xv)], skip), scale, kernel, finalize=True)
     out = finished(partial, xq)
     if shard is None:
         return [out], None
-    skip = shard.q.shape[1]
     return [out[:, skip:]], JointShard(shard.q, shard.k, shard.v, Partial(out[:, :skip], None, True))

@@ -1,8 +1,9 @@
 """Ring attention inside one stage: every ring peer's copy of a key/value set, streamed past local queries.
 
 As in Algorithm 1's RINGATTN, step i takes the block of peer (r + i) % R directly (no forwarding of received
-blocks), so each step's transfer is posted while the previous block computes. The blocks are returned, so a
-later stage that needs the same set attends to them again without moving them twice.
+blocks), so each step's transfer is posted while the previous block computes. A peer's block is let go once
+attended, so a rank holds, besides its own, two peer blocks at most (the one in use and the one arriving):
+memory that does not grow with R. Only a set that a later Torus stage attends to again is kept (`keep`).
 """
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from torch import Tensor
 from ..backends import Handle, Transport
 from ..kernels import Partial, attend_chunks
 from ..mesh import Group
-
-KVBlock = tuple[Tensor, Tensor]
+from .faults import Exact, KVBlock
 
 
 @dataclass
@@ -42,19 +42,25 @@ def _post_step(kv: KVBlock, step: int, peer_lens: Sequence[int], ring: Group, tr
 
 
 def ring_attend(queries: Queries, kv: KVBlock, peer_lens: Sequence[int], ring: Group, transport: Transport,
-                scale: float | None, kernel: str, extra: Sequence[KVBlock] = (), last: bool = False) -> list[KVBlock]:
-    """Attend `queries` to the union of every ring peer's `kv` (peer j holds peer_lens[j] tokens) plus `extra`.
+                scale: float | None, kernel: str, fault: Exact, extra: Sequence[KVBlock] = (), last: bool = False,
+                keep: bool = False) -> list[KVBlock]:
+    """Attend `queries` to the union of every ring peer's `kv` (peer j holds peer_lens[j] tokens) plus `extra`
+    (the joint text keys, which lead this rank's own step).
 
     last: this set is the queries' final one (their outputs are finished by the last ring step).
-    Returns all blocks of the set, this rank's own first, for reuse.
+    keep: return every block attended (extra and this rank's own first) for a later stage; else nothing.
     """
-    blocks = [kv]
+    text = sum(k.shape[1] for k, _ in extra)
+    own = fault.keys(0, [*extra, kv], text)
+    kept = list(own) if keep else []
     pending = _post_step(kv, 1, peer_lens, ring, transport) if ring.size > 1 else None
-    queries.attend([*extra, kv], scale, kernel, last and ring.size == 1)
+    queries.attend(own, scale, kernel, last and ring.size == 1)
     for step in range(1, ring.size):
         block, handle = pending
         pending = _post_step(kv, step + 1, peer_lens, ring, transport) if step + 1 < ring.size else None
         handle.wait()
-        queries.attend([block], scale, kernel, last and step + 1 == ring.size)
-        blocks.append(block)
-    return blocks
+        blocks = fault.keys(step, [block], 0)
+        queries.attend(blocks, scale, kernel, last and step + 1 == ring.size)
+        kept += blocks if keep else []
+        del block, blocks  # let this peer's block go before the next one is posted
+    return kept

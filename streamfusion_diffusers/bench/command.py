@@ -27,7 +27,8 @@ import torch
 from ..config import METHODS, ParallelConfig, resolve_layout
 from ..links import parse_link
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
-from ..verify import DTYPES, TOLERANCE
+from ..exactness import LOWP_THRESHOLD, MODEL_THRESHOLD, threshold
+from ..verify import DTYPES
 from . import e2e_command, report, variants, xdit
 from .costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
@@ -38,10 +39,6 @@ logger = logging.getLogger(__name__)
 
 LEVELS = ("layer", "block", "step", "e2e")
 BASELINES = {"xdit-usp": ("layer",), "diffusers-cp": ("block", "step")}  # the levels each baseline runs at
-# Block and step outputs against the unparallelized model, by relative error: float32 as the processor tests
-# hold it; half precision loosely, as rounding differs between two orders of summation through every block.
-REL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-LOWP_REL_TOLERANCE = 5e-2  # fp8 e4m3 rounds each transferred element by up to 2^-4 (about 2.5 % rms)
 WHAT = {"layer": "one attention layer", "block": "one transformer block", "step": "one denoising step"}
 DIFFUSERS_CP_ON_CPU = ("diffusers-cp skipped: diffusers' enable_parallelism needs GPUs (it places rank r on "
                        "accelerator r % device_count, and there is none under gloo on the CPU)")
@@ -77,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--comm-dtype", choices=("int8", "fp8"), default=None,
                         help="send every inter-machine chunk (Torus Pull Q, Pull KV, Push O; ring passes) as 1-byte "
                              "values with per-token-and-head scales, int8 or fp8 (float8_e4m3fn) (checked against a "
-                             f"relative error of {LOWP_REL_TOLERANCE:g} instead of the exact tolerance)")
+                             f"relative error of {LOWP_THRESHOLD:g} instead of the exact tolerance)")
     parser.add_argument("--variants", default="eager",
                         help=f"comma-separated ways to run our layouts, each timed beside the others: "
                              f"{', '.join(variants.VARIANTS)} (cuda-graph at layer and step level; waves2 and "
@@ -195,14 +192,17 @@ def _lossy(row: dict, comm_dtype: str | None) -> bool:
     return comm_dtype is not None and row["method"].split("+")[0] not in (*BASELINES, "bound")
 
 
+def limit(row: dict, dtype: torch.dtype, comm_dtype: str | None = None) -> float:
+    """The relative error a row may show (exactness.py): our methods over 1-byte transfers by the lossy bound at
+    every level (their rounding reaches block and step outputs too), else attention at layer level, a block or
+    step against the unparallelized model in the same dtype."""
+    if _lossy(row, comm_dtype):
+        return LOWP_THRESHOLD
+    return threshold(dtype) if row["level"] == "layer" else MODEL_THRESHOLD[dtype]
+
+
 def _ok(row: dict, dtype: torch.dtype, comm_dtype: str | None = None) -> bool:
-    """A row's error within its check: 1-byte transfers by relative error at every level (their rounding
-    reaches the block and step outputs too), else the exact tolerance of the level."""
-    if row["rel_err"] is not None and _lossy(row, comm_dtype):
-        return row["rel_err"] <= LOWP_REL_TOLERANCE
-    if row["level"] == "layer":
-        return row["max_abs_err"] <= TOLERANCE[dtype]
-    return row["rel_err"] is None or row["rel_err"] <= REL_TOLERANCE[dtype]  # None: the bound, not checked
+    return row["rel_err"] is None or row["rel_err"] <= limit(row, dtype, comm_dtype)  # None: not checked
 
 
 def main(args: argparse.Namespace) -> int:
@@ -286,10 +286,8 @@ def main(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(str(p) for p in paths.values()))
     bad = [r for r in rows if not r["ok"]]
     for r in bad:
-        lowp = _lossy(r, args.comm_dtype)
-        err = (f"max abs error {r['max_abs_err']:.2e} > {TOLERANCE[dtype]:g}" if r["level"] == "layer" and not lowp
-               else f"relative error {r['rel_err']:.2e} > {LOWP_REL_TOLERANCE if lowp else REL_TOLERANCE[dtype]:g}")
-        print(f"MISMATCH: {r['workload']} {r['level']} {r['layout']} {err}")
+        print(f"MISMATCH: {r['workload']} {r['level']} {r['layout']} relative error {r['rel_err']:.2e} > "
+              f"{limit(r, dtype, args.comm_dtype):.1e}")
     return 1 if bad else 0
 
 

@@ -169,8 +169,9 @@ def run_tasks(tasks: list[tuple[Any, list[Any]]]) -> list[dict]:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """bench --level e2e: plan the cases, run the job, print and write the tables (rank 0)."""
-    from .command import LOWP_REL_TOLERANCE, parse_link, workload_specs
-    from .e2e import OURS, TOLERANCE
+    from .command import parse_link, workload_specs
+    from ..exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
+    from .e2e import OURS
 
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)
     m = args.gpus_per_machine or world // args.machines
@@ -196,7 +197,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     rows = run_job(run_tasks, world, tasks, gpu=gpu, timeout_s=max(DEFAULT_TIMEOUT_S, args.timeout * generations))[0]
     if not rank0:
         return 0
-    tolerance = LOWP_REL_TOLERANCE if args.comm_dtype else TOLERANCE[dtype]  # 1-byte transfers round
+    tolerance = LOWP_THRESHOLD if args.comm_dtype else MODEL_THRESHOLD[dtype]  # 1-byte transfers round
     for row in rows:
         row["ok"] = row["rel_err"] is None or row["rel_err"] <= tolerance
     link = f", inter-machine link emulated as {args.emulate_link}" if args.emulate_link else ""

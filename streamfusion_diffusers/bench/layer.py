@@ -2,9 +2,10 @@
 
 Every rank draws the whole sequence from one seed, keeps its slice of Q, K, V, and times each method on it.
 The no-communication bound is each rank's own share of the work with nothing moved: its L/P queries against
-all L keys, through the same kernel. That bound's output is also the exact answer for the rank's rows, so
-every timed method is checked against it in the same run. The text tokens travel with the sequence here
-(as xDiT's USP layer takes them), the whole sequence padded to a multiple of P.
+all L keys, through the same kernel. Every timed method is checked against softmax attention written out in
+torch (exactness.py, an independent path: a kernel bug cannot agree with itself), by the relative error of
+the whole output over every rank. The text tokens travel with the sequence here (as xDiT's USP layer takes
+them), the whole sequence padded to a multiple of P.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tqdm import tqdm
 
 from .. import ParallelConfig, init_parallel, sp_attention
 from ..config import layout_label
+from ..exactness import error_sums, ratio, reference_attention
 from ..kernels import attention_with_lse
 from .bound import fastest_attention
 from .timing import deadline, interleaved_ms
@@ -93,29 +95,29 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     rows = slice(rank * length // world, (rank + 1) * length // world)
     q, k_loc, v_loc = q_all[:, rows].contiguous(), k[:, rows].contiguous(), v[:, rows].contiguous()
     del q_all
-    ref = attention_with_lse(q, k, v)[0].to(setup.dtype)
+    ref = reference_attention(q, k, v)
+    if device.type == "cuda":  # peak_gib is the cases' memory, not the float32 reference's
+        torch.cuda.reset_peak_memory_stats(device)
     calls, errors, labels = [], [], []
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
             bound = fastest_attention  # the fastest kernel without LSE for the share
             bound = graphed(bound) if case.variant == "cuda-graph" else bound
             calls.append(lambda bound=bound: bound(q, k, v))
-            errors.append((0.0, 0.0))
+            errors.append(_errors(bound(q, k, v).to(setup.dtype), ref))  # the kernel alone, checked as well
             labels.append(case.label)
             continue
         with deadline(setup.timeout_s):
             call, ctx = _callable(case, setup, device)
-            diff = call(q, k_loc, v_loc).float() - ref.float()
-            errors.append((diff.abs().max().item(), diff.pow(2).sum().item()))
+            errors.append(_errors(call(q, k_loc, v_loc), ref))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
             labels.append(auto_label(ctx) if case.method == "auto" else case.label)
     worst = torch.tensor([e[0] for e in errors], dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     # the whole output's relative error: squared norms summed over the ranks
-    sums = torch.tensor([e[1] for e in errors] + [ref.float().pow(2).sum().item()], dtype=torch.float64,
-                        device=device)
+    sums = torch.tensor([e[1] for e in errors] + [error_sums(ref, ref)[1]], dtype=torch.float64, device=device)
     dist.all_reduce(sums)
-    rel = (sums[:-1] / sums[-1]).sqrt().tolist()
+    rel = [ratio(diff, sums[-1].item()) for diff in sums[:-1].tolist()]
     stats = interleaved_ms(calls, setup.iters, setup.warmup, device, setup.timeout_s)
     bound_ms = {c.variant: s.median for c, s in zip(cases, stats) if c.method == "bound"}  # like with like
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
@@ -123,6 +125,11 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
                  vs_bound=s.median / bound if (bound := bound_ms.get(case.variant, bound_ms.get("eager"))) else None,
                  max_abs_err=err, rel_err=r, peak_gib=peak)
             for case, name, s, err, r in zip(cases, labels, stats, worst.tolist(), rel)]
+
+
+def _errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max abs difference, shown beside; squared norm of the difference, summed over ranks for rel_err)."""
+    return (out.double() - ref.double()).abs().max().item(), error_sums(out, ref)[0]
 
 
 def auto_label(ctx) -> str:

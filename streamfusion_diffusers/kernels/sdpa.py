@@ -51,6 +51,7 @@ def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
     """q [B, Lq, H, D], k, v [B, Lk, H, D] on CUDA -> (out [B, Lq, H, D] in q.dtype, lse [B, H, Lq] float32).
 
     Tries the given backends in order; one that rejects a shape or dtype is skipped from then on (said once).
+    Running out of memory is not a rejection: it is raised, with the sizes, and every backend stays usable.
     """
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     for backend in backends:
@@ -58,6 +59,12 @@ def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
             continue
         try:
             out, lse = _call(backend, qt, kt, vt, scale)
+        except torch.OutOfMemoryError as err:
+            raise torch.OutOfMemoryError(
+                f"SDPA backend {backend} ran out of GPU memory for attention of {q.shape[1]} queries over "
+                f"{k.shape[1]} keys ({q.shape[0]} x {q.shape[2]} heads of {q.shape[3]}, {q.dtype}): spread the "
+                f"sequence over more ranks (a longer ring holds less K/V), lower the batch, or free memory "
+                f"first ({err})") from err
         except RuntimeError as err:
             _failed.add(backend)
             say_once(logger, logging.WARNING, "SDPA backend %s unavailable (%s); falling back to the next one",

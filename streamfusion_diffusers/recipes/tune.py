@@ -2,8 +2,10 @@
 
 For each workload the cost model ranks every distinct layout of every method on N x M (the emulated link or
 the real one); the K best predicted, plus plain Ulysses and USP, are timed at the layer level in one job with
-repetitions interleaved across them (optionally the best two again at block level). The fastest becomes a
-recipe entry (`source: measured`) merged into <out>/<model>.yaml; every case's measured and predicted time goes
+repetitions interleaved across them (optionally the best two again at block level). Every candidate's
+output is checked against exact attention (exactness.py, layer and block); a layout that fails is reported,
+left out of the measurements and never written. The fastest that passes becomes a recipe entry
+(`source: measured`) merged into <out>/<model>.yaml; every case's measured and predicted time goes
 to <out>/measurements.json, from which the cost model's overheads are fitted into the recipe headers.
 `--from-cost-model` writes predicted entries (`source: cost model`) for shapes nobody measured, and
 `--merge-from` merges device runs' outputs into a recipe folder (the packaged one: recipes/regenerate.py);
@@ -21,13 +23,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..bench import report
-from ..bench.command import parse_workload, workload_specs
+from ..bench.command import limit, parse_workload, workload_specs
 from ..bench.layer import Case, Setup, bench_layer, padded_length
 from ..bench.timing import ITERS, SAMPLE_MS, WARMUP
 from ..bench.workloads import Workload, transformer_config
 from ..config import ParallelConfig, layout_label, machine_shape, resolve_layout
 from ..spawn import job_shape, run_job
-from ..verify import DTYPES, TOLERANCE
+from ..exactness import passes
+from ..verify import DTYPES
 from . import FOLDER_VARIABLE, load_recipe, user_folder
 from .calibrate import fit
 from .choose import Cluster, gpu_of, ranked, schedule_key
@@ -133,7 +136,8 @@ def _rank_job(tasks: list[tuple[Setup, list[Case], dict | None]]) -> list[dict]:
         if model_config is not None:
             from ..bench.model import ModelSetup, bench_model  # imports diffusers
 
-            ours = sorted((r for r in layer if r["method"] != "bound"), key=lambda r: r["ms"])[:2]
+            exact = (r for r in layer if r["method"] != "bound" and passes(r["rel_err"], setup.dtype))
+            ours = sorted(exact, key=lambda r: r["ms"])[:2]
             best = [c for r in ours for c in cases if c.label == r["layout"]]
             rows += bench_model(ModelSetup(setup, model_config, ("block",)), [Case("bound"), *best])
     return rows
@@ -143,7 +147,7 @@ def _records(rows: list[dict], predicted: dict[str, float], w: Workload, world: 
     lw = layer_workload(w, world)
     out = []
     for r in rows:
-        if r["level"] != "layer":
+        if r["level"] != "layer" or not r["ok"]:  # a layout that is not exact calibrates nothing
             continue
         case = next((c for c in predicted if c.label == r["layout"]), Case("bound"))
         out.append({**info, "kind": "bound" if case.method == "bound" else "layer", "workload": w.name,
@@ -158,12 +162,13 @@ def _entry(spec: str, w: Workload, rows: list[dict], cases: list[Case], info: di
     layer = sorted((r for r in rows if r["level"] == "layer" and r["method"] != "bound" and r["ok"]),
                    key=lambda r: r["ms"])
     if not layer:
-        raise RuntimeError(f"tune: no layout of {w.name} matched single-process attention; see `streamfusion "
-                           f"verify`")
-    blocks = sorted((r for r in rows if r["level"] == "block" and r["method"] != "bound"), key=lambda r: r["ms"])
+        raise RuntimeError(f"tune: no layout of {w.name} passed the exactness check (every one is reported above); "
+                           f"run `streamfusion verify --self-test` on this cluster to see which method is wrong")
+    by_label = {r["layout"]: r for r in layer}
+    blocks = sorted((r for r in rows if r["level"] == "block" and r["method"] != "bound" and r["ok"]
+                     and r["layout"] in by_label), key=lambda r: r["ms"])
     order = [r["layout"] for r in blocks] + [r["layout"] for r in layer if r["layout"] not in
                                              {b["layout"] for b in blocks}]
-    by_label = {r["layout"]: r for r in layer}
     best, runner = by_label[order[0]], by_label[order[1]] if len(order) > 1 else None
     case = next(c for c in cases if c.label == best["layout"])
     entry = {"model": _model(spec), **_size(spec, w), "machines": info["machines"],
@@ -224,7 +229,10 @@ def main(args: argparse.Namespace) -> int:
             "machines": args.machines, "gpus_per_machine": m, "link": cluster.link, "backend": args.backend,
             "kernel": args.kernel, "dtype": str(dtype).removeprefix("torch."), "elem_bytes": dtype.itemsize}
     for r in rows:
-        r["ok"] = r["level"] != "layer" or r["max_abs_err"] <= TOLERANCE[dtype]
+        r["ok"] = r["rel_err"] is None or r["rel_err"] <= limit(r, dtype)
+        if not r["ok"]:
+            print(f"tune: {r['workload']} {r['level']} {r['layout']} is not exact (relative error "
+                  f"{r['rel_err']:.2e} > {limit(r, dtype):.1e}): left out of the recipe and the measurements")
     print(report.markdown([r for r in rows if r["level"] == "layer"],
                           f"## streamfusion tune: one attention layer, {args.machines} x {m} ({cluster.link}), "
                           f"{info['dtype']}, min / median / max per call of {args.iters} samples of >= {SAMPLE_MS:g} "
