@@ -1,9 +1,27 @@
-"""streamfusion_diffusers: topology-aware sequence parallelism (Ulysses, Ring, USP, TAS, Torus) for diffusers."""
+"""streamfusion_diffusers: topology-aware sequence parallelism (Ulysses, Ring, USP, TAS, Torus) for diffusers.
+
+The public API, wired from the floors: the core (context, attention) and, for method="auto", the layout choice.
+"""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from . import _moved
 from .attention import sp_attention
+from .choice.choose import auto_layout
 from .config import Layout, ParallelConfig
-from .context import ParallelContext, init_parallel, shutdown
+from .context import ParallelContext, shutdown
+from .context import init_parallel as _bind
+
+_moved.install()  # old import paths of moved modules, for one release
+
+
+def init_parallel(config: ParallelConfig | None = None,
+                  worlds: Sequence[Sequence[int]] | None = None) -> ParallelContext:
+    """Bind a ParallelConfig to the running job (context.init_parallel), with the layout choice as method
+    "auto"'s chooser."""
+    return _bind(config, worlds, chooser=auto_layout)
+
 
 __all__ = ["Layout", "ParallelConfig", "ParallelContext", "init_parallel", "shutdown", "sp_attention"]
 __version__ = "0.1.0"

@@ -5,7 +5,8 @@ import dataclasses
 import datetime
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,18 @@ from .mesh import CfgGroups, Mesh
 logger = logging.getLogger(__name__)
 
 
+class Chosen(Protocol):
+    """What a layout chooser answers: the layout and the attention kernel for one shape."""
+
+    layout: Layout
+    kernel: str
+
+
+# method="auto"'s layout chooser: (context, q, every rank's slice length, joint length) -> the choice. The layout
+# choice (streamfusion_diffusers.choice) provides it and init_parallel hands it over; the core only calls it.
+LayoutChooser = Callable[["ParallelContext", torch.Tensor, Sequence[int], int], Chosen]
+
+
 class ParallelContext:
     """Holds the config, the transport and one Mesh per head count (layouts may depend on the heads).
 
@@ -30,9 +43,11 @@ class ParallelContext:
     guidance branch's SP group: sequence parallelism sees only its branch. `global_rank` is the job's rank.
     worlds: the SP groups, when the job's caller placed them itself (xDiT's CFG branches and data-parallel
     copies): each one's global ranks in sequence order; the config then describes one of them.
+    chooser: what method "auto" asks for a layout, once per attention shape (LayoutChooser).
     """
 
-    def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None):
+    def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None,
+                 chooser: LayoutChooser | None = None):
         if not dist.is_initialized():
             if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
                 raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch "
@@ -61,7 +76,8 @@ class ParallelContext:
         self.transport = WatchedTransport(self.transport, config.timeout_s)  # named, bounded waits (outermost)
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
-        self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape
+        self.chooser = chooser
+        self.chosen: dict[tuple, Chosen] = {}  # method "auto": the chooser's answer per attention shape
         self._cfg: CfgGroups | None = None
         if self.worlds:
             if config.cfg != 1:
@@ -140,6 +156,21 @@ class ParallelContext:
                 logger.info("streamfusion: %s on %d ranks%s", layout, self.job_size, cfg)
         return mesh
 
+    def attention_plan(self, q: torch.Tensor, seq_lens: Sequence[int], joint_len: int) -> tuple[Mesh, str]:
+        """(mesh, kernel) for one sp_attention call: the config's own, or for method "auto" the chooser's answer
+        for this shape, asked once per shape (collectively: every rank makes the same call)."""
+        if self.config.method != "auto":
+            return self.mesh(q.shape[2]), self.config.kernel
+        b, _, heads, head_dim = q.shape
+        key = (sum(seq_lens), heads, head_dim, joint_len, q.dtype, b)
+        choice = self.chosen.get(key)
+        if choice is None:
+            if self.chooser is None:
+                raise ValueError("method 'auto' needs a layout chooser: create the context with "
+                                 "streamfusion_diffusers.init_parallel, or pass a method")
+            choice = self.chosen[key] = self.chooser(self, q, seq_lens, joint_len)
+        return self.mesh_of(choice.layout), choice.kernel
+
     def mesh(self, heads: int | None = None) -> Mesh:
         """The mesh for this head count, built (collectively) on first use."""
         mesh = self._by_heads.get(heads)
@@ -195,15 +226,16 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def init_parallel(config: ParallelConfig | None = None,
-                  worlds: Sequence[Sequence[int]] | None = None) -> ParallelContext:
+def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
+                  chooser: LayoutChooser | None = None) -> ParallelContext:
     """Bind a ParallelConfig to the running job; checks the world size at once. Under a launcher that set
     RANK and WORLD_SIZE it creates the process group too; with backend "nvshmem" it starts NVSHMEM.
 
     When the layout does not depend on the head count (ulysses or ring given, or method ulysses/ring), the
     process groups are created here; otherwise at the first attention call, by every rank together.
+    chooser: method "auto"'s layout chooser (streamfusion_diffusers.init_parallel passes the layout choice's).
     """
-    ctx = ParallelContext(config or ParallelConfig(), worlds)
+    ctx = ParallelContext(config or ParallelConfig(), worlds, chooser)
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":

@@ -18,7 +18,8 @@ from .config import Layout, cfg_shape
 @dataclass(frozen=True)
 class Group:
     """One process group of the mesh as this rank sees it: member ranks in group order, its own place, and
-    which dimension it spans ("torus", "ulysses", "ring" or "world"; one-sided transports pick a stream by it)."""
+    which dimension it spans ("torus", "ulysses_intra", "ring" or "world"; one-sided transports pick a stream by
+    it)."""
 
     ranks: tuple[int, ...]
     index: int
@@ -117,7 +118,7 @@ class Mesh:
         lay = layout
         dims = {
             "torus": (lay.torus, lambda i, a, b: lay.rank(i, a, b), (lay.ulysses_intra, lay.ring)),
-            "ulysses": (lay.ulysses_intra, lambda i, a, b: lay.rank(a, i, b), (lay.torus, lay.ring)),
+            "ulysses_intra": (lay.ulysses_intra, lambda i, a, b: lay.rank(a, i, b), (lay.torus, lay.ring)),
             "ring": (lay.ring, lambda i, a, b: lay.rank(a, b, i), (lay.torus, lay.ulysses_intra)),
         }
         groups: dict[str, Group] = {}
@@ -129,7 +130,8 @@ class Mesh:
                         pg = dist.new_group(list(ranks), timeout=timeout) if size > 1 else None
                         if rank in ranks:
                             groups[name] = Group(ranks, ranks.index(rank), pg, name)
-        self.torus, self.ulysses, self.ring = groups["torus"], groups["ulysses"], groups["ring"]
+        # the intra-Ulysses group spans U' = U / T ranks: `Layout.ulysses` is the whole degree U
+        self.torus, self.ulysses_intra, self.ring = groups["torus"], groups["ulysses_intra"], groups["ring"]
         if cfg is not None:
             self.world = cfg.sp
         else:

@@ -8,7 +8,7 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from streamfusion_diffusers.bench import xdit
-from streamfusion_diffusers.bench.command import parse_workload
+from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer
 from streamfusion_diffusers.spawn import ProcessPool
 

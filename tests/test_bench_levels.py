@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from streamfusion_diffusers.bench.command import parse_workload
-from streamfusion_diffusers.bench.workloads import transformer_config
+from streamfusion_diffusers.choice.workloads import parse_workload
+from streamfusion_diffusers.choice.workloads import transformer_config
 from streamfusion_diffusers.cli import main
 
 METHODS = {"ulysses", "ring", "usp", "tas", "torus"}

@@ -23,7 +23,7 @@ CONFIGS = {"usp-1x2": ParallelConfig(method="usp"), "torus-2x1": ParallelConfig(
 
 
 def compiled_vs_reference(config: ParallelConfig, case: Case, seed: int, backend: str, device: str = "cpu",
-                          dtype: torch.dtype = torch.float32, waves: int = 1) -> dict:
+                          dtype: torch.dtype = torch.float32, waves: int | None = None) -> dict:
     """On every rank: relative errors of the compiled parallel forward against the unparallelized one, for two
     inputs (the second replays the compiled code), the graphs Dynamo made, and whether uncompile undid it."""
     from torch._dynamo.utils import counters

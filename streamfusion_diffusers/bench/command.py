@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import inspect
 import logging
 import os
 import re
@@ -27,12 +26,12 @@ import torch
 from ..config import METHODS, ParallelConfig, resolve_layout
 from ..links import parse_link
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
-from ..verify import DTYPES, TOLERANCE
+from ..verify import DTYPES, LOWP_REL_TOLERANCE, TOLERANCE
 from . import e2e_command, report, variants, xdit
-from .costmodel import candidate_layouts
+from ..choice.costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
-from .timing import ITERS, SAMPLE_MS, WARMUP
-from .workloads import MODELS, Workload, is_flux, transformer_config
+from ..timing import ITERS, SAMPLE_MS, WARMUP
+from ..choice.workloads import MODELS, Workload, is_flux, parse_workload, transformer_config, workload_specs
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +40,6 @@ BASELINES = {"xdit-usp": ("layer",), "diffusers-cp": ("block", "step")}  # the l
 # Block and step outputs against the unparallelized model, by relative error: float32 as the processor tests
 # hold it; half precision loosely, as rounding differs between two orders of summation through every block.
 REL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-LOWP_REL_TOLERANCE = 5e-2  # fp8 e4m3 rounds each transferred element by up to 2^-4 (about 2.5 % rms)
 WHAT = {"layer": "one attention layer", "block": "one transformer block", "step": "one denoising step"}
 DIFFUSERS_CP_ON_CPU = ("diffusers-cp skipped: diffusers' enable_parallelism needs GPUs (it places rank r on "
                        "accelerator r % device_count, and there is none under gloo on the CPU)")
@@ -96,30 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
     e2e_command.add_arguments(parser)
-
-
-def parse_workload(spec: str) -> Workload:
-    name, *params = spec.split(":")
-    try:
-        values = [int(p) for p in params]
-    except ValueError:
-        raise ValueError(f"workload {spec!r}: the numbers after the model name must be integers") from None
-    if name == "custom" and len(values) == 4:
-        tokens, text, heads, head_dim = values
-        return Workload(f"custom {tokens}+{text}", tokens, text, heads, head_dim, blocks=1)
-    if name in MODELS and len(values) <= len(inspect.signature(MODELS[name]).parameters):
-        return MODELS[name](*values)
-    raise ValueError(f"workload {spec!r}: use flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH] or "
-                     f"custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM")
-
-
-def workload_specs(text: str) -> list[str]:
-    """The comma-separated workloads of --workloads; a bare size repeats the model before it, so that
-    flux-dev:1024,2048 means flux-dev:1024,flux-dev:2048."""
-    specs: list[str] = []
-    for spec in (s.strip() for s in text.split(",") if s.strip()):
-        specs.append(f"{specs[-1].split(':')[0]}:{spec}" if spec[0].isdigit() and specs else spec)
-    return specs
 
 
 def parse_levels(spec: str) -> tuple[str, ...]:

@@ -37,7 +37,7 @@ from ..parallelize import parallelize, unparallelize
 from ..phases import PHASES, PhaseTimer
 from ..vae_parallel import unsupported
 from .layer import device_of_job
-from .timing import deadline
+from ..timing import deadline
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}  # output vs one-gpu, relative
 OURS = ("ours", "ours-no-vae-split", "ours-cfg")

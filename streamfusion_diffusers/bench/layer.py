@@ -18,9 +18,9 @@ from tqdm import tqdm
 from .. import ParallelConfig, init_parallel, sp_attention
 from ..config import layout_label
 from ..kernels import attention_with_lse
-from .timing import deadline, interleaved_ms
+from ..timing import deadline, interleaved_ms
 from .variants import graphed, suffix
-from .workloads import Workload
+from ..choice.workloads import Workload
 from .xdit import XdiTUSP
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def padded_length(w: Workload, world: int) -> int:
 
 def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     """Run on every rank; one row per case: the slowest rank's min / median / max per call over samples that
-    are interleaved across the cases (round-robin, bench/timing.py), after every case is set up and checked,
+    are interleaved across the cases (round-robin, timing.py), after every case is set up and checked,
     and the worst rank's error against the exact rows."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device, w = device_of_job(), setup.workload

@@ -37,10 +37,10 @@ from ..sharding import GATHER_HOOK, plan_for
 from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from ..sequence import split_sizes
 from .layer import Case, Setup, device_of_job, parallel_config
-from .timing import Stats, deadline, interleaved_ms
+from ..timing import Stats, deadline, interleaved_ms
 from .variants import LEVELS as VARIANT_LEVELS
 from .variants import compiled, parallelize_options
-from .workloads import Workload, is_flux
+from ..choice.workloads import Workload, is_flux
 
 LEVELS = ("block", "step")
 

@@ -6,7 +6,7 @@ import logging
 import textwrap
 from pathlib import Path
 
-from .timing import SPREAD_LIMIT
+from ..timing import SPREAD_LIMIT
 
 logger = logging.getLogger(__name__)
 

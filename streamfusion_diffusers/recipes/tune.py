@@ -6,7 +6,7 @@ repetitions interleaved across them (optionally the best two again at block leve
 recipe entry (`source: measured`) merged into <out>/<model>.yaml; every case's measured and predicted time goes
 to <out>/measurements.json, from which the cost model's overheads are fitted into the recipe headers.
 `--from-cost-model` writes predicted entries (`source: cost model`) for shapes nobody measured, and
-`--merge-from` merges device runs' outputs into a recipe folder (the packaged one: recipes/regenerate.py);
+`--merge-from` merges device runs' outputs into a recipe folder (the packaged one: choice/regenerate.py);
 neither runs a job.
 """
 from __future__ import annotations
@@ -21,19 +21,19 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..bench import report
-from ..bench.command import parse_workload, workload_specs
 from ..bench.layer import Case, Setup, bench_layer, padded_length
-from ..bench.timing import ITERS, SAMPLE_MS, WARMUP
-from ..bench.workloads import Workload, transformer_config
+from ..timing import ITERS, SAMPLE_MS, WARMUP
+from ..bench.records import records_from_bench
+from ..choice.workloads import Workload, parse_workload, transformer_config, workload_specs
 from ..config import ParallelConfig, layout_label, machine_shape, resolve_layout
 from ..spawn import job_shape, run_job
 from ..verify import DTYPES, TOLERANCE
-from . import load_recipe
-from .calibrate import fit
-from .choose import Cluster, gpu_of, ranked, schedule_key
-from .predictions import load_records, table
-from .regenerate import from_cost_model, merge_from, parse_shapes
-from .store import layout_fields, link_name, write_recipe, write_records
+from ..choice.recipe import load_recipe
+from ..choice.calibrate import fit
+from ..choice.choose import Cluster, gpu_of, ranked, schedule_key
+from ..choice.predictions import load_records, table
+from ..choice.regenerate import from_cost_model, merge_from, parse_shapes
+from ..choice.store import layout_fields, link_name, write_recipe, write_records
 
 DEFAULT_TOP = 6
 
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one case may take (default 300)")
     parser.add_argument("--out", default="recipes",
                         help="folder of the recipes to write or merge into (<model>.yaml) and measurements.json; "
-                             "streamfusion_diffusers/recipes regenerates the packaged ones (default ./recipes)")
+                             "streamfusion_diffusers/choice/recipes regenerates the packaged ones (default ./recipes)")
     parser.add_argument("--from-cost-model", action="store_true",
                         help="write the cost model's choice (source: cost model) where no entry was measured; "
                              "runs no job")
@@ -192,10 +192,10 @@ def main(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top must be at least 1, got {args.top}")
     if args.report:
-        print(table(load_records(args.report)))
+        print(table(load_records(args.report, records_from_bench)))
         return 0
     if args.merge_from:
-        return merge_from(args.merge_from, Path(args.out))
+        return merge_from(args.merge_from, Path(args.out), records_from_bench)
     if args.from_cost_model:
         return _from_cost_model(args, specs)
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)
