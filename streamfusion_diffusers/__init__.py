@@ -16,11 +16,11 @@ from .context import init_parallel as _bind
 _moved.install()  # old import paths of moved modules, for one release
 
 
-def init_parallel(config: ParallelConfig | None = None,
-                  worlds: Sequence[Sequence[int]] | None = None) -> ParallelContext:
+def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
+                  share: ParallelContext | None = None) -> ParallelContext:
     """Bind a ParallelConfig to the running job (context.init_parallel), with the layout choice as method
-    "auto"'s chooser."""
-    return _bind(config, worlds, chooser=auto_layout)
+    "auto"'s chooser. share: a context of the same job whose process groups the new one reuses."""
+    return _bind(config, worlds, chooser=auto_layout, share=share)
 
 
 __all__ = ["Layout", "ParallelConfig", "ParallelContext", "init_parallel", "shutdown", "sp_attention"]

@@ -17,7 +17,7 @@ from .backends.quantized import QuantizedTransport
 from .backends.watch import WatchedTransport
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .links import parse_link
-from .mesh import CfgGroups, Mesh
+from .mesh import CfgGroups, GroupCache, Mesh
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +44,12 @@ class ParallelContext:
     worlds: the SP groups, when the job's caller placed them itself (xDiT's CFG branches and data-parallel
     copies): each one's global ranks in sequence order; the config then describes one of them.
     chooser: what method "auto" asks for a layout, once per attention shape (LayoutChooser).
+    share: a context of the same job whose process groups this one reuses (`groups`); else it starts its own.
+    Everything a context keeps (groups, meshes, choices, agreed shapes) lives on it and `shutdown(ctx)` empties it.
     """
 
     def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None,
-                 chooser: LayoutChooser | None = None):
+                 chooser: LayoutChooser | None = None, share: ParallelContext | None = None):
         if not dist.is_initialized():
             if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
                 raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch "
@@ -74,15 +76,17 @@ class ParallelContext:
             self.transport = QuantizedTransport(self.transport, config.comm_dtype, self.gpus_per_machine,
                                                 self.global_rank)
         self.transport = WatchedTransport(self.transport, config.timeout_s)  # named, bounded waits (outermost)
+        self.groups = share.groups if share is not None else GroupCache()
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
         self.chooser = chooser
         self.chosen: dict[tuple, Chosen] = {}  # method "auto": the chooser's answer per attention shape
+        self.agreed: set[tuple] = set()  # sp_attention shapes every rank has agreed on (attention/agreement.py)
         self._cfg: CfgGroups | None = None
         if self.worlds:
             if config.cfg != 1:
                 raise ValueError("with worlds given, the caller splits the guidance batch: leave cfg=1")
-            self._cfg = CfgGroups.of_branches(self.worlds, self.global_rank, config.timeout_s)
+            self._cfg = CfgGroups.of_branches(self.worlds, self.global_rank, config.timeout_s, self.groups)
         elif config.cfg != "auto":
             self.resolve_cfg()
 
@@ -96,7 +100,7 @@ class ParallelContext:
                 if self.global_rank == 0:
                     logger.info("streamfusion: cfg='auto' chose cfg=%d (batch %s)", degree, batch)
             self._cfg = CfgGroups.build(self.machines, self.gpus_per_machine, degree, self.global_rank,
-                                        self.config.timeout_s)
+                                        self.config.timeout_s, self.groups)
         return self._cfg.degree
 
     def _cfg_fits(self, degree: int) -> bool:
@@ -150,7 +154,7 @@ class ParallelContext:
         """The mesh of a resolved layout, built (collectively) on first use."""
         mesh = self._meshes.get(layout)
         if mesh is None:
-            mesh = self._meshes[layout] = _shared_mesh(layout, self.global_rank, self.config.timeout_s, self.cfg)
+            mesh = self._meshes[layout] = self.groups.mesh(layout, self.global_rank, self.config.timeout_s, self.cfg)
             if self.global_rank == 0:
                 cfg = f", cfg={self.cfg.degree}" if self.cfg.degree > 1 else ""
                 logger.info("streamfusion: %s on %d ranks%s", layout, self.job_size, cfg)
@@ -178,20 +182,16 @@ class ParallelContext:
             mesh = self._by_heads[heads] = self.mesh_of(self.layout(heads))
         return mesh
 
+    def close(self) -> None:
+        """Forget what this context keeps: meshes, process groups (shared ones too), choices, agreed shapes."""
+        self.groups.clear()
+        self._meshes.clear()
+        self._by_heads.clear()
+        self.chosen.clear()
+        self.agreed.clear()
+
     def __repr__(self) -> str:
         return f"ParallelContext({self.config}, rank={self.global_rank}/{self.job_size})"
-
-
-_MESHES: dict[tuple, Mesh] = {}
-
-
-def _shared_mesh(layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:
-    """One Mesh per layout and CFG split for the whole process group, shared by every context of the job: a job
-    comparing many contexts (bench, tune) then creates each layout's process groups (NCCL communicators) once."""
-    key = (dist.group.WORLD, layout, timeout_s, cfg.branches)
-    if key not in _MESHES:
-        _MESHES[key] = Mesh(layout, rank, timeout_s, cfg)
-    return _MESHES[key]
 
 
 def _check_worlds(worlds: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
@@ -214,28 +214,32 @@ def _join_launched_job(timeout_s: float) -> None:
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def shutdown() -> None:
-    """Finalize NVSHMEM (when it was started) and destroy the process group; every rank calls it at the end.
+def shutdown(ctx: ParallelContext | None = None) -> None:
+    """Empty the context's caches (ctx.close), finalize NVSHMEM (when it was started) and destroy the process
+    group; every rank calls it at the end.
 
     Both are collective; the barrier first bounds the wait for late ranks by the process group's timeout.
     """
     if dist.is_initialized():
         dist.barrier()
+    if ctx is not None:
+        ctx.close()
     nvshmem.close()
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
-                  chooser: LayoutChooser | None = None) -> ParallelContext:
+                  chooser: LayoutChooser | None = None, share: ParallelContext | None = None) -> ParallelContext:
     """Bind a ParallelConfig to the running job; checks the world size at once. Under a launcher that set
     RANK and WORLD_SIZE it creates the process group too; with backend "nvshmem" it starts NVSHMEM.
 
     When the layout does not depend on the head count (ulysses or ring given, or method ulysses/ring), the
     process groups are created here; otherwise at the first attention call, by every rank together.
     chooser: method "auto"'s layout chooser (streamfusion_diffusers.init_parallel passes the layout choice's).
+    share: a context of the same job whose process groups this one reuses.
     """
-    ctx = ParallelContext(config or ParallelConfig(), worlds, chooser)
+    ctx = ParallelContext(config or ParallelConfig(), worlds, chooser, share)
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":

@@ -41,17 +41,43 @@ def cfg_branches(machines: int, gpus_per_machine: int, cfg: int) -> tuple[tuple[
                  for b in range(cfg))
 
 
-_WORLDS: dict[tuple, dist.ProcessGroup] = {}
-_BRANCHES: dict[tuple, "CfgGroups"] = {}
+class GroupCache:
+    """The process groups a context creates, kept for reuse: the world group per timeout, the CFG groups per
+    branch split and one Mesh per layout. Created with a ParallelContext and shared by the contexts made from it
+    (init_parallel(share=...): bench and tune compare many layouts in one job), emptied by `shutdown(ctx)`.
+    Bounded: past MAX_MESHES layouts the oldest mesh is forgotten (every rank asks in the same order, so every
+    rank forgets the same one; a later request creates its groups again, collectively)."""
 
+    MAX_MESHES = 64
 
-def world_group(timeout_s: float) -> dist.ProcessGroup:
-    """All ranks of the job in one group that times out after timeout_s (the default group keeps whatever
-    timeout the job was started with); one per timeout and job. Collective on first use."""
-    key = (dist.group.WORLD, timeout_s)
-    if key not in _WORLDS:
-        _WORLDS[key] = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
-    return _WORLDS[key]
+    def __init__(self) -> None:
+        self.worlds: dict[float, dist.ProcessGroup] = {}
+        self.branches: dict[tuple, CfgGroups] = {}
+        self.meshes: dict[tuple, Mesh] = {}
+
+    def world(self, timeout_s: float) -> dist.ProcessGroup:
+        """All ranks of the job in one group that times out after timeout_s (the default group keeps whatever
+        timeout the job was started with). Collective on first use."""
+        if timeout_s not in self.worlds:
+            self.worlds[timeout_s] = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+        return self.worlds[timeout_s]
+
+    def mesh(self, layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:
+        """The Mesh of a layout and CFG split, built (collectively) on first use."""
+        key = (layout, timeout_s, cfg.branches)
+        if key not in self.meshes:
+            if len(self.meshes) >= self.MAX_MESHES:
+                del self.meshes[next(iter(self.meshes))]
+            self.meshes[key] = Mesh(layout, rank, timeout_s, cfg)
+        return self.meshes[key]
+
+    def clear(self) -> None:
+        self.worlds.clear()
+        self.branches.clear()
+        self.meshes.clear()
+
+    def __len__(self) -> int:
+        return len(self.worlds) + len(self.branches) + len(self.meshes)
 
 
 @dataclass(frozen=True)
@@ -68,22 +94,24 @@ class CfgGroups:
         return len(self.branches)
 
     @classmethod
-    def build(cls, machines: int, gpus_per_machine: int, cfg: int, rank: int, timeout_s: float) -> "CfgGroups":
+    def build(cls, machines: int, gpus_per_machine: int, cfg: int, rank: int, timeout_s: float,
+              groups: GroupCache) -> "CfgGroups":
         """Collective when cfg > 1 (every rank creates every branch's and every position's process group)."""
         branches = cfg_branches(machines, gpus_per_machine, cfg)
         if cfg == 1:
-            world = world_group(timeout_s) if len(branches[0]) > 1 else None
+            world = groups.world(timeout_s) if len(branches[0]) > 1 else None
             return cls(branches, Group(branches[0], rank, world, "world"), Group((rank,), 0, None, "cfg"))
-        return cls.of_branches(branches, rank, timeout_s)
+        return cls.of_branches(branches, rank, timeout_s, groups)
 
     @classmethod
-    def of_branches(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float) -> "CfgGroups":
+    def of_branches(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float,
+                    groups: GroupCache) -> "CfgGroups":
         """Groups for branches the caller placed (xDiT's SP groups); collective, like `build`, on first use: one
-        set per branches and timeout for the whole job, shared by every context (bench and tune hold many)."""
-        key = (dist.group.WORLD, tuple(map(tuple, branches)), rank, timeout_s)
-        if key not in _BRANCHES:
-            _BRANCHES[key] = cls._create(key[1], rank, timeout_s)
-        return _BRANCHES[key]
+        set per branches and timeout in the context's group cache."""
+        key = (tuple(map(tuple, branches)), rank, timeout_s)
+        if key not in groups.branches:
+            groups.branches[key] = cls._create(key[0], rank, timeout_s)
+        return groups.branches[key]
 
     @classmethod
     def _create(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float) -> "CfgGroups":

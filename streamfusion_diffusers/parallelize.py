@@ -59,6 +59,12 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`):
     every rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """
+    if waves is not None:
+        warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
+                      "leave it out, and use cuda_graph=True or torch.compile for a step's fixed cost",
+                      DeprecationWarning, stacklevel=2)
+        if waves != "auto" and (not isinstance(waves, int) or waves < 1):
+            raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     transformer = _transformer(target)
     plan = plan_for(transformer)
     if getattr(transformer, "_streamfusion", None) is not None:
@@ -68,12 +74,6 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         ctx.layout(transformer.config.num_attention_heads)
     if cuda_graph:
         check_graphable(ctx)
-    if waves is not None:
-        warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
-                      "leave it out, and use cuda_graph=True or torch.compile for a step's fixed cost",
-                      DeprecationWarning, stacklevel=2)
-        if waves != "auto" and (not isinstance(waves, int) or waves < 1):
-            raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     original = dict(transformer.attn_processors)
     foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
     if foreign:

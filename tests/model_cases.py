@@ -86,9 +86,9 @@ COGVIDEOX_CASES = {
 
 
 def context(config: ParallelConfig):
-    """One context per config per worker, reused across tests (contexts build process groups)."""
+    """One context per config per worker, reused across tests; they share their process groups."""
     if config not in _contexts:
-        _contexts[config] = init_parallel(config)
+        _contexts[config] = init_parallel(config, share=next(iter(_contexts.values()), None))
     return _contexts[config]
 
 

@@ -50,9 +50,9 @@ def even(per_rank: int, world: int) -> tuple[int, ...]:
 
 
 def context(config: ParallelConfig):
-    """One context per config per worker, reused across tests (contexts build process groups)."""
+    """One context per config per worker, reused across tests; they share their process groups."""
     if config not in _contexts:
-        _contexts[config] = init_parallel(config)
+        _contexts[config] = init_parallel(config, share=next(iter(_contexts.values()), None))
     return _contexts[config]
 
 

@@ -68,7 +68,7 @@ def run(case: Case, method: str, machines: int, cfg: int, seed: int = 0, **overr
     config = parallel_config(job, method, machines, "torch", **overrides)
     key = (config, worlds)
     if key not in _contexts:
-        _contexts[key] = init_parallel(config, worlds=worlds)
+        _contexts[key] = init_parallel(config, worlds=worlds, share=next(iter(_contexts.values()), None))
     ctx = _contexts[key]
     model = build_transformer(case.config, seed=seed)
     inputs = case.inputs(seed + 1)

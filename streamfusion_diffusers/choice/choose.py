@@ -21,7 +21,6 @@ from .workloads import Workload
 from ..context import ParallelContext
 from ..config import METHODS, Layout, ParallelConfig, resolve_layout
 from ..links import PRESETS, Link, parse_link
-from ..mesh import world_group
 from .recipe import Recipe, load_recipes
 from .rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu, torus_off, why_torus_off
 
@@ -167,7 +166,7 @@ def auto_layout(ctx: ParallelContext, q: Tensor, seq_lens: Sequence[int], joint_
     decide = ctx.global_rank == 0
     box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
     # every branch runs the same shapes together: one choice for all, bounded by timeout_s
-    dist.broadcast_object_list(box, src=0, group=world_group(config.timeout_s))
+    dist.broadcast_object_list(box, src=0, group=ctx.groups.world(config.timeout_s))
     if decide:
         logger.info("streamfusion auto: %s (%s)", box[0].layout, box[0].why)
     return box[0]

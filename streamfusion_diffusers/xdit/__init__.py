@@ -28,7 +28,8 @@ from .layout import XDiTJob, parallel_config, refuse_unsupported
 __all__ = ["disable", "enable"]
 
 logger = logging.getLogger(__name__)
-_contexts: dict[tuple[Any, ...], ParallelContext] = {}  # one per layout and worlds: enable/disable cycles reuse groups
+CONTEXTS = "_streamfusion_contexts"  # the pipeline's contexts, one per layout and worlds: enable/disable cycles
+# of one pipeline reuse them (and their process groups); they go with the pipeline
 
 
 def read_job(pipe: Any) -> XDiTJob:
@@ -83,9 +84,10 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
         return None
     machines = machines if machines is not None else _launched_machines()
     key = (parallel_config(job, method, machines, backend, **config), job.sp_worlds)
-    if key not in _contexts:
-        _contexts[key] = init_parallel(key[0], worlds=job.sp_worlds)
-    ctx = _contexts[key]
+    contexts: dict[tuple[Any, ...], ParallelContext] = pipe.__dict__.setdefault(CONTEXTS, {})
+    if key not in contexts:
+        contexts[key] = init_parallel(key[0], worlds=job.sp_worlds, share=next(iter(contexts.values()), None))
+    ctx = contexts[key]
     install(pipe.transformer, ctx, _split_text)
     if dist.get_rank() == 0:
         if job.attention_backend is not None:
