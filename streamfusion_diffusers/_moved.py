@@ -48,7 +48,8 @@ class _Alias(importlib.abc.Loader):
 
 
 class MovedFinder(importlib.abc.MetaPathFinder):
-    """Finds the old names in MOVED (asked last, so an existing module always wins)."""
+    """Finds the old names in MOVED. Asked first: where a package moved, its old submodule names must not be
+    found again as files in the new folder (a second copy of each module)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         new = MOVED.get(fullname)
@@ -57,7 +58,7 @@ class MovedFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     if not any(isinstance(f, MovedFinder) for f in sys.meta_path):
-        sys.meta_path.append(MovedFinder())
+        sys.meta_path.insert(0, MovedFinder())
 
 
 def forward(old: str, new: str):

@@ -23,8 +23,7 @@ from .logs import say_once
 from .processors import ShardState
 from .sharding import (EMBED_HOOK, GATHER_HOOK, SPLIT_HOOK, SequenceGatherHook, SequenceSplitHook, ShardPlan,
                        VideoWindowEmbedHook, plan_for)
-from .vae import is_split, unsplit_vae_decode
-from .vae_parallel import decode_over_ranks
+from .vae_decode import decode_over_ranks, is_split, unsplit_vae_decode
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
 logger = logging.getLogger(__name__)

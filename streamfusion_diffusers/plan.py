@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-machine", type=int, default=8, help="GPUs per machine M (default 8)")
     parser.add_argument("--model", choices=("flux-dev", "cogvideox-5b"), default="flux-dev")
     parser.add_argument("--resolution", type=int, default=None,
-                        help=f"Flux: square side in pixels (default 1024); CogVideoX: height (default {COGVIDEOX_PLAN_HEIGHT})")
+                        help=f"Flux: square side in pixels (default 1024); CogVideoX: height "
+                             f"(default {COGVIDEOX_PLAN_HEIGHT})")
     parser.add_argument("--width", type=int, default=None, help=f"CogVideoX width (default {COGVIDEOX_PLAN_WIDTH})")
     parser.add_argument("--frames", type=int, default=49, help="CogVideoX frames (4k + 1)")
     parser.add_argument("--link", default="dgx", help=f"inter-machine link: {', '.join(PRESETS)} or GBPS:LATENCY_US")

@@ -24,6 +24,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
                      "streamfusion_diffusers.graphs", "streamfusion_diffusers.compiled",
                      "streamfusion_diffusers.waves", "streamfusion_diffusers.wave_blocks",
                      "streamfusion_diffusers.vae", "streamfusion_diffusers.vae_parallel",
+                     "streamfusion_diffusers.vae_decode",
                      "streamfusion_diffusers.models", "streamfusion_diffusers.xdit"),
     "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.cli", "streamfusion_diffusers.generate",
                  "streamfusion_diffusers.job", "streamfusion_diffusers.verify", "streamfusion_diffusers.launch",
