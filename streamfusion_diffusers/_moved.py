@@ -25,6 +25,12 @@ MOVED = {
     "streamfusion_diffusers.recipes.regenerate": "streamfusion_diffusers.choice.regenerate",
     "streamfusion_diffusers.recipes.rules": "streamfusion_diffusers.choice.rules",
     "streamfusion_diffusers.recipes.store": "streamfusion_diffusers.choice.store",
+    "streamfusion_diffusers.recipes.tune": "streamfusion_diffusers.tune",
+}
+# old package -> the module its own names (not its submodules) moved to: the old package imports as an empty
+# package whose names come from there, and its old submodules through MOVED
+EMPTIED = {
+    "streamfusion_diffusers.recipes": "streamfusion_diffusers.choice.recipe",
 }
 
 
@@ -47,11 +53,27 @@ class _Alias(importlib.abc.Loader):
         sys.modules[module.__name__] = importlib.import_module(self.new)  # the import system returns this entry
 
 
+class _Emptied(importlib.abc.Loader):
+    """Loads an old package whose names moved to a module: empty, its names forwarded with a warning."""
+
+    def __init__(self, new: str):
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__path__ = []  # a package, so that its old submodules are looked up (and found in MOVED)
+        module.__getattr__ = forward(module.__name__, self.new)
+
+
 class MovedFinder(importlib.abc.MetaPathFinder):
     """Finds the old names in MOVED. Asked first: where a package moved, its old submodule names must not be
     found again as files in the new folder (a second copy of each module)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname in EMPTIED:
+            return importlib.machinery.ModuleSpec(fullname, _Emptied(EMPTIED[fullname]), is_package=True)
         new = MOVED.get(fullname)
         return importlib.machinery.ModuleSpec(fullname, _Alias(new)) if new else None
 

@@ -5,9 +5,8 @@ import argparse
 import logging
 import sys
 
-from . import generate, launch, plan, verify
+from . import generate, launch, plan, tune, verify
 from .bench import command as bench
-from .recipes import tune
 
 COMMANDS = {
     "generate": (generate, "run a Flux or CogVideoX pipeline sequence-parallel; writes the output and run.json"),

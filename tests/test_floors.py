@@ -29,7 +29,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.cli", "streamfusion_diffusers.generate",
                  "streamfusion_diffusers.job", "streamfusion_diffusers.verify", "streamfusion_diffusers.launch",
                  "streamfusion_diffusers.plan", "streamfusion_diffusers.spawn", "streamfusion_diffusers.phases",
-                 "streamfusion_diffusers.timing", "streamfusion_diffusers.recipes",
+                 "streamfusion_diffusers.timing", "streamfusion_diffusers.tune",
                  "streamfusion_diffusers.xdit.__main__", "streamfusion_diffusers.bench"),
 }
 BENCH = "streamfusion_diffusers.bench"
