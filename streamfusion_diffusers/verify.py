@@ -88,9 +88,9 @@ def _verify_rank(configs: list[ParallelConfig], w: Workload) -> list[dict]:
     fk, fv = torch.cat([jk, k], dim=1), torch.cat([jv, v], dim=1)
     ref = _reference(torch.cat([jq, q[:, rows]], dim=1), fk, fv)
     joint = dict(joint_q=jq, joint_k=jk, joint_v=jv) if w.joint else {}
-    table = []
+    table, first = [], None
     for config in configs:
-        ctx = init_parallel(config)
+        ctx = first = init_parallel(config, share=first)  # one set of process groups for every config
         layout = str(ctx.layout(w.heads))
         call = lambda: sp_attention(q[:, rows], k[:, rows], v[:, rows], ctx, seq_lens=lens, **joint)  # noqa: E731
         res = call()

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from .. import ParallelConfig, init_parallel, sp_attention
+from .. import ParallelConfig, ParallelContext, init_parallel, sp_attention
 from ..config import layout_label
 from ..kernels import attention_with_lse
 from ..timing import deadline, interleaved_ms
@@ -93,7 +93,7 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     q, k_loc, v_loc = q_all[:, rows].contiguous(), k[:, rows].contiguous(), v[:, rows].contiguous()
     del q_all
     ref = attention_with_lse(q, k, v)[0].to(setup.dtype)
-    calls, errors, labels = [], [], []
+    calls, errors, labels, first = [], [], [], None
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
             bound = lambda q, k, v: attention_with_lse(q, k, v)[0]  # noqa: E731
@@ -103,7 +103,8 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
             labels.append(case.label)
             continue
         with deadline(setup.timeout_s):
-            call, ctx = _callable(case, setup, device)
+            call, ctx = _callable(case, setup, device, first)
+            first = first or ctx  # the cases' contexts share one set of process groups
             diff = call(q, k_loc, v_loc).float() - ref.float()
             errors.append((diff.abs().max().item(), diff.pow(2).sum().item()))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
@@ -137,10 +138,10 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
                           kernel=setup.kernel)
 
 
-def _callable(case: Case, setup: Setup, device: torch.device):
-    """The case's attention call, and our context for it (None for xDiT)."""
+def _callable(case: Case, setup: Setup, device: torch.device, share: ParallelContext | None):
+    """The case's attention call, and our context for it (None for xDiT); it reuses share's process groups."""
     if case.method == "xdit-usp":
         return XdiTUSP(case.ulysses, case.ring, device), None
-    ctx = init_parallel(parallel_config(case, setup))
+    ctx = init_parallel(parallel_config(case, setup), share=share)
     call = lambda q, k, v: sp_attention(q, k, v, ctx)  # noqa: E731
     return (graphed(call) if case.variant == "cuda-graph" else call), ctx
