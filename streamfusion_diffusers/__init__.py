@@ -12,15 +12,17 @@ from .choice.choose import auto_layout
 from .config import Layout, ParallelConfig
 from .context import ParallelContext, shutdown
 from .context import init_parallel as _bind
+from .mesh import GroupCache
 
 _moved.install()  # old import paths of moved modules, for one release
 
 
 def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
-                  share: ParallelContext | None = None) -> ParallelContext:
+                  groups: GroupCache | None = None) -> ParallelContext:
     """Bind a ParallelConfig to the running job (context.init_parallel), with the layout choice as method
-    "auto"'s chooser. share: a context of the same job whose process groups the new one reuses."""
-    return _bind(config, worlds, chooser=auto_layout, share=share)
+    "auto"'s chooser. groups: another context's `groups`, to reuse its process groups (a job comparing many
+    layouts creates each one's groups once)."""
+    return _bind(config, worlds, chooser=auto_layout, groups=groups)
 
 
 __all__ = ["Layout", "ParallelConfig", "ParallelContext", "init_parallel", "shutdown", "sp_attention"]

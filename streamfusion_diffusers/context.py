@@ -44,12 +44,13 @@ class ParallelContext:
     worlds: the SP groups, when the job's caller placed them itself (xDiT's CFG branches and data-parallel
     copies): each one's global ranks in sequence order; the config then describes one of them.
     chooser: what method "auto" asks for a layout, once per attention shape (LayoutChooser).
-    share: a context of the same job whose process groups this one reuses (`groups`); else it starts its own.
+    groups: the process groups (and meshes) to reuse: another context's `groups`, to share them within a job;
+    None: a cache of its own.
     Everything a context keeps (groups, meshes, choices, agreed shapes) lives on it and `shutdown(ctx)` empties it.
     """
 
     def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None,
-                 chooser: LayoutChooser | None = None, share: ParallelContext | None = None):
+                 chooser: LayoutChooser | None = None, groups: GroupCache | None = None):
         if not dist.is_initialized():
             if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
                 raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch "
@@ -76,7 +77,7 @@ class ParallelContext:
             self.transport = QuantizedTransport(self.transport, config.comm_dtype, self.gpus_per_machine,
                                                 self.global_rank)
         self.transport = WatchedTransport(self.transport, config.timeout_s)  # named, bounded waits (outermost)
-        self.groups = share.groups if share is not None else GroupCache()
+        self.groups = groups if groups is not None else GroupCache()
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
         self.chooser = chooser
@@ -230,16 +231,16 @@ def shutdown(ctx: ParallelContext | None = None) -> None:
 
 
 def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
-                  chooser: LayoutChooser | None = None, share: ParallelContext | None = None) -> ParallelContext:
+                  chooser: LayoutChooser | None = None, groups: GroupCache | None = None) -> ParallelContext:
     """Bind a ParallelConfig to the running job; checks the world size at once. Under a launcher that set
     RANK and WORLD_SIZE it creates the process group too; with backend "nvshmem" it starts NVSHMEM.
 
     When the layout does not depend on the head count (ulysses or ring given, or method ulysses/ring), the
     process groups are created here; otherwise at the first attention call, by every rank together.
     chooser: method "auto"'s layout chooser (streamfusion_diffusers.init_parallel passes the layout choice's).
-    share: a context of the same job whose process groups this one reuses.
+    groups: another context's `groups`, whose process groups the new context then reuses.
     """
-    ctx = ParallelContext(config or ParallelConfig(), worlds, chooser, share)
+    ctx = ParallelContext(config or ParallelConfig(), worlds, chooser, groups)
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":

@@ -44,7 +44,7 @@ def cfg_branches(machines: int, gpus_per_machine: int, cfg: int) -> tuple[tuple[
 class GroupCache:
     """The process groups a context creates, kept for reuse: the world group per timeout, the CFG groups per
     branch split and one Mesh per layout. Created with a ParallelContext and shared by the contexts made from it
-    (init_parallel(share=...): bench and tune compare many layouts in one job), emptied by `shutdown(ctx)`.
+    (init_parallel(groups=ctx.groups): bench compares many layouts in one job), emptied by `shutdown(ctx)`.
     Bounded: past MAX_MESHES layouts the oldest mesh is forgotten (every rank asks in the same order, so every
     rank forgets the same one; a later request creates its groups again, collectively)."""
 
@@ -75,9 +75,6 @@ class GroupCache:
         self.worlds.clear()
         self.branches.clear()
         self.meshes.clear()
-
-    def __len__(self) -> int:
-        return len(self.worlds) + len(self.branches) + len(self.meshes)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from . import ParallelConfig, init_parallel, sp_attention
 from .config import METHODS, resolve_layout
+from .mesh import GroupCache
 from .kernels import attention_with_lse_reference
 from .sequence import split_sizes
 from .timing import median_ms
@@ -88,9 +89,9 @@ def _verify_rank(configs: list[ParallelConfig], w: Workload) -> list[dict]:
     fk, fv = torch.cat([jk, k], dim=1), torch.cat([jv, v], dim=1)
     ref = _reference(torch.cat([jq, q[:, rows]], dim=1), fk, fv)
     joint = dict(joint_q=jq, joint_k=jk, joint_v=jv) if w.joint else {}
-    table, first = [], None
+    table, groups = [], GroupCache()  # one set of process groups for every config
     for config in configs:
-        ctx = first = init_parallel(config, share=first)  # one set of process groups for every config
+        ctx = init_parallel(config, groups=groups)
         layout = str(ctx.layout(w.heads))
         call = lambda: sp_attention(q[:, rows], k[:, rows], v[:, rows], ctx, seq_lens=lens, **joint)  # noqa: E731
         res = call()

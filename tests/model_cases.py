@@ -16,6 +16,7 @@ from diffusers import FluxPipeline
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers.mesh import GroupCache
 from streamfusion_diffusers.models import TINY_COGVIDEOX, TINY_FLUX
 from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.parallelize import parallelize, unparallelize
@@ -23,6 +24,7 @@ from streamfusion_diffusers.sequence import split_sizes
 
 TOL = 1e-4
 METHODS = ("ulysses", "ring", "usp", "tas", "torus")
+GROUPS = GroupCache()  # this worker's process groups, shared by its contexts
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -88,7 +90,7 @@ COGVIDEOX_CASES = {
 def context(config: ParallelConfig):
     """One context per config per worker, reused across tests; they share their process groups."""
     if config not in _contexts:
-        _contexts[config] = init_parallel(config, share=next(iter(_contexts.values()), None))
+        _contexts[config] = init_parallel(config, groups=GROUPS)
     return _contexts[config]
 
 

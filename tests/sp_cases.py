@@ -13,9 +13,11 @@ import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
 from streamfusion_diffusers.kernels import attention_with_lse_reference
+from streamfusion_diffusers.mesh import GroupCache
 from streamfusion_diffusers.sequence import split_sizes
 
 TOL = 1e-5
+GROUPS = GroupCache()  # this worker's process groups, shared by its contexts
 _contexts: dict[ParallelConfig, object] = {}
 
 
@@ -52,7 +54,7 @@ def even(per_rank: int, world: int) -> tuple[int, ...]:
 def context(config: ParallelConfig):
     """One context per config per worker, reused across tests; they share their process groups."""
     if config not in _contexts:
-        _contexts[config] = init_parallel(config, share=next(iter(_contexts.values()), None))
+        _contexts[config] = init_parallel(config, groups=GROUPS)
     return _contexts[config]
 
 

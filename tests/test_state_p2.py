@@ -1,5 +1,6 @@
 """What a ParallelContext keeps (process groups, meshes, method "auto"'s choices, agreed shapes) lives on it and
-is gone after shutdown(ctx); a context made with share= reuses the groups instead of creating its own (2 ranks)."""
+is gone after shutdown(ctx); a context made with groups=ctx.groups reuses them instead of creating its own
+(2 ranks)."""
 from __future__ import annotations
 
 import pytest
@@ -16,13 +17,13 @@ def pool():
 
 
 def _kept(ctx) -> dict[str, int]:
-    return {"groups": len(ctx.groups), "meshes": len(ctx.groups.meshes), "chosen": len(ctx.chosen),
+    return {"worlds": len(ctx.groups.worlds), "meshes": len(ctx.groups.meshes), "chosen": len(ctx.chosen),
             "agreed": len(ctx.agreed)}
 
 
 def _run_then_shut_down() -> dict:
     ctx = init_parallel(ParallelConfig(method="auto"))
-    other = init_parallel(ParallelConfig(method="ring"), share=ctx)
+    other = init_parallel(ParallelConfig(method="ring"), groups=ctx.groups)
     x = torch.randn(1, 8, 4, 8)
     sp_attention(x, x, x, ctx)
     sp_attention(x, x, x, other)

@@ -25,6 +25,7 @@ import torch
 
 from ..config import METHODS, ParallelConfig, resolve_layout
 from ..links import parse_link
+from ..mesh import GroupCache
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES, LOWP_REL_TOLERANCE, TOLERANCE
 from . import e2e_command, report, variants, xdit
@@ -160,8 +161,10 @@ def _runs_at(method: str, level: str, w: Workload, config: dict[str, Any] | None
 
 
 def run_tasks(tasks: list[tuple[Callable[..., list[dict]], Any, list[Case]]]) -> list[dict]:
-    """On every rank: each (benchmark, setup, cases) in turn, so a local job starts its processes once."""
-    return [row for fn, setup, cases in tasks for row in fn(setup, cases)]
+    """On every rank: each (benchmark, setup, cases) in turn, so a local job starts its processes once and
+    creates each layout's process groups once."""
+    groups = GroupCache()
+    return [row for fn, setup, cases in tasks for row in fn(setup, cases, groups)]
 
 
 def _ok(row: dict, dtype: torch.dtype, comm_dtype: str | None = None) -> bool:

@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from .. import ParallelConfig, ParallelContext, init_parallel, sp_attention
+from .. import ParallelConfig, init_parallel, sp_attention
 from ..config import layout_label
 from ..kernels import attention_with_lse
+from ..mesh import GroupCache
 from ..timing import deadline, interleaved_ms
 from .variants import graphed, suffix
 from ..choice.workloads import Workload
@@ -79,12 +80,12 @@ def padded_length(w: Workload, world: int) -> int:
     return -(-total // world) * world
 
 
-def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
-    """Run on every rank; one row per case: the slowest rank's min / median / max per call over samples that
+def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = None) -> list[dict]:
+    """Run on every rank; one row per case (groups: the job's process groups, reused across workloads): the slowest rank's min / median / max per call over samples that
     are interleaved across the cases (round-robin, timing.py), after every case is set up and checked,
     and the worst rank's error against the exact rows."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device, w = device_of_job(), setup.workload
+    device, w, groups = device_of_job(), setup.workload, groups or GroupCache()
     length = padded_length(w, world)
     g = torch.Generator(device=device).manual_seed(setup.seed)
     shape = (w.batch, length, w.heads, w.head_dim)
@@ -93,7 +94,7 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
     q, k_loc, v_loc = q_all[:, rows].contiguous(), k[:, rows].contiguous(), v[:, rows].contiguous()
     del q_all
     ref = attention_with_lse(q, k, v)[0].to(setup.dtype)
-    calls, errors, labels, first = [], [], [], None
+    calls, errors, labels = [], [], []
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
             bound = lambda q, k, v: attention_with_lse(q, k, v)[0]  # noqa: E731
@@ -103,8 +104,7 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
             labels.append(case.label)
             continue
         with deadline(setup.timeout_s):
-            call, ctx = _callable(case, setup, device, first)
-            first = first or ctx  # the cases' contexts share one set of process groups
+            call, ctx = _callable(case, setup, device, groups)
             diff = call(q, k_loc, v_loc).float() - ref.float()
             errors.append((diff.abs().max().item(), diff.pow(2).sum().item()))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
@@ -138,10 +138,10 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
                           kernel=setup.kernel)
 
 
-def _callable(case: Case, setup: Setup, device: torch.device, share: ParallelContext | None):
-    """The case's attention call, and our context for it (None for xDiT); it reuses share's process groups."""
+def _callable(case: Case, setup: Setup, device: torch.device, groups: GroupCache):
+    """The case's attention call, and our context for it (None for xDiT), on the job's process groups."""
     if case.method == "xdit-usp":
         return XdiTUSP(case.ulysses, case.ring, device), None
-    ctx = init_parallel(parallel_config(case, setup), share=share)
+    ctx = init_parallel(parallel_config(case, setup), groups=groups)
     call = lambda q, k, v: sp_attention(q, k, v, ctx)  # noqa: E731
     return (graphed(call) if case.variant == "cuda-graph" else call), ctx

@@ -86,7 +86,8 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
     key = (parallel_config(job, method, machines, backend, **config), job.sp_worlds)
     contexts: dict[tuple[Any, ...], ParallelContext] = pipe.__dict__.setdefault(CONTEXTS, {})
     if key not in contexts:
-        contexts[key] = init_parallel(key[0], worlds=job.sp_worlds, share=next(iter(contexts.values()), None))
+        first = next(iter(contexts.values()), None)
+        contexts[key] = init_parallel(key[0], worlds=job.sp_worlds, groups=first.groups if first else None)
     ctx = contexts[key]
     install(pipe.transformer, ctx, _split_text)
     if dist.get_rank() == 0:
