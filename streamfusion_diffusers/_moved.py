@@ -40,31 +40,22 @@ def _warn(old: str, new: str) -> None:
 
 
 class _Alias(importlib.abc.Loader):
-    """Loads an old name as the module at its new path (the same module object, not a copy)."""
+    """Loads an old name as the module at its new path (the same module object, not a copy), or, for an emptied
+    package, as an empty package whose names come from its new module."""
 
-    def __init__(self, new: str):
-        self.new = new
+    def __init__(self, new: str, emptied: bool = False):
+        self.new, self.emptied = new, emptied
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None
 
     def exec_module(self, module: ModuleType) -> None:
+        if self.emptied:
+            module.__path__ = []  # a package, so that its old submodules are looked up (and found in MOVED)
+            module.__getattr__ = forward(module.__name__, self.new)
+            return
         _warn(module.__name__, self.new)
         sys.modules[module.__name__] = importlib.import_module(self.new)  # the import system returns this entry
-
-
-class _Emptied(importlib.abc.Loader):
-    """Loads an old package whose names moved to a module: empty, its names forwarded with a warning."""
-
-    def __init__(self, new: str):
-        self.new = new
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__path__ = []  # a package, so that its old submodules are looked up (and found in MOVED)
-        module.__getattr__ = forward(module.__name__, self.new)
 
 
 class MovedFinder(importlib.abc.MetaPathFinder):
@@ -73,7 +64,7 @@ class MovedFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname in EMPTIED:
-            return importlib.machinery.ModuleSpec(fullname, _Emptied(EMPTIED[fullname]), is_package=True)
+            return importlib.machinery.ModuleSpec(fullname, _Alias(EMPTIED[fullname], emptied=True), is_package=True)
         new = MOVED.get(fullname)
         return importlib.machinery.ModuleSpec(fullname, _Alias(new)) if new else None
 
