@@ -31,12 +31,12 @@ from streamfusion_diffusers.attention.ulysses import _peer_lens, gather_heads, s
 from streamfusion_diffusers.attention.volume import peer_bytes
 from streamfusion_diffusers.bench import report, xdit
 from streamfusion_diffusers.bench.command import _cases as bench_cases
-from streamfusion_diffusers.bench.command import _ok, parse_workload, run_tasks
+from streamfusion_diffusers.bench.command import _ok, run_tasks
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer, device_of_job, padded_length
 from streamfusion_diffusers.bench.model import ModelSetup, bench_model
-from streamfusion_diffusers.bench.timing import interleaved_ms
+from streamfusion_diffusers.timing import interleaved_ms
 from streamfusion_diffusers.bench.variants import VARIANTS, with_variants
-from streamfusion_diffusers.bench.workloads import transformer_config
+from streamfusion_diffusers.choice.workloads import parse_workload, transformer_config
 from streamfusion_diffusers.sequence import split_sizes
 from streamfusion_diffusers.spawn import job_shape, run_job
 
@@ -100,7 +100,7 @@ def _flat_all_to_all(recv: Tensor, send: Tensor, recv_splits: list[int], send_sp
                      transport) -> None:
     """The flat all-to-all of before issue 11: one piece per peer, split off a flat buffer."""
     pieces = [[p] for p in send.split(send_splits)], [[p] for p in recv.split(recv_splits)]
-    transport.all_to_all(*pieces, mesh.ulysses).wait()
+    transport.all_to_all(*pieces, mesh.ulysses_intra).wait()
 
 
 def _scatter_before(xs: list[Tensor], mesh, transport, lens: list[int]) -> list[Tensor]:

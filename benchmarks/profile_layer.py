@@ -25,7 +25,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
-from streamfusion_diffusers.bench.timing import interleaved_ms
+from streamfusion_diffusers.timing import interleaved_ms
 from streamfusion_diffusers.bench.xdit import XdiTUSP
 from streamfusion_diffusers.sequence import split_sizes
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
 from streamfusion_diffusers.backends.nvshmem_runtime import NvshmemUnavailable
 from streamfusion_diffusers.bench.model import model_inputs
-from streamfusion_diffusers.bench.workloads import flux
+from streamfusion_diffusers.choice.workloads import flux
 from streamfusion_diffusers.models import MODELS
 from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers import parallelize, unparallelize

@@ -5,7 +5,7 @@
 #   bash benchmarks/tune_suite.sh [--top K] [--iters N] [--warmup N] [--backend torch|nvshmem] [--budget SECONDS]
 #                                 [--no-bar]
 # --iters / --warmup apply to tune and to the bar alike (default: bench's and tune's shared defaults), so that
-# both time every case the same way (bench/timing.py).
+# both time every case the same way (timing.py).
 # Shapes: real 1 x P; emulated N x P/N for every divisor N > 1 of P (x2: 2 x 1; x4: 2 x 2, 4 x 1) over the p4de
 # and dgx presets. Workloads: Flux 1024/2048/3072/4096 px, CogVideoX 49/161 frames (env TUNE_WORKLOADS, BAR_WORKLOADS,
 # BAR_EMULATED_WORKLOADS). Bar:

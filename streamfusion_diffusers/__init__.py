@@ -1,18 +1,34 @@
 """streamfusion_diffusers: topology-aware sequence parallelism (Ulysses, Ring, USP, TAS, Torus) for diffusers.
 
-The core (config, context, attention) needs torch only; `parallelize` and `unparallelize` need diffusers and are
-imported on first use, so that a core-only install imports.
+The public API, wired from the floors: the core (context, attention) and, for method="auto", the layout choice.
+`parallelize` and `unparallelize` need diffusers and are imported on first use, so that a core-only install imports.
 """
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
+from . import _moved
 from .attention import sp_attention
+from .choice.choose import auto_layout
 from .config import Layout, ParallelConfig
-from .context import ParallelContext, init_parallel, shutdown
+from .context import ParallelContext, shutdown
+from .context import init_parallel as _bind
+from .mesh import GroupCache
+
+_moved.install()  # old import paths of moved modules, for one release
 
 _LAZY = {"parallelize": ".parallel_pipeline", "unparallelize": ".parallel_pipeline"}  # name -> module (diffusers)
+
+
+def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
+                  groups: GroupCache | None = None) -> ParallelContext:
+    """Bind a ParallelConfig to the running job (context.init_parallel), with the layout choice as method
+    "auto"'s chooser. groups: another context's `groups`, to reuse its process groups (a job comparing many
+    layouts creates each one's groups once)."""
+    return _bind(config, worlds, chooser=auto_layout, groups=groups)
+
 
 __all__ = ["Layout", "ParallelConfig", "ParallelContext", "init_parallel", "parallelize", "shutdown",
            "sp_attention", "unparallelize"]

@@ -6,12 +6,11 @@ import os
 import sys
 from typing import NoReturn
 
-from . import generate, launch, plan, verify
+from . import generate, launch, plan, tune, verify
 from .bench import command as bench
 from .extras import missing
 from .logs import quiet_third_party
 from .options import Parser, check
-from .recipes import tune
 from .spawn import RankFailure
 
 COMMANDS = {

@@ -45,7 +45,7 @@ class ParallelConfig:
     between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's
     GPUs, split into `machines` groups, stand in for a cluster. method "auto": the layout (method, U, R, T and
     the kernel, when kernel is "auto") is chosen at the first `sp_attention` call from the attention shape and
-    the cluster, by `recipes.choose`: a recipe entry for that shape, else the cost model. recipe: where "auto"
+    the cluster, by `choice.choose`: a recipe entry for that shape, else the cost model. recipe: where "auto"
     looks (a packaged name, a YAML file or a folder of them; None: the packaged recipes). cfg: classifier-free-
     guidance parallelism, 1 or 2 branches (world = cfg x SP degree; each branch computes one half of the
     guidance batch over its own SP group) or "auto" (2 when the transformer's first batch is 2 and the world
@@ -188,7 +188,7 @@ def resolve_layout(config: ParallelConfig, world_size: int, heads: int | None) -
     method = config.method
     if method == "auto":
         raise ValueError("method 'auto' is resolved from the attention shape at the first sp_attention call "
-                         "(streamfusion_diffusers.recipes.choose); name a method to resolve a layout up front")
+                         "(streamfusion_diffusers.choice.choose); name a method to resolve a layout up front")
     if method == "ulysses":
         u_req, r_req = config.ulysses or p, config.ring or 1
         if (u_req, r_req) != (p, 1):

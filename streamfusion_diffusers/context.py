@@ -6,7 +6,8 @@ import dataclasses
 import itertools
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -16,11 +17,23 @@ from .backends.emulated import EmulatedTransport
 from .backends.quantized import QuantizedTransport
 from .backends.watch import WatchedTransport
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
-from .join import join_job
 from .links import parse_link
-from .mesh import CfgGroups, Mesh
+from .join import join_job
+from .mesh import CfgGroups, GroupCache, Mesh
 
 logger = logging.getLogger(__name__)
+
+
+class Chosen(Protocol):
+    """What a layout chooser answers: the layout and the attention kernel for one shape."""
+
+    layout: Layout
+    kernel: str
+
+
+# method="auto"'s layout chooser: (context, q, every rank's slice length, joint length) -> the choice. The layout
+# choice (streamfusion_diffusers.choice) provides it and init_parallel hands it over; the core only calls it.
+LayoutChooser = Callable[["ParallelContext", torch.Tensor, Sequence[int], int], Chosen]
 
 
 class ParallelContext:
@@ -32,9 +45,14 @@ class ParallelContext:
     guidance branch's SP group: sequence parallelism sees only its branch. `global_rank` is the job's rank.
     worlds: the SP groups, when the job's caller placed them itself (xDiT's CFG branches and data-parallel
     copies): each one's global ranks in sequence order; the config then describes one of them.
+    chooser: what method "auto" asks for a layout, once per attention shape (LayoutChooser).
+    groups: the process groups (and meshes) to reuse: another context's `groups`, to share them within a job;
+    None: a cache of its own.
+    Everything a context keeps (groups, meshes, choices, agreed shapes) lives on it and `shutdown(ctx)` empties it.
     """
 
-    def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None):
+    def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None,
+                 chooser: LayoutChooser | None = None, groups: GroupCache | None = None):
         join_job(timeout_s=config.timeout_s)  # under a launcher, when the script did not join yet
         self.config = config
         self.handle = next(_HANDLES)  # how compiled code names this context (a custom op takes no Python object)
@@ -59,15 +77,18 @@ class ParallelContext:
             self.transport = QuantizedTransport(self.transport, config.comm_dtype, self.gpus_per_machine,
                                                 self.global_rank)
         self.transport = WatchedTransport(self.transport, config.timeout_s)  # named, bounded waits (outermost)
+        self.groups = groups if groups is not None else GroupCache()
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
-        self.chosen: dict[tuple, object] = {}  # method "auto": recipes.choose's Choice per attention shape
+        self.chooser = chooser
+        self.chosen: dict[tuple, Chosen] = {}  # method "auto": the chooser's answer per attention shape
+        self.agreed: set[tuple] = set()  # sp_attention shapes every rank has agreed on (attention/agreement.py)
         self.fault = None  # verify --self-test only: a deliberate fault for the schedules (attention/faults.py)
         self._cfg: CfgGroups | None = None
         if self.worlds:
             if config.cfg != 1:
                 raise ValueError("with worlds given, the caller splits the guidance batch: leave cfg=1")
-            self._cfg = CfgGroups.of_branches(self.worlds, self.global_rank, config.timeout_s)
+            self._cfg = CfgGroups.of_branches(self.worlds, self.global_rank, config.timeout_s, self.groups)
         elif config.cfg != "auto":
             self.resolve_cfg()
 
@@ -81,7 +102,7 @@ class ParallelContext:
                 if self.global_rank == 0:
                     logger.info("streamfusion: cfg='auto' chose cfg=%d (batch %s)", degree, batch)
             self._cfg = CfgGroups.build(self.machines, self.gpus_per_machine, degree, self.global_rank,
-                                        self.config.timeout_s)
+                                        self.config.timeout_s, self.groups)
         return self._cfg.degree
 
     def _cfg_fits(self, degree: int) -> bool:
@@ -135,11 +156,26 @@ class ParallelContext:
         """The mesh of a resolved layout, built (collectively) on first use."""
         mesh = self._meshes.get(layout)
         if mesh is None:
-            mesh = self._meshes[layout] = _shared_mesh(layout, self.global_rank, self.config.timeout_s, self.cfg)
+            mesh = self._meshes[layout] = self.groups.mesh(layout, self.global_rank, self.config.timeout_s, self.cfg)
             if self.global_rank == 0:
                 cfg = f", cfg={self.cfg.degree}" if self.cfg.degree > 1 else ""
                 logger.info("streamfusion: %s on %d ranks%s", layout, self.job_size, cfg)
         return mesh
+
+    def attention_plan(self, q: torch.Tensor, seq_lens: Sequence[int], joint_len: int) -> tuple[Mesh, str]:
+        """(mesh, kernel) for one sp_attention call: the config's own, or for method "auto" the chooser's answer
+        for this shape, asked once per shape (collectively: every rank makes the same call)."""
+        if self.config.method != "auto":
+            return self.mesh(q.shape[2]), self.config.kernel
+        b, _, heads, head_dim = q.shape
+        key = (sum(seq_lens), heads, head_dim, joint_len, q.dtype, b)
+        choice = self.chosen.get(key)
+        if choice is None:
+            if self.chooser is None:
+                raise ValueError("method 'auto' needs a layout chooser: create the context with "
+                                 "streamfusion_diffusers.init_parallel, or pass a method")
+            choice = self.chosen[key] = self.chooser(self, q, seq_lens, joint_len)
+        return self.mesh_of(choice.layout), choice.kernel
 
     def mesh(self, heads: int | None = None) -> Mesh:
         """The mesh for this head count, built (collectively) on first use."""
@@ -148,31 +184,16 @@ class ParallelContext:
             mesh = self._by_heads[heads] = self.mesh_of(self.layout(heads))
         return mesh
 
+    def close(self) -> None:
+        """Forget what this context keeps: meshes, process groups (shared ones too), choices, agreed shapes."""
+        self.groups.clear()
+        self._meshes.clear()
+        self._by_heads.clear()
+        self.chosen.clear()
+        self.agreed.clear()
+
     def __repr__(self) -> str:
         return f"ParallelContext({self.config}, rank={self.global_rank}/{self.job_size})"
-
-
-_MESHES: dict[tuple, Mesh] = {}
-_HANDLES = itertools.count()
-_LIVE: weakref.WeakValueDictionary[int, ParallelContext] = weakref.WeakValueDictionary()
-
-
-def context_of(handle: int) -> ParallelContext:
-    """The live context with this `handle` (what the compiled `sp_attention` op receives in its place)."""
-    ctx = _LIVE.get(handle)
-    if ctx is None:
-        raise RuntimeError(f"ParallelContext {handle} is gone: compiled code outlived its context; compile again "
-                           f"after init_parallel")
-    return ctx
-
-
-def _shared_mesh(layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:
-    """One Mesh per layout and CFG split for the whole process group, shared by every context of the job: a job
-    comparing many contexts (bench, tune) then creates each layout's process groups (NCCL communicators) once."""
-    key = (dist.group.WORLD, layout, timeout_s, cfg.branches)
-    if key not in _MESHES:
-        _MESHES[key] = Mesh(layout, rank, timeout_s, cfg)
-    return _MESHES[key]
 
 
 def _check_worlds(worlds: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
@@ -186,6 +207,19 @@ def _check_worlds(worlds: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...
     return out
 
 
+_HANDLES = itertools.count()
+_LIVE: weakref.WeakValueDictionary[int, ParallelContext] = weakref.WeakValueDictionary()
+
+
+def context_of(handle: int) -> ParallelContext:
+    """The live context with this `handle` (what the compiled `sp_attention` op receives in its place)."""
+    ctx = _LIVE.get(handle)
+    if ctx is None:
+        raise RuntimeError(f"ParallelContext {handle} is gone: compiled code outlived its context; compile again "
+                           f"after init_parallel")
+    return ctx
+
+
 def _release_at_exit() -> None:
     """Destroy a gloo process group still up when the interpreter exits, while torch.distributed is whole: an
     error that ends a script keeps our groups alive in its traceback until after that, and gloo then aborts
@@ -197,27 +231,32 @@ def _release_at_exit() -> None:
 atexit.register(_release_at_exit)
 
 
-def shutdown() -> None:
-    """Finalize NVSHMEM (when it was started) and destroy the process group; every rank calls it at the end.
+def shutdown(ctx: ParallelContext | None = None) -> None:
+    """Empty the context's caches (ctx.close), finalize NVSHMEM (when it was started) and destroy the process
+    group; every rank calls it at the end.
 
     Both are collective; the barrier first bounds the wait for late ranks by the process group's timeout.
     """
     if dist.is_initialized():
         dist.barrier()
+    if ctx is not None:
+        ctx.close()
     nvshmem.close()
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def init_parallel(config: ParallelConfig | None = None,
-                  worlds: Sequence[Sequence[int]] | None = None) -> ParallelContext:
+def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
+                  chooser: LayoutChooser | None = None, groups: GroupCache | None = None) -> ParallelContext:
     """Bind a ParallelConfig to the running job; checks the world size at once. Under a launcher that set
     RANK and WORLD_SIZE it creates the process group too; with backend "nvshmem" it starts NVSHMEM.
 
     When the layout does not depend on the head count (ulysses or ring given, or method ulysses/ring), the
     process groups are created here; otherwise at the first attention call, by every rank together.
+    chooser: method "auto"'s layout chooser (streamfusion_diffusers.init_parallel passes the layout choice's).
+    groups: another context's `groups`, whose process groups the new context then reuses.
     """
-    ctx = ParallelContext(config or ParallelConfig(), worlds)
+    ctx = ParallelContext(config or ParallelConfig(), worlds, chooser, groups)
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":

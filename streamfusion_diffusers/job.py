@@ -19,7 +19,7 @@ from .config import METHODS, cfg_shape, resolve_layout
 from .extras import missing
 from .join import launched
 from .models import MODELS, ModelSpec
-from .recipes import load_recipes
+from .choice.recipe import load_recipes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_PROMPT = "a photo of a red cat on a quiet street at sunset"
@@ -106,16 +106,6 @@ class Job:
     @property
     def spec(self) -> ModelSpec:
         return MODELS[self.model]
-
-
-def image_tokens(spec: ModelSpec, height: int, width: int, frames: int) -> int:
-    """Image/video tokens the transformer sees: latent size / patch size, frames compressed 4x for CogVideoX."""
-    cfg = spec.transformer
-    if spec.family == "flux":
-        return (height // spec.vae_scale // 2) * (width // spec.vae_scale // 2)
-    p, p_t = cfg["patch_size"], cfg.get("patch_size_t") or 1
-    latent_frames = (frames - 1) // cfg["temporal_compression_ratio"] + 1
-    return (latent_frames // p_t) * (height // spec.vae_scale // p) * (width // spec.vae_scale // p)
 
 
 def guided(spec: ModelSpec, guidance_scale: float, true_cfg_scale: float | None) -> bool:
@@ -217,7 +207,7 @@ def make_job(args: argparse.Namespace) -> Job:
     else:
         resolve_layout(dataclasses.replace(parallel, machines=branch_machines, gpus_per_machine=branch_gpus, cfg=1),
                        world // cfg, spec.transformer["num_attention_heads"])
-    tokens = image_tokens(spec, height, width, frames)
+    tokens = spec.image_tokens(height, width, frames)
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")

@@ -20,14 +20,12 @@ import subprocess
 import sys
 
 from .attention.volume import peer_bytes
-from .backends.nvshmem_pool import ALIGN, GROWTH, MAX_MESSAGES
-from .bench.workloads import MODELS as WORKLOADS
+from .backends.nvshmem_pool import heap_bytes as mailbox_heap_bytes
+from .choice.workloads import MODELS as WORKLOADS
 from .config import METHODS, ParallelConfig, resolve_layout
 from .models import MODELS
-from .recipes import load_recipe
+from .choice.recipe import load_recipe
 from .sequence import split_sizes
-
-HEAP_SLACK = 256 << 20  # NVSHMEM's own symmetric allocations (barrier and team state) and rounding
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,8 +77,7 @@ def heap_bytes(tokens: int, joint: int, heads: int, head_dim: int, machines: int
         except ValueError:  # e.g. Ulysses over more ranks than heads: that method cannot run here anyway
             continue
         worst = max(worst, peer_bytes(layout, lens, batch, heads, head_dim, joint, itemsize))
-    per_peer = -(-(worst + ALIGN * MAX_MESSAGES) // GROWTH) * GROWTH
-    return world * per_peer + world * MAX_MESSAGES * 8 + HEAP_SLACK
+    return mailbox_heap_bytes(world, worst)
 
 
 def heap_model(args: argparse.Namespace) -> str | None:

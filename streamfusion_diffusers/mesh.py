@@ -18,7 +18,8 @@ from .config import Layout, cfg_shape
 @dataclass(frozen=True)
 class Group:
     """One process group of the mesh as this rank sees it: member ranks in group order, its own place, and
-    which dimension it spans ("torus", "ulysses", "ring" or "world"; one-sided transports pick a stream by it)."""
+    which dimension it spans ("torus", "ulysses_intra", "ring" or "world"; one-sided transports pick a stream by
+    it)."""
 
     ranks: tuple[int, ...]
     index: int
@@ -40,17 +41,40 @@ def cfg_branches(machines: int, gpus_per_machine: int, cfg: int) -> tuple[tuple[
                  for b in range(cfg))
 
 
-_WORLDS: dict[tuple, dist.ProcessGroup] = {}
-_BRANCHES: dict[tuple, "CfgGroups"] = {}
+class GroupCache:
+    """The process groups a context creates, kept for reuse: the world group per timeout, the CFG groups per
+    branch split and one Mesh per layout. Created with a ParallelContext and shared by the contexts made from it
+    (init_parallel(groups=ctx.groups): bench compares many layouts in one job), emptied by `shutdown(ctx)`.
+    Bounded: past MAX_MESHES layouts the oldest mesh is forgotten (every rank asks in the same order, so every
+    rank forgets the same one; a later request creates its groups again, collectively)."""
 
+    MAX_MESHES = 64
 
-def world_group(timeout_s: float) -> dist.ProcessGroup:
-    """All ranks of the job in one group that times out after timeout_s (the default group keeps whatever
-    timeout the job was started with); one per timeout and job. Collective on first use."""
-    key = (dist.group.WORLD, timeout_s)
-    if key not in _WORLDS:
-        _WORLDS[key] = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
-    return _WORLDS[key]
+    def __init__(self) -> None:
+        self.worlds: dict[float, dist.ProcessGroup] = {}
+        self.branches: dict[tuple, CfgGroups] = {}
+        self.meshes: dict[tuple, Mesh] = {}
+
+    def world(self, timeout_s: float) -> dist.ProcessGroup:
+        """All ranks of the job in one group that times out after timeout_s (the default group keeps whatever
+        timeout the job was started with). Collective on first use."""
+        if timeout_s not in self.worlds:
+            self.worlds[timeout_s] = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+        return self.worlds[timeout_s]
+
+    def mesh(self, layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:
+        """The Mesh of a layout and CFG split, built (collectively) on first use."""
+        key = (layout, timeout_s, cfg.branches)
+        if key not in self.meshes:
+            if len(self.meshes) >= self.MAX_MESHES:
+                del self.meshes[next(iter(self.meshes))]
+            self.meshes[key] = Mesh(layout, rank, timeout_s, cfg)
+        return self.meshes[key]
+
+    def clear(self) -> None:
+        self.worlds.clear()
+        self.branches.clear()
+        self.meshes.clear()
 
 
 @dataclass(frozen=True)
@@ -67,22 +91,24 @@ class CfgGroups:
         return len(self.branches)
 
     @classmethod
-    def build(cls, machines: int, gpus_per_machine: int, cfg: int, rank: int, timeout_s: float) -> "CfgGroups":
+    def build(cls, machines: int, gpus_per_machine: int, cfg: int, rank: int, timeout_s: float,
+              groups: GroupCache) -> "CfgGroups":
         """Collective when cfg > 1 (every rank creates every branch's and every position's process group)."""
         branches = cfg_branches(machines, gpus_per_machine, cfg)
         if cfg == 1:
-            world = world_group(timeout_s) if len(branches[0]) > 1 else None
+            world = groups.world(timeout_s) if len(branches[0]) > 1 else None
             return cls(branches, Group(branches[0], rank, world, "world"), Group((rank,), 0, None, "cfg"))
-        return cls.of_branches(branches, rank, timeout_s)
+        return cls.of_branches(branches, rank, timeout_s, groups)
 
     @classmethod
-    def of_branches(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float) -> "CfgGroups":
+    def of_branches(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float,
+                    groups: GroupCache) -> "CfgGroups":
         """Groups for branches the caller placed (xDiT's SP groups); collective, like `build`, on first use: one
-        set per branches and timeout for the whole job, shared by every context (bench and tune hold many)."""
-        key = (dist.group.WORLD, tuple(map(tuple, branches)), rank, timeout_s)
-        if key not in _BRANCHES:
-            _BRANCHES[key] = cls._create(key[1], rank, timeout_s)
-        return _BRANCHES[key]
+        set per branches and timeout in the context's group cache."""
+        key = (tuple(map(tuple, branches)), rank, timeout_s)
+        if key not in groups.branches:
+            groups.branches[key] = cls._create(key[0], rank, timeout_s)
+        return groups.branches[key]
 
     @classmethod
     def _create(cls, branches: tuple[tuple[int, ...], ...], rank: int, timeout_s: float) -> "CfgGroups":
@@ -117,7 +143,7 @@ class Mesh:
         lay = layout
         dims = {
             "torus": (lay.torus, lambda i, a, b: lay.rank(i, a, b), (lay.ulysses_intra, lay.ring)),
-            "ulysses": (lay.ulysses_intra, lambda i, a, b: lay.rank(a, i, b), (lay.torus, lay.ring)),
+            "ulysses_intra": (lay.ulysses_intra, lambda i, a, b: lay.rank(a, i, b), (lay.torus, lay.ring)),
             "ring": (lay.ring, lambda i, a, b: lay.rank(a, b, i), (lay.torus, lay.ulysses_intra)),
         }
         groups: dict[str, Group] = {}
@@ -129,7 +155,8 @@ class Mesh:
                         pg = dist.new_group(list(ranks), timeout=timeout) if size > 1 else None
                         if rank in ranks:
                             groups[name] = Group(ranks, ranks.index(rank), pg, name)
-        self.torus, self.ulysses, self.ring = groups["torus"], groups["ulysses"], groups["ring"]
+        # the intra-Ulysses group spans U' = U / T ranks: `Layout.ulysses` is the whole degree U
+        self.torus, self.ulysses_intra, self.ring = groups["torus"], groups["ulysses_intra"], groups["ring"]
         if cfg is not None:
             self.world = cfg.sp
         else:

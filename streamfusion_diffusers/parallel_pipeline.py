@@ -2,13 +2,14 @@
 
 `parallelize` installs the sequence-parallel processors and the token split (`sharding.py`: a split hook on the
 transformer, for CogVideoX a patch-embedding hook, a gather hook on `proj_out`), and, as asked, the CFG split
-(`cfg.py`), TokenWeave waves (`wave_blocks.py`), a CUDA graph of the whole forward (`graphs.py`) and the VAE
+(`cfg.py`), TokenWeave waves (`wave_blocks.py`, deprecated), a CUDA graph of the whole forward (`graphs.py`) and the VAE
 decode split (`vae.py`). The inputs arrive whole (as the pipeline holds them) and are cut before the first
 layer; only the final gather holds the whole sequence's activations on one rank.
 """
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +23,7 @@ from .logs import say_once
 from .processors import ShardState
 from .sharding import (EMBED_HOOK, GATHER_HOOK, SPLIT_HOOK, SequenceGatherHook, SequenceSplitHook, ShardPlan,
                        VideoWindowEmbedHook, plan_for)
-from .vae import is_split, unsplit_vae_decode
-from .vae_parallel import decode_over_ranks
+from .vae_decode import decode_over_ranks, is_split, unsplit_vae_decode
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
 logger = logging.getLogger(__name__)
@@ -43,12 +43,14 @@ def _transformer(target: Any) -> torch.nn.Module:
 
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
-                waves: int | str = 1) -> torch.nn.Module:
+                waves: int | str | None = None) -> torch.nn.Module:
     """Run a pipeline's (or a bare) Flux / CogVideoX transformer sequence-parallel over ctx's ranks.
 
     cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
-    waves: run each block's tokens in this many waves so one wave's transfers overlap the other's compute
-    (`waves.py`), or "auto" (2 where the per-GPU share fills the GPU's SMs twice over, else 1).
+    waves: deprecated (goes in the next release): each block's tokens in this many TokenWeave waves
+    (`waves.py`), or "auto". It runs copies of diffusers' block forwards and measured no gain (BENCHMARKS.md:
+    Flux 2048 px step on 2 x H200, 469.3 ms with waves=2 vs 463.8 eager); leave it out, and cut a step's fixed
+    cost with cuda_graph=True or torch.compile instead.
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
@@ -56,6 +58,12 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`):
     every rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """
+    if waves is not None:
+        warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
+                      "leave it out, and use cuda_graph=True or torch.compile for a step's fixed cost",
+                      DeprecationWarning, stacklevel=2)
+        if waves != "auto" and (not isinstance(waves, int) or waves < 1):
+            raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     transformer = _transformer(target)
     plan = plan_for(transformer)
     if getattr(transformer, "_streamfusion", None) is not None:
@@ -65,8 +73,6 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         ctx.layout(transformer.config.num_attention_heads)
     if cuda_graph:
         check_graphable(ctx)
-    if waves != "auto" and (not isinstance(waves, int) or waves < 1):
-        raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     original = dict(transformer.attn_processors)
     foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
     if foreign:
@@ -80,7 +86,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     ]
     if plan.embed_module is not None:
         hooks.append((transformer.get_submodule(plan.embed_module), VideoWindowEmbedHook(state), EMBED_HOOK))
-    if waves != 1:
+    if waves not in (None, 1):
         hooks += [(block, WavesHook(ctx, state, waves), WAVES_HOOK) for block in blocks_to_cut(transformer)]
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))

@@ -1,6 +1,6 @@
 """`streamfusion plan`: predict every method and layout on a cluster shape, and recommend one.
 
-For clusters nobody here can rent: the cost model (bench/costmodel.py) walks our schedules for N x M GPUs
+For clusters nobody here can rent: the cost model (choice/costmodel.py) walks our schedules for N x M GPUs
 and a real-size workload, with an inter-machine link preset or any bandwidth/latency pair, using the figures
 fitted from measurements in the recipe's `calibration` header (the model's packaged recipe unless --recipe).
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from .bench.costmodel import candidate_layouts, predict
+from .choice.costmodel import candidate_layouts, predict
 from .links import PRESETS, parse_link
-from .bench.workloads import cogvideox, flux
+from .choice.workloads import COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH, cogvideox, flux
 from .config import METHODS
-from .recipes import load_recipe
-from .recipes.choose import gpu_of
+from .choice.recipe import load_recipe
+from .choice.choose import gpu_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,8 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-machine", type=int, default=8, help="GPUs per machine M (default 8)")
     parser.add_argument("--model", choices=("flux-dev", "cogvideox-5b"), default="flux-dev")
     parser.add_argument("--resolution", type=int, default=None,
-                        help="Flux: square side in pixels (default 1024); CogVideoX: height (default 768)")
-    parser.add_argument("--width", type=int, default=None, help="CogVideoX width (default 1360)")
+                        help=f"Flux: square side in pixels (default 1024); CogVideoX: height "
+                             f"(default {COGVIDEOX_PLAN_HEIGHT})")
+    parser.add_argument("--width", type=int, default=None, help=f"CogVideoX width (default {COGVIDEOX_PLAN_WIDTH})")
     parser.add_argument("--frames", type=int, default=49, help="CogVideoX frames (4k + 1)")
     parser.add_argument("--link", default="dgx", help=f"inter-machine link: {', '.join(PRESETS)} or GBPS:LATENCY_US")
     parser.add_argument("--recipe", default=None,
@@ -36,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
     if args.model == "flux-dev":
         workload = flux(args.resolution or 1024)
     else:
-        workload = cogvideox(args.frames, args.resolution or 768, args.width or 1360)
+        workload = cogvideox(args.frames, args.resolution or COGVIDEOX_PLAN_HEIGHT, args.width or COGVIDEOX_PLAN_WIDTH)
     link = parse_link(args.link)
     gpu = gpu_of(load_recipe(args.recipe or args.model).calibration)
     predictions = {m: [predict(lay, workload, link, gpu) for lay in

@@ -33,8 +33,9 @@ from diffusers.models.attention_processor import Attention
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor, nn
 
+from ._moved import forward
 from .logs import say_once
-from .vae import is_split, split_vae_decode
+from .vae import is_split
 
 logger = logging.getLogger(__name__)
 
@@ -274,15 +275,6 @@ def parallel_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
     say_once(logger, logging.INFO, "VAE decode patch-parallel over %d ranks (one band of latent rows each)", world)
 
 
-def decode_over_ranks(vae: nn.Module, rank: int, world: int) -> None:
-    """The job's VAE decode over its ranks: patch-parallel where supported, else the tile split (said once)."""
-    reason = unsupported(vae)
-    if reason is None:
-        parallel_vae_decode(vae, rank, world)
-        return
-    say_once(logger, logging.INFO, "VAE decode: patch-parallel not possible (%s); falling back to the tile split",
-             reason)
-    split_vae_decode(vae, rank, world)
+__all__ = ["Bands", "banded", "parallel_decode", "parallel_vae_decode", "unsupported"]
 
-
-__all__ = ["Bands", "banded", "decode_over_ranks", "parallel_decode", "parallel_vae_decode", "unsupported"]
+__getattr__ = forward(__name__, "streamfusion_diffusers.vae_decode")  # decode_over_ranks, until the next release

@@ -19,11 +19,12 @@ import torch.distributed as dist
 
 from . import ParallelConfig, init_parallel, sp_attention
 from .attention.faults import FAULTS, Exact
-from .bench.timing import median_ms
 from .config import METHODS, resolve_layout
 from .exactness import passes, reference_attention, relative_error, threshold
+from .mesh import GroupCache
 from .sequence import split_sizes
 from .spawn import job_shape, run_job
+from .timing import median_ms
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -96,9 +97,9 @@ def _verify_rank(configs: list[ParallelConfig], w: Workload, faults: Sequence[Ex
         out = torch.cat(res[::-1], dim=1) if w.joint else res  # [joint rows ; this rank's rows], as ref
         return relative_error(out, ref, distributed=True)
 
-    table = []
+    table, groups = [], GroupCache()  # one set of process groups for every config
     for config in configs:
-        ctx = init_parallel(config)
+        ctx = init_parallel(config, groups=groups)
         layout = ctx.layout(w.heads)
         err = error(ctx)
         ms = median_ms(lambda: sp_attention(*mine, ctx, seq_lens=lens, **joint), w.iters, 0, device) \

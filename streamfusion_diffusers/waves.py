@@ -33,7 +33,6 @@ from .attention.volume import peer_bytes
 from .context import ParallelContext
 from .kernels import Partial, agreed_choices, attend_chunks
 from .processors import TokenLayout
-from .recipes.choose import attention_plan
 
 TILE_ROWS = 128  # rows of one GEMM tile on Hopper (cuBLAS / CUTLASS 128 x N tiles)
 
@@ -96,7 +95,7 @@ def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenL
             if w == 0 and joint:
                 jqkv, (q, k, v) = tuple(x[:, :joint] for x in (q, k, v)), tuple(x[:, joint:] for x in (q, k, v))
             if w == 0:  # the layout (method "auto" chooses it here, once per shape) and the kernel
-                mesh, kernel = attention_plan(ctx, q, lens, joint)
+                mesh, kernel = ctx.attention_plan(q, lens, joint)
                 b, _, _, d = q.shape
                 transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint, q.element_size()))
                 begun = True

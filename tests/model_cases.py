@@ -16,6 +16,7 @@ from diffusers import FluxPipeline
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers.mesh import GroupCache
 from streamfusion_diffusers.models import TINY_COGVIDEOX, TINY_FLUX
 from streamfusion_diffusers.exactness import MODEL_THRESHOLD
 from streamfusion_diffusers.models.build import build_transformer
@@ -24,6 +25,7 @@ from streamfusion_diffusers.sequence import split_sizes
 
 TOL = MODEL_THRESHOLD[torch.float32]  # relative, a float32 model against the unparallelized one
 METHODS = ("ulysses", "ring", "usp", "tas", "torus")
+GROUPS = GroupCache()  # this worker's process groups, shared by its contexts
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -87,9 +89,9 @@ COGVIDEOX_CASES = {
 
 
 def context(config: ParallelConfig):
-    """One context per config per worker, reused across tests (contexts build process groups)."""
+    """One context per config per worker, reused across tests; they share their process groups."""
     if config not in _contexts:
-        _contexts[config] = init_parallel(config)
+        _contexts[config] = init_parallel(config, groups=GROUPS)
     return _contexts[config]
 
 

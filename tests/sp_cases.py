@@ -13,9 +13,11 @@ import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
 from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
+from streamfusion_diffusers.mesh import GroupCache
 from streamfusion_diffusers.sequence import split_sizes
 
 TOL = threshold(torch.float32)  # relative error, float32 inputs against float64 softmax attention
+GROUPS = GroupCache()  # this worker's process groups, shared by its contexts
 _contexts: dict[ParallelConfig, object] = {}
 
 
@@ -50,9 +52,9 @@ def even(per_rank: int, world: int) -> tuple[int, ...]:
 
 
 def context(config: ParallelConfig):
-    """One context per config per worker, reused across tests (contexts build process groups)."""
+    """One context per config per worker, reused across tests; they share their process groups."""
     if config not in _contexts:
-        _contexts[config] = init_parallel(config)
+        _contexts[config] = init_parallel(config, groups=GROUPS)
     return _contexts[config]
 
 

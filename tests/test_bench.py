@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from streamfusion_diffusers.bench.command import parse_workload
+from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.bench.report import auto_summary, noisy
-from streamfusion_diffusers.bench.timing import Stats, interleaved_ms
+from streamfusion_diffusers.timing import Stats, interleaved_ms
 from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.exactness import threshold
 from streamfusion_diffusers.spawn import run_local
@@ -67,7 +67,7 @@ def _batched(iters: int, warmup: int) -> tuple[list[int], list]:
 
     import torch
 
-    from streamfusion_diffusers.bench import timing
+    from streamfusion_diffusers import timing
 
     now, counts = [0.0], [0, 0]
 

@@ -8,9 +8,10 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from streamfusion_diffusers.bench import xdit
-from streamfusion_diffusers.bench.command import parse_workload
+from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer
 from streamfusion_diffusers.exactness import passes
+from streamfusion_diffusers.mesh import GroupCache
 from streamfusion_diffusers.spawn import ProcessPool
 
 CASES = [Case("bound"), Case("ulysses", 2, 1), Case("usp", 1, 2), Case("torus", 2, 1, 2)] + \
@@ -25,10 +26,10 @@ def pool():
 
 def groups_per_workload(specs: list[str]) -> list[int]:
     """Process groups each workload's bench_layer created on this rank; every row checked exact."""
-    counts = []
+    counts, groups = [], GroupCache()  # the job's, as bench's run_tasks holds it
     for spec in specs:
         before = c10d._world.group_count
-        rows = bench_layer(Setup(parse_workload(spec), 1, 2, "torch", None, torch.float32, 1, 0, 0), CASES)
+        rows = bench_layer(Setup(parse_workload(spec), 1, 2, "torch", None, torch.float32, 1, 0, 0), CASES, groups)
         assert all(passes(r["rel_err"], torch.float32) for r in rows), rows
         counts.append(c10d._world.group_count - before)
     return counts

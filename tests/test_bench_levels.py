@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from streamfusion_diffusers.bench.command import parse_workload
-from streamfusion_diffusers.bench.workloads import transformer_config
+from streamfusion_diffusers.choice.workloads import parse_workload
+from streamfusion_diffusers.choice.workloads import transformer_config
 from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.exactness import MODEL_THRESHOLD
 

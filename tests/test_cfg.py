@@ -71,7 +71,7 @@ def _pipeline(config: ParallelConfig, name: str = "tiny-cogvideox", guided: bool
     calls = (calls, len(seen) - calls)
     unparallelize(pipe)
     mesh = ctx.mesh(pipe.transformer.config.num_attention_heads)
-    groups = {g.name: g.ranks for g in (mesh.torus, mesh.ulysses, mesh.ring, mesh.world)}
+    groups = {g.name: g.ranks for g in (mesh.torus, mesh.ulysses_intra, mesh.ring, mesh.world)}
     return {"error": float(np.linalg.norm(out - reference) / np.linalg.norm(reference)), "full": full,
             "block": seen[-1], "calls": calls, "restored": type(pipe.scheduler).step is pipe.scheduler.step.__func__,
             "cfg": ctx.cfg.degree, "groups": groups, "rank": dist.get_rank()}

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.bench.costmodel import candidate_layouts, predict
+from streamfusion_diffusers.choice.costmodel import candidate_layouts, predict
 from streamfusion_diffusers.links import PRESETS, parse_link
-from streamfusion_diffusers.bench.workloads import cogvideox, flux
+from streamfusion_diffusers.choice.workloads import cogvideox, flux
 from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.config import resolve_layout
 

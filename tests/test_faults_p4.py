@@ -37,5 +37,5 @@ def test_transfers_name_the_stage_and_the_global_ranks():
     with stage("pull_kv"):
         late = Label(5, Group((0, 4), 0, None, "torus"), [1], "from", [1])
     assert str(late) == "attention layer 5, pull_kv torus transfer from rank 4"  # the stage it was posted in
-    assert str(Label(1, Group((0, 1, 2), 0, None, "ulysses"))) == \
+    assert str(Label(1, Group((0, 1, 2), 0, None, "ulysses_intra"))) == \
         "attention layer 1, ulysses all-to-all with ranks [1, 2]"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from streamfusion_diffusers.config import resolve_layout
-from streamfusion_diffusers.recipes import load_recipe
+from streamfusion_diffusers.choice.recipe import load_recipe
 
 HEADS = {"flux-dev": 24, "cogvideox-5b": 48}
 

@@ -1,13 +1,13 @@
-"""The measured one-machine Torus rule (recipes/rules.py): method "auto"'s cost model leaves Torus out on one
+"""The measured one-machine Torus rule (choice/rules.py): method "auto"'s cost model leaves Torus out on one
 machine below TORUS_MIN_TOKENS_PER_GPU tokens per GPU, keeps it from there on and always across machines, and
 says so in the choice's reason."""
 from __future__ import annotations
 
 import pytest
 
-from streamfusion_diffusers.bench.workloads import Workload, cogvideox, flux
-from streamfusion_diffusers.recipes.choose import Cluster, choose, gpu_of, ranked
-from streamfusion_diffusers.recipes.rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu
+from streamfusion_diffusers.choice.workloads import Workload, cogvideox, flux
+from streamfusion_diffusers.choice.choose import Cluster, choose, gpu_of, ranked
+from streamfusion_diffusers.choice.rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu
 
 
 def _toruses(w: Workload, cluster: Cluster) -> list[str]:

@@ -29,7 +29,7 @@ def piece(src: int, dst: int, n: int) -> torch.Tensor:
 def pieces_job(config: ParallelConfig) -> list[tuple[int, int, int]]:
     """(src, n, wrong elements) for every piece this rank received, plus its untouched padding (src -1)."""
     ctx = context(config)
-    group, me = ctx.mesh(None).ulysses, dist.get_rank()
+    group, me = ctx.mesh(None).ulysses_intra, dist.get_rank()
     # piece 0 of each peer is sent from a strided view (a transposed copy) and lands contiguous; piece 1 is
     # sent contiguous and lands in a strided column slice of one result with padding around it
     sends = [[piece(me, j, 0).t().contiguous().t(), piece(me, j, 1)] for j in range(WORLD)]

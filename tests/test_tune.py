@@ -9,15 +9,15 @@ import torch
 import yaml
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
+from streamfusion_diffusers import tune
 from streamfusion_diffusers.bench.layer import Case
-from streamfusion_diffusers.bench.workloads import Workload
+from streamfusion_diffusers.choice.calibrate import fit
+from streamfusion_diffusers.choice.choose import Cluster, choose, entry_layout
+from streamfusion_diffusers.choice.recipe import load_recipe
+from streamfusion_diffusers.choice.store import write_recipe
+from streamfusion_diffusers.choice.workloads import Workload
 from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.recipes import load_recipe
-from streamfusion_diffusers.recipes.calibrate import fit
-from streamfusion_diffusers.recipes.choose import Cluster, choose, entry_layout
-from streamfusion_diffusers.recipes import tune
-from streamfusion_diffusers.recipes.store import write_recipe
 from streamfusion_diffusers.sequence import split_sizes
 from streamfusion_diffusers.spawn import ProcessPool
 

@@ -10,7 +10,8 @@ from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
 
 from streamfusion_diffusers.spawn import ProcessPool
 from streamfusion_diffusers.vae import is_split, split_vae_decode, unsplit_vae_decode
-from streamfusion_diffusers.vae_parallel import Bands, banded, decode_over_ranks, parallel_decode, unsupported
+from streamfusion_diffusers.vae_decode import decode_over_ranks
+from streamfusion_diffusers.vae_parallel import Bands, banded, parallel_decode, unsupported
 
 WORLD = 3
 TOL = 1e-5  # relative: float32 rounding (GroupNorm statistics and halo convolutions sum in another order)

@@ -20,7 +20,7 @@ STUCK_LAYERS = textwrap.dedent("""
     from streamfusion_diffusers.mesh import Group
 
     transport = WatchedTransport(TorchTransport(), 2.0)
-    alone = Group((0,), 0, None, "ulysses")
+    alone = Group((0,), 0, None, "ulysses_intra")
     x = torch.randn(64, device="cuda")
     start = time.monotonic()
     try:

@@ -14,10 +14,12 @@ import torch.distributed as dist
 from model_cases import Case
 
 from streamfusion_diffusers import init_parallel
+from streamfusion_diffusers.mesh import GroupCache
 from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.xdit.install import install, uninstall
 from streamfusion_diffusers.xdit.layout import XDiTJob, parallel_config
 
+GROUPS = GroupCache()  # this worker's process groups, shared by its contexts
 _contexts: dict[Any, Any] = {}
 MODELS = {"flux": "FluxTransformer2DModel", "cogvideox": "CogVideoXTransformer3DModel"}
 
@@ -68,7 +70,7 @@ def run(case: Case, method: str, machines: int, cfg: int, seed: int = 0, **overr
     config = parallel_config(job, method, machines, "torch", **overrides)
     key = (config, worlds)
     if key not in _contexts:
-        _contexts[key] = init_parallel(config, worlds=worlds)
+        _contexts[key] = init_parallel(config, worlds=worlds, groups=GROUPS)
     ctx = _contexts[key]
     model = build_transformer(case.config, seed=seed)
     inputs = case.inputs(seed + 1)

@@ -10,7 +10,6 @@ a new signature after that runs the check alone and waits until the process grou
 """
 from __future__ import annotations
 
-import weakref
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -23,7 +22,6 @@ from ..mesh import Group
 
 _DTYPES = sorted({str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)})
 _FIELDS = ("batch", "heads", "head dim", "dtype", "joint length")  # columns 1-5 of a row; 6: slice length
-_agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # context -> signatures every rank agreed on
 SHARD_HINT = "streamfusion_diffusers.sequence.split_sizes(L, P) and shard(...) cut a sequence that way"
 
 
@@ -125,7 +123,7 @@ def agreed_seq_lens(ctx, q: Tensor, k: Tensor, v: Tensor, joint: tuple[Tensor | 
         raise
     joint_len = joint[0].shape[1] if joint[0] is not None else 0
     signature = (tuple(q.shape), q.dtype, joint_len, tuple(lens))
-    seen = _agreed.setdefault(ctx, set())
+    seen = ctx.agreed
     if group.size == 1 or signature in seen or _capturing():
         return lens
     b, local, heads, d = q.shape

@@ -16,7 +16,6 @@ from ..backends import Transport
 from ..context import ParallelContext
 from ..kernels import Partial, agreed_choices, attend_chunks
 from ..mesh import Mesh
-from ..recipes.choose import attention_plan
 from .agreement import agreed_seq_lens
 from .faults import EXACT, Exact
 from .joint import gather_joint, joint_shard
@@ -36,7 +35,7 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
     lens = agreed_seq_lens(ctx, q, k, v, joint, seq_lens)  # every rank agrees on the shapes (once per shape)
     b, _, heads, d = q.shape
     joint_len = joint_q.shape[1] if joint_q is not None else 0
-    mesh, kernel = attention_plan(ctx, q, lens, joint_len)  # method "auto" chooses here, once per shape
+    mesh, kernel = ctx.attention_plan(q, lens, joint_len)  # method "auto" chooses here, once per shape
     transport = ctx.transport
     transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint_len, q.element_size()))
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None

@@ -54,7 +54,7 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, s
              [p[j - (j > me), tau] for p in packed for tau in range(n_t)] for j in range(n_u)]
     recvs = [[o[tau, :, starts[j]:starts[j] + lens[j]] for o in out for tau in range(n_t)] for j in range(n_u)]
     recvs[me] += [o[0, :, :skip] for o in out[: len(front)]]
-    handle = transport.all_to_all(sends, recvs, mesh.ulysses)
+    handle = transport.all_to_all(sends, recvs, mesh.ulysses_intra)
 
     def finish() -> list[Tensor]:
         handle.wait()
@@ -94,7 +94,7 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
     # each head part's rows of peer j go as they lie (views; batch 1 needs no copy) into one [U', T, B, L, h, D]
     recv = out[0].new_empty((n_u, n_t, b, length, h, d))
     sends = [[o[:, starts[j]:starts[j] + lens[j]] for o in out] for j in range(n_u)]
-    handle = transport.all_to_all(sends, [list(recv[j]) for j in range(n_u)], mesh.ulysses)
+    handle = transport.all_to_all(sends, [list(recv[j]) for j in range(n_u)], mesh.ulysses_intra)
 
     def finish() -> Tensor:
         handle.wait()

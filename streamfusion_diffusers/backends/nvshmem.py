@@ -23,7 +23,7 @@ from torch import Tensor
 from ..mesh import Group
 from .base import Handle
 from .nvshmem_pool import Mailbox
-from .nvshmem_runtime import Runtime, finalize, start
+from .nvshmem_runtime import Runtime, current, finalize, start
 
 class Arrival:
     """Handle of one-sided receives: the compute stream waits for each buffer's signal, then `then` runs."""
@@ -141,23 +141,19 @@ class NvshmemTransport:
                 self._unwaited.discard(signal)
 
 
-_transport: NvshmemTransport | None = None
-
-
 def nvshmem_transport(timeout_s: float) -> NvshmemTransport:
-    """The process's NVSHMEM transport, starting NVSHMEM on first use (collective; may raise
-    NvshmemUnavailable). Every ParallelContext shares it, and so one mailbox."""
-    global _transport
+    """The NVSHMEM runtime's transport, starting NVSHMEM on first use (collective; may raise
+    NvshmemUnavailable). Every ParallelContext shares it, and so one mailbox in the one symmetric heap."""
     runtime = start(timeout_s)
-    if _transport is None or _transport.runtime is not runtime:
-        _transport = NvshmemTransport(runtime)
-    return _transport
+    if runtime.transport is None:
+        runtime.transport = NvshmemTransport(runtime)
+    return runtime.transport
 
 
 def close() -> None:
     """Free the transport's symmetric memory and finalize NVSHMEM (collective; a no-op where it never ran)."""
-    global _transport
-    if _transport is not None:
-        _transport.mailbox.free()
-        _transport = None
+    runtime = current()
+    if runtime is not None and runtime.transport is not None:
+        runtime.transport.mailbox.free()
+        runtime.transport = None
     finalize()

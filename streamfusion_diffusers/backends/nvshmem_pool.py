@@ -26,6 +26,19 @@ logger = logging.getLogger(__name__)
 ALIGN = 256  # bytes; every message starts on this boundary
 MAX_MESSAGES = 256  # per peer per layer; the Torus schedule sends 2T + 4 at most
 GROWTH = 2 << 20  # capacities are rounded up to this, so small changes of sequence length reuse the pool
+HEAP_SLACK = 256 << 20  # NVSHMEM's own symmetric allocations (barrier and team state) and rounding
+
+
+def region_bytes(peer_bytes: int) -> int:
+    """One sending PE's region of the mailbox for layers that send at most `peer_bytes` to one peer."""
+    return math.ceil((peer_bytes + ALIGN * MAX_MESSAGES) / GROWTH) * GROWTH
+
+
+def heap_bytes(n_pes: int, peer_bytes: int) -> int:
+    """The NVSHMEM symmetric heap (NVSHMEM_SYMMETRIC_SIZE) that holds the mailbox of such layers: every
+    region, every signal word and NVSHMEM's own share. The one heap formula: `launch` sizes the job with it
+    and the mailbox names it when the heap is too small."""
+    return n_pes * region_bytes(peer_bytes) + n_pes * MAX_MESSAGES * 8 + HEAP_SLACK
 
 
 class HeapExhausted(MemoryError):
@@ -44,12 +57,12 @@ class Mailbox:
 
     def reserve(self, peer_bytes: int) -> None:
         """Make every region hold `peer_bytes` (plus alignment); collective when it has to grow."""
-        need = math.ceil((peer_bytes + ALIGN * MAX_MESSAGES) / GROWTH) * GROWTH
+        need = region_bytes(peer_bytes)
         if self.signals is not None and need <= self.capacity:
             return
         with watchdog("NVSHMEM mailbox allocation (collective over every PE)", self.runtime.timeout_s):
             if self.signals is None:
-                self.signals = self._allocate((self.runtime.n_pes * MAX_MESSAGES,), torch.int64)
+                self.signals = self._allocate((self.runtime.n_pes * MAX_MESSAGES,), torch.int64, peer_bytes)
                 self.signals.zero_()
                 torch.cuda.synchronize(self.runtime.device)
             if need <= self.capacity:
@@ -58,7 +71,7 @@ class Mailbox:
                 torch.cuda.synchronize(self.runtime.device)
                 self.runtime.core.free_tensor(self.data)
                 self.data = None
-            self.data = self._allocate((self.runtime.n_pes * need,), torch.uint8)
+            self.data = self._allocate((self.runtime.n_pes * need,), torch.uint8, peer_bytes)
             self.capacity = need
         say_once(logger, logging.INFO, "streamfusion: NVSHMEM mailbox %d x %.1f MiB", self.runtime.n_pes,
                  need / 2**20)
@@ -72,7 +85,7 @@ class Mailbox:
                     self.runtime.core.free_tensor(buf)
         self.data, self.signals, self.capacity = None, None, 0
 
-    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, peer_bytes: int) -> Tensor:
         try:
             return self.runtime.core.tensor(shape, dtype=dtype)
         except Exception as err:  # noqa: BLE001 - nvshmem4py raises its own types
@@ -81,7 +94,8 @@ class Mailbox:
             raise HeapExhausted(
                 f"NVSHMEM could not allocate {nbytes} bytes ({nbytes / 2**30:.2f} GiB) of symmetric memory "
                 f"({self.runtime.n_pes} peers x {nbytes // self.runtime.n_pes} bytes) for the receive mailbox: "
-                f"{err}. Raise NVSHMEM_SYMMETRIC_SIZE (now {now}) to at least {nbytes + (64 << 20)} before the "
+                f"{err}. Raise NVSHMEM_SYMMETRIC_SIZE (now {now}) to at least "
+                f"{heap_bytes(self.runtime.n_pes, peer_bytes)} before the "
                 f"job starts; `streamfusion launch` sizes it from --model and --height/--width/--frames") from err
 
     def reset(self) -> None:

@@ -39,6 +39,11 @@ class Runtime:
     timeout_s: float
     core: Any  # nvshmem.core
     bindings: Any  # nvshmem.bindings: the raw on-stream calls that take pointers (sub-slices)
+    transport: Any = None  # its NvshmemTransport (one symmetric heap, one mailbox), made on first use
+
+
+# NVSHMEM is initialized once per process and finalized once (a library-wide state, as torch.distributed's default
+# group is): the runtime mirrors that, and what lives in its heap (the transport's mailbox) hangs off it.
 
 
 _runtime: Runtime | None = None

@@ -38,7 +38,8 @@ GPU_MARGIN = 0.9  # the watchdog thread fires at this share of timeout_s, before
 HOST_MARGIN = 0.8  # begin_layer raises at this share, before the watchdog thread ends the process
 RUN_AHEAD = 4  # attention layers the host may queue ahead of the GPU
 POLL_S = 2e-4
-_KINDS = {"ulysses": "ulysses all-to-all", "ring": "ring pass", "torus": "torus transfer", "world": "joint all-gather"}
+_KINDS = {"ulysses_intra": "ulysses all-to-all", "ring": "ring pass", "torus": "torus transfer",
+          "world": "joint all-gather"}
 _stage: contextvars.ContextVar[str] = contextvars.ContextVar("streamfusion_stage", default="")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import inspect
 import logging
 import os
 import re
@@ -26,14 +25,15 @@ import torch
 
 from ..config import METHODS, ParallelConfig, resolve_layout
 from ..links import parse_link
+from ..mesh import GroupCache
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..exactness import LOWP_THRESHOLD, MODEL_THRESHOLD, threshold
 from ..verify import DTYPES
 from . import e2e_command, report, variants, xdit
-from .costmodel import candidate_layouts
+from ..choice.costmodel import candidate_layouts
 from .layer import Case, Setup, bench_layer, padded_length
-from .timing import ITERS, SAMPLE_MS, WARMUP
-from .workloads import MODELS, Workload, is_flux, transformer_config
+from ..timing import ITERS, SAMPLE_MS, WARMUP
+from ..choice.workloads import MODELS, Workload, is_flux, parse_workload, transformer_config, workload_specs
 
 logger = logging.getLogger(__name__)
 
@@ -93,30 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
     e2e_command.add_arguments(parser)
-
-
-def parse_workload(spec: str) -> Workload:
-    name, *params = spec.split(":")
-    try:
-        values = [int(p) for p in params]
-    except ValueError:
-        raise ValueError(f"workload {spec!r}: the numbers after the model name must be integers") from None
-    if name == "custom" and len(values) == 4:
-        tokens, text, heads, head_dim = values
-        return Workload(f"custom {tokens}+{text}", tokens, text, heads, head_dim, blocks=1)
-    if name in MODELS and len(values) <= len(inspect.signature(MODELS[name]).parameters):
-        return MODELS[name](*values)
-    raise ValueError(f"workload {spec!r}: use flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH] or "
-                     f"custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM")
-
-
-def workload_specs(text: str) -> list[str]:
-    """The comma-separated workloads of --workloads; a bare size repeats the model before it, so that
-    flux-dev:1024,2048 means flux-dev:1024,flux-dev:2048."""
-    specs: list[str] = []
-    for spec in (s.strip() for s in text.split(",") if s.strip()):
-        specs.append(f"{specs[-1].split(':')[0]}:{spec}" if spec[0].isdigit() and specs else spec)
-    return specs
 
 
 def parse_levels(spec: str) -> tuple[str, ...]:
@@ -183,8 +159,10 @@ def _runs_at(method: str, level: str, w: Workload, config: dict[str, Any] | None
 
 
 def run_tasks(tasks: list[tuple[Callable[..., list[dict]], Any, list[Case]]]) -> list[dict]:
-    """On every rank: each (benchmark, setup, cases) in turn, so a local job starts its processes once."""
-    return [row for fn, setup, cases in tasks for row in fn(setup, cases)]
+    """On every rank: each (benchmark, setup, cases) in turn, so a local job starts its processes once and
+    creates each layout's process groups once."""
+    groups = GroupCache()
+    return [row for fn, setup, cases in tasks for row in fn(setup, cases, groups)]
 
 
 def _lossy(row: dict, comm_dtype: str | None) -> bool:

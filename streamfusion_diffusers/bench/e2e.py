@@ -40,7 +40,7 @@ from ..phases import PHASES, PhaseTimer
 from ..vae_parallel import unsupported
 from . import cachedit
 from .layer import device_of_job
-from .timing import deadline
+from ..timing import deadline
 
 OURS = ("ours", "ours-no-vae-split", "ours-cfg")
 BASELINES = ("diffusers-cp", "xfuser", *cachedit.SYSTEMS)  # each takes a fresh transformer, changed for good

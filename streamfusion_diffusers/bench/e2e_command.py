@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
+from ..choice.workloads import parse_workload, workload_specs
 from ..extras import install_hint
-from ..job import DEFAULT_PROMPT, guided, image_tokens
+from ..job import DEFAULT_PROMPT, guided
+from ..links import parse_link
 from ..models import MODELS
 from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..verify import DTYPES
@@ -84,7 +86,7 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
 
     spec = MODELS[setup.model]
     heads, family = spec.transformer["num_attention_heads"], spec.family
-    tokens = image_tokens(spec, setup.height, setup.width, setup.frames)
+    tokens = spec.image_tokens(setup.height, setup.width, setup.frames)
     is_guided = guided(spec, setup.guidance_scale, setup.true_cfg_scale)
     wanted = _baseline_layouts(layouts)
     cases: list[E2ECase] = []
@@ -140,7 +142,6 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
 
 
 def _setup(spec: str, args: argparse.Namespace, size: str, dtype: torch.dtype, m: int) -> Any:
-    from .command import parse_workload
     from .e2e import E2ESetup
 
     w = parse_workload(spec)
@@ -148,10 +149,7 @@ def _setup(spec: str, args: argparse.Namespace, size: str, dtype: torch.dtype, m
         raise ValueError(f"--level e2e runs whole pipelines: use flux-dev:WIDTH[:HEIGHT] or "
                          f"cogvideox-5b:FRAMES[:HEIGHT:WIDTH], not {spec!r}")
     model = w.model if size == "real" else "tiny-" + MODELS[w.model].family
-    if MODELS[model].family == "flux":
-        frames, (height, width) = 1, (16 * w.grid[0], 16 * w.grid[1])
-    else:
-        frames, height, width = 4 * (w.grid[0] - 1) + 1, 8 * w.grid[1], 8 * w.grid[2]
+    frames, height, width = w.size
     model_spec = MODELS[model]
     true_cfg = args.true_cfg_scale if model_spec.family == "flux" else None
     return E2ESetup(w.name, model, size == "real", height, width, frames, args.steps, model_spec.guidance_scale,
@@ -169,7 +167,6 @@ def run_tasks(tasks: list[tuple[Any, list[Any]]]) -> list[dict]:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """bench --level e2e: plan the cases, run the job, print and write the tables (rank 0)."""
-    from .command import parse_link, workload_specs
     from ..exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
     from .e2e import OURS
 

@@ -20,10 +20,11 @@ from .. import ParallelConfig, init_parallel, sp_attention
 from ..config import layout_label
 from ..exactness import error_sums, ratio, reference_attention
 from ..kernels import attention_with_lse
+from ..mesh import GroupCache
+from ..timing import deadline, interleaved_ms
 from .bound import fastest_attention
-from .timing import deadline, interleaved_ms
 from .variants import graphed, suffix
-from .workloads import Workload
+from ..choice.workloads import Workload
 from .xdit import XdiTUSP
 
 logger = logging.getLogger(__name__)
@@ -82,12 +83,12 @@ def padded_length(w: Workload, world: int) -> int:
     return -(-total // world) * world
 
 
-def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
-    """Run on every rank; one row per case: the slowest rank's min / median / max per call over samples that
-    are interleaved across the cases (round-robin, bench/timing.py), after every case is set up and checked,
+def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = None) -> list[dict]:
+    """Run on every rank; one row per case (groups: the job's process groups, reused across workloads): the slowest rank's min / median / max per call over samples that
+    are interleaved across the cases (round-robin, timing.py), after every case is set up and checked,
     and the worst rank's error against the exact rows."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device, w = device_of_job(), setup.workload
+    device, w, groups = device_of_job(), setup.workload, groups or GroupCache()
     length = padded_length(w, world)
     g = torch.Generator(device=device).manual_seed(setup.seed)
     shape = (w.batch, length, w.heads, w.head_dim)
@@ -108,7 +109,7 @@ def bench_layer(setup: Setup, cases: list[Case]) -> list[dict]:
             labels.append(case.label)
             continue
         with deadline(setup.timeout_s):
-            call, ctx = _callable(case, setup, device)
+            call, ctx = _callable(case, setup, device, groups)
             errors.append(_errors(call(q, k_loc, v_loc), ref))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
             labels.append(auto_label(ctx) if case.method == "auto" else case.label)
@@ -146,10 +147,10 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
                           kernel=setup.kernel)
 
 
-def _callable(case: Case, setup: Setup, device: torch.device):
-    """The case's attention call, and our context for it (None for xDiT)."""
+def _callable(case: Case, setup: Setup, device: torch.device, groups: GroupCache):
+    """The case's attention call, and our context for it (None for xDiT), on the job's process groups."""
     if case.method == "xdit-usp":
         return XdiTUSP(case.ulysses, case.ring, device), None
-    ctx = init_parallel(parallel_config(case, setup))
+    ctx = init_parallel(parallel_config(case, setup), groups=groups)
     call = lambda q, k, v: sp_attention(q, k, v, ctx)  # noqa: E731
     return (graphed(call) if case.variant == "cuda-graph" else call), ctx

@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .. import init_parallel
+from ..mesh import GroupCache
 from ..models.build import build_transformer
 from ..parallel_pipeline import parallelize, unparallelize
 from ..sharding import GATHER_HOOK, plan_for
@@ -37,10 +38,10 @@ from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardSta
 from ..sequence import split_sizes
 from .bound import local_attention
 from .layer import Case, Setup, device_of_job, parallel_config
-from .timing import Stats, deadline, interleaved_ms
+from ..timing import Stats, deadline, interleaved_ms
 from .variants import LEVELS as VARIANT_LEVELS
 from .variants import compiled, parallelize_options
-from .workloads import Workload, is_flux
+from ..choice.workloads import Workload, is_flux
 
 LEVELS = ("block", "step")
 
@@ -159,7 +160,7 @@ def _block_error(outs: list[tuple[Tensor, Tensor]], refs: list[tuple[Tensor, Ten
 
 
 @contextmanager
-def _set_up(model: torch.nn.Module, case: Case, setup: Setup) -> Iterator[ShardState | None]:
+def _set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache) -> Iterator[ShardState | None]:
     """The model run the case's way; yields the shard state our processors read (None for diffusers-cp, which
     `enable_parallelism` leaves in place for good: the caller builds a fresh model for each such case)."""
     if case.method == "diffusers-cp":
@@ -169,7 +170,7 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup) -> Iterator[ShardS
         yield None
         return
     bound = case.method == "bound"
-    ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup))
+    ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup), groups=groups)
     parallelize(model, ctx, **parallelize_options(case.variant))
     state: ShardState = model._streamfusion.state
     if bound:
@@ -207,12 +208,12 @@ def _reference(model: torch.nn.Module, setup: ModelSetup, device: torch.device) 
 
 
 def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Reference,
-                device: torch.device) -> tuple[dict[str, Stats], list[float]]:
+                device: torch.device, groups: GroupCache) -> tuple[dict[str, Stats], list[float]]:
     """One case: set up, one checked forward and block replay, then each level timed. Returns the slowest
     rank's min / median / max per level (repetitions in a row: each case reconfigures the model) and its
     (block, step) errors (zeros for the bound, which attends random keys)."""
     base = setup.setup
-    with _set_up(model, case, base) as state:
+    with _set_up(model, case, base, groups) as state:
         run = _forward(model, ref.inputs, state)
         outs = _run_blocks(run, state)
         errors = [0.0, 0.0]
@@ -226,10 +227,10 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
     return ms, errors
 
 
-def bench_model(setup: ModelSetup, cases: list[Case]) -> list[dict]:
+def bench_model(setup: ModelSetup, cases: list[Case], groups: GroupCache | None = None) -> list[dict]:
     """Run on every rank; one row per case and level (times: slowest rank's min / median / max; errors and peak memory:
-    the largest rank's)."""
-    device, base, w = device_of_job(), setup.setup, setup.setup.workload
+    the largest rank's). groups: the job's process groups, reused across workloads."""
+    device, base, w, groups = device_of_job(), setup.setup, setup.setup.workload, groups or GroupCache()
     with deadline(base.timeout_s), torch.no_grad():
         model = _build(setup, device)
         ref = _reference(model, setup, device)
@@ -244,7 +245,7 @@ def bench_model(setup: ModelSetup, cases: list[Case]) -> list[dict]:
             if case.method == "diffusers-cp":
                 model = None
                 model = _build(setup, device)
-            ms, errors = _bench_case(model, case, setup, ref, device)
+            ms, errors = _bench_case(model, case, setup, ref, device, groups)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         worst = torch.tensor([*errors, peak], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)

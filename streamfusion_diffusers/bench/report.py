@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from ..extras import install_hint
-from .timing import SPREAD_LIMIT
+from ..timing import SPREAD_LIMIT
 
 logger = logging.getLogger(__name__)
 

@@ -68,7 +68,7 @@ def graphed(call: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[[Tenso
 
 def parallelize_options(variant: str) -> dict[str, Any]:
     """The `parallelize` keyword arguments of a variant."""
-    return {"cuda_graph": variant == "cuda-graph", "waves": 2 if variant == "waves2" else 1}
+    return {"cuda_graph": variant == "cuda-graph", "waves": 2 if variant == "waves2" else None}
 
 
 @contextmanager

@@ -114,6 +114,16 @@ class ModelSpec:
     guidance_scale: float
     vae_scale: int  # pixels per latent pixel, each side
 
+    def image_tokens(self, height: int, width: int, frames: int = 1) -> int:
+        """Image/video tokens the transformer sees at this size (the one formula): latent pixels over the patch
+        size (Flux's pipeline packs 2 x 2 latent patches), CogVideoX's frames compressed by its VAE."""
+        cfg = self.transformer
+        if self.family == "flux":
+            return (height // self.vae_scale // 2) * (width // self.vae_scale // 2)
+        p, p_t = cfg["patch_size"], cfg.get("patch_size_t") or 1
+        latent_frames = (frames - 1) // cfg["temporal_compression_ratio"] + 1
+        return (latent_frames // p_t) * (height // self.vae_scale // p) * (width // self.vae_scale // p)
+
 
 MODELS: dict[str, ModelSpec] = {
     "tiny-flux": ModelSpec("flux", TINY_FLUX, 64, 64, 1, 4, 16, 3.5, vae_scale=2),

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..context import ParallelContext, init_parallel
+from .. import init_parallel
+from ..context import ParallelContext
 from ..extras import missing
 from .install import install, model_name, uninstall
 from .layout import XDiTJob, parallel_config, refuse_unsupported
@@ -29,7 +30,8 @@ from .layout import XDiTJob, parallel_config, refuse_unsupported
 __all__ = ["disable", "enable"]
 
 logger = logging.getLogger(__name__)
-_contexts: dict[tuple[Any, ...], ParallelContext] = {}  # one per layout and worlds: enable/disable cycles reuse groups
+CONTEXTS = "_streamfusion_contexts"  # the pipeline's contexts, one per layout and worlds: enable/disable cycles
+# of one pipeline reuse them (and their process groups); they go with the pipeline
 
 
 def read_job(pipe: Any) -> XDiTJob:
@@ -70,7 +72,7 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
 
     method, backend and `config` (ulysses, ring, torus, kernel, emulate_link, recipe, timeout_s, strict) are
     ParallelConfig's; method "auto" picks the layout for each attention shape over one of xfuser's SP groups
-    (recipes.choose: a recipe entry for that cluster, else the cost model). machines: how many machines the job runs on (None: WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun
+    (choice.choose: a recipe entry for that cluster, else the cost model). machines: how many machines the job runs on (None: WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun
     sets them). Unsupported set-ups (PipeFusion, its KV cache, tensor parallelism, DiTFastAttn, FP8 comms,
     separate VAE workers, quantized or sparse attention backends, the hybrid attention schedule, OneDiff, other
     models) raise ValueError naming what to turn off, before anything changes.
@@ -86,15 +88,17 @@ def enable(pipe: Any, method: str = "torus", machines: int | None = None, backen
         return None
     machines = machines if machines is not None else _launched_machines()
     key = (parallel_config(job, method, machines, backend, **config), job.sp_worlds)
-    if key not in _contexts:
-        _contexts[key] = init_parallel(key[0], worlds=job.sp_worlds)
-    ctx = _contexts[key]
+    contexts: dict[tuple[Any, ...], ParallelContext] = pipe.__dict__.setdefault(CONTEXTS, {})
+    if key not in contexts:
+        first = next(iter(contexts.values()), None)
+        contexts[key] = init_parallel(key[0], worlds=job.sp_worlds, groups=first.groups if first else None)
+    ctx = contexts[key]
     install(pipe.transformer, ctx, _split_text)
     if dist.get_rank() == 0:
         if job.attention_backend is not None:
             logger.info("streamfusion: xfuser's --attention_backend %s is not used while ours runs (kernel=%s)",
                         job.attention_backend, ctx.config.kernel)
-        runs = ("the layout recipes.choose picks at the first attention call" if ctx.config.method == "auto"
+        runs = ("the layout choice.choose picks at the first attention call" if ctx.config.method == "auto"
                 else ctx.layout(pipe.transformer.config.num_attention_heads))
         logger.info("streamfusion: xfuser's %s attention now runs %s in each of its %d sequence-parallel groups",
                     job.model, runs, len(job.sp_worlds))

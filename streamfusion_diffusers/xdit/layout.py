@@ -95,7 +95,7 @@ def machines_of(world: Sequence[int], world_size: int, machines: int) -> int:
 
 def parallel_config(job: XDiTJob, method: str, machines: int, backend: str, **overrides: Any) -> ParallelConfig:
     """Our layout over one SP group: xfuser's Ulysses x Ring degrees unless overridden, placed on the machines
-    the group spans. Methods 'ulysses' and 'ring' imply their degrees and 'auto' chooses them (recipes.choose,
+    the group spans. Methods 'ulysses' and 'ring' imply their degrees and 'auto' chooses them (choice.choose,
     for the SP group's machines, at the first attention call), so xfuser's are not passed to them."""
     if overrides.get("cfg", 1) != 1:
         raise ValueError("xfuser splits the guidance batch itself: drop cfg= and use xfuser's --use_cfg_parallel")

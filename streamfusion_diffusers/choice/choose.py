@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch.distributed as dist
 from torch import Tensor
 
-from ..bench.costmodel import Gpu, Prediction, candidate_layouts, predict
-from ..bench.workloads import MODELS as WORKLOADS
-from ..bench.workloads import Workload
+from .costmodel import Gpu, Prediction, candidate_layouts, predict
+from .workloads import MODELS as WORKLOADS
+from .workloads import Workload
+from ..context import ParallelContext
 from ..config import METHODS, Layout, ParallelConfig, resolve_layout
 from ..links import PRESETS, Link, parse_link
-from ..mesh import world_group
-from . import Recipe, load_recipes
+from .recipe import Recipe, load_recipes
 from .rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu, torus_off, why_torus_off
 
 logger = logging.getLogger(__name__)
@@ -156,27 +157,20 @@ def choose(shape: Workload, cluster: Cluster, recipe: str | None = None, kernel:
     return Choice(best.layout, kernel, why)
 
 
-def attention_plan(ctx, q: Tensor, seq_lens: list[int], joint_len: int):
-    """(mesh, kernel) for one sp_attention call: the config's own, or method "auto"'s choice for this shape,
-    made once per shape (rank 0 decides, every rank follows) and logged once."""
-    if ctx.config.method != "auto":
-        return ctx.mesh(q.shape[2]), ctx.config.kernel
-    b, _, heads, head_dim = q.shape
-    key = (sum(seq_lens), heads, head_dim, joint_len, q.dtype, b)
-    choice = ctx.chosen.get(key)
-    if choice is None:
-        config = ctx.config
-        machines, gpus = ctx.branch_shape  # with CFG parallelism, one guidance branch's cluster
-        shape = Workload("seen", sum(seq_lens), joint_len, heads, head_dim, 1, batch=b)
-        cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
-        decide = ctx.global_rank == 0
-        box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
-        # every branch runs the same shapes together: one choice for all, bounded by timeout_s
-        dist.broadcast_object_list(box, src=0, group=world_group(config.timeout_s))
-        choice = ctx.chosen[key] = box[0]
-        if decide:
-            logger.info("streamfusion auto: %s (%s)", choice.layout, choice.why)
-    return ctx.mesh_of(choice.layout), choice.kernel
+def auto_layout(ctx: ParallelContext, q: Tensor, seq_lens: Sequence[int], joint_len: int) -> Choice:
+    """method "auto"'s choice for one sp_attention shape: rank 0 decides, every rank follows; logged once. The
+    context asks it once per shape (init_parallel hands it over as the context's chooser)."""
+    config = ctx.config
+    machines, gpus = ctx.branch_shape  # with CFG parallelism, one guidance branch's cluster
+    shape = Workload("seen", sum(seq_lens), joint_len, q.shape[2], q.shape[3], 1, batch=q.shape[0])
+    cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
+    decide = ctx.global_rank == 0
+    box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
+    # every branch runs the same shapes together: one choice for all, bounded by timeout_s
+    dist.broadcast_object_list(box, src=0, group=ctx.groups.world(config.timeout_s))
+    if decide:
+        logger.info("streamfusion auto: %s (%s)", box[0].layout, box[0].why)
+    return box[0]
 
 
-__all__ = ["Choice", "Cluster", "attention_plan", "choose", "find_entry", "gpu_of", "ranked"]
+__all__ = ["Choice", "Cluster", "auto_layout", "choose", "find_entry", "gpu_of", "ranked"]

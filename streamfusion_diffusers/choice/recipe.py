@@ -1,14 +1,14 @@
-"""Recipes: YAML tables that pin (model, size, cluster shape) to a parallel layout.
+"""Recipes: the YAML tables (in recipes/ beside this module) that pin (model, size, cluster shape) to a parallel layout.
 
 A recipe file holds one model's entries; each entry names the cluster shape (machines, gpus_per_machine), the
 workload size (`resolution` for images, `frames` for video) and the layout (method, ulysses, ring, torus,
 backend), plus where the choice came from (`source`: a measurement or the cost model). Packaged recipes are
 found by model name (`flux-dev`); any other argument is read as a path. `streamfusion tune` writes into the
 user's recipe folder (`user_folder()`), which method "auto" reads before the packaged recipes. An optional `calibration` mapping in
-the file's header holds cost-model figures fitted from `streamfusion tune`'s measurements (recipes/calibrate.py).
+the file's header holds cost-model figures fitted from `streamfusion tune`'s measurements (choice/calibrate.py).
 
-This package is the one home of choosing a layout: the files and their loader (here), `choose` (what
-`method="auto"` calls), `tune` (measures and writes entries) and `calibrate` (fits the cost model to them).
+The files and their loader (here); `store` writes them, `choose` reads them for `method="auto"`, the `tune`
+command measures the entries and `calibrate` fits the cost model to them.
 """
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def user_folder() -> Path:
     if os.environ.get(FOLDER_VARIABLE):
         return Path(os.environ[FOLDER_VARIABLE]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streamfusion" / "recipes"
+
+
+PACKAGED = resources.files(__package__) / "recipes"  # the packaged recipe files
 
 
 @dataclass(frozen=True)
@@ -63,14 +66,14 @@ class Recipe:
 
 def load_recipe(name_or_path: str) -> Recipe:
     """A packaged recipe by model name, or a YAML file by path."""
-    packaged = resources.files(__package__) / f"{name_or_path}.yaml"
+    packaged = PACKAGED / f"{name_or_path}.yaml"
     path = Path(name_or_path)
     if packaged.is_file():
         text, where = packaged.read_text(), f"{name_or_path} (packaged)"
     elif path.is_file():
         text, where = path.read_text(), str(path)
     else:
-        names = sorted(p.name.removesuffix(".yaml") for p in resources.files(__package__).iterdir()
+        names = sorted(p.name.removesuffix(".yaml") for p in PACKAGED.iterdir()
                        if p.name.endswith(".yaml"))
         raise ValueError(f"no recipe {name_or_path!r}: use one of {', '.join(names)} or a path to a YAML file")
     data = yaml.safe_load(text)
@@ -88,7 +91,7 @@ def load_recipes(where: str | None = None) -> list[Recipe]:
     or path; or a folder's."""
     if where is None:
         mine = sorted(user_folder().glob("*.yaml"))
-        packaged = sorted(p.name for p in resources.files(__package__).iterdir() if p.name.endswith(".yaml"))
+        packaged = sorted(p.name for p in PACKAGED.iterdir() if p.name.endswith(".yaml"))
         return [load_recipe(str(p)) for p in mine] + [load_recipe(name.removesuffix(".yaml")) for name in packaged]
     if Path(where).is_dir():
         found = sorted(Path(where).glob("*.yaml"))

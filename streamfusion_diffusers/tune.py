@@ -8,7 +8,7 @@ left out of the measurements and never written. The fastest that passes becomes 
 (`source: measured`) merged into <out>/<model>.yaml; every case's measured and predicted time goes
 to <out>/measurements.json, from which the cost model's overheads are fitted into the recipe headers.
 `--from-cost-model` writes predicted entries (`source: cost model`) for shapes nobody measured, and
-`--merge-from` merges device runs' outputs into a recipe folder (the packaged one: recipes/regenerate.py);
+`--merge-from` merges device runs' outputs into a recipe folder (the packaged one: choice/regenerate.py);
 neither runs a job.
 """
 from __future__ import annotations
@@ -22,21 +22,22 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..bench import report
-from ..bench.command import limit, parse_workload, workload_specs
-from ..bench.layer import Case, Setup, bench_layer, padded_length
-from ..bench.timing import ITERS, SAMPLE_MS, WARMUP
-from ..bench.workloads import Workload, transformer_config
-from ..config import ParallelConfig, layout_label, machine_shape, resolve_layout
-from ..spawn import job_shape, run_job
-from ..exactness import passes
-from ..verify import DTYPES
-from . import FOLDER_VARIABLE, load_recipe, user_folder
-from .calibrate import fit
-from .choose import Cluster, gpu_of, ranked, schedule_key
-from .predictions import load_records, table
-from .regenerate import from_cost_model, merge_from, parse_shapes
-from .store import layout_fields, link_name, write_recipe, write_records
+from .bench import report
+from .bench.command import limit
+from .bench.layer import Case, Setup, bench_layer, padded_length
+from .bench.records import records_from_bench
+from .choice.calibrate import fit
+from .choice.choose import Cluster, gpu_of, ranked, schedule_key
+from .choice.predictions import load_records, table
+from .choice.recipe import FOLDER_VARIABLE, load_recipe, user_folder
+from .choice.regenerate import from_cost_model, merge_from, parse_shapes
+from .choice.store import layout_fields, link_name, write_recipe, write_records
+from .choice.workloads import Workload, parse_workload, transformer_config, workload_specs
+from .config import ParallelConfig, layout_label, machine_shape, resolve_layout
+from .exactness import passes
+from .spawn import job_shape, run_job
+from .timing import ITERS, SAMPLE_MS, WARMUP
+from .verify import DTYPES
 
 DEFAULT_TOP = 6
 
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one case may take (default 300)")
     parser.add_argument("--out", default=str(user_folder()),
                         help="folder of the recipes to write or merge into (<model>.yaml) and measurements.json; "
-                             "streamfusion_diffusers/recipes regenerates the packaged ones (default: your recipe "
+                             "streamfusion_diffusers/choice/recipes regenerates the packaged ones (default: your recipe "
                              f"folder, which method auto reads first: ${FOLDER_VARIABLE} or "
                              "~/.cache/streamfusion/recipes)")
     parser.add_argument("--from-cost-model", action="store_true",
@@ -134,7 +135,7 @@ def _rank_job(tasks: list[tuple[Setup, list[Case], dict | None]]) -> list[dict]:
         layer = bench_layer(setup, [Case("bound"), *cases])
         rows += layer
         if model_config is not None:
-            from ..bench.model import ModelSetup, bench_model  # imports diffusers
+            from .bench.model import ModelSetup, bench_model  # imports diffusers
 
             exact = (r for r in layer if r["method"] != "bound" and passes(r["rel_err"], setup.dtype))
             ours = sorted(exact, key=lambda r: r["ms"])[:2]
@@ -199,10 +200,10 @@ def main(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top must be at least 1, got {args.top}")
     if args.report:
-        print(table(load_records(args.report)))
+        print(table(load_records(args.report, records_from_bench)))
         return 0
     if args.merge_from:
-        return merge_from(args.merge_from, Path(args.out))
+        return merge_from(args.merge_from, Path(args.out), records_from_bench)
     if args.from_cost_model:
         return _from_cost_model(args, specs)
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)

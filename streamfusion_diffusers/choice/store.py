@@ -13,7 +13,7 @@ import yaml
 
 from ..config import Layout
 from ..links import parse_link
-from . import load_recipe
+from .recipe import load_recipe
 from .choose import REAL_LINK, entry_workload, transport_name
 
 HEADER = ("# {model}: the layout per cluster shape, link and size; written by `streamfusion tune` (each entry says\n"

@@ -7,6 +7,7 @@ Shapes follow the models' real diffusers configs: Flux.1-dev (19 joint + 38 sing
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ class Workload:
     mlp_ratio: float = 4.0
     model: str | None = None  # its real-size transformer in models.MODELS (None: an attention shape only)
     grid: tuple[int, ...] = ()  # Flux: (token rows, token cols); CogVideoX: (latent frames, latent H, latent W)
+    size: tuple[int, int, int] = ()  # its model's (frames, height, width) in pixels
 
     @property
     def hidden(self) -> int:
@@ -43,19 +45,51 @@ def flux(resolution: int = 1024, height: int | None = None) -> Workload:
     for side in (resolution, height):
         if side % 16:
             raise ValueError(f"Flux needs sides divisible by 16 pixels, got {resolution}x{height}")
-    return Workload(f"flux-dev {resolution}x{height}", (resolution // 16) * (height // 16), 512, 24, 128, 57,
-                    model="flux-dev", grid=(height // 16, resolution // 16))
+    spec = configs.MODELS["flux-dev"]
+    return Workload(f"flux-dev {resolution}x{height}", spec.image_tokens(height, resolution), 512, 24, 128, 57,
+                    model="flux-dev", grid=(height // 16, resolution // 16), size=(1, height, resolution))
 
 
-def cogvideox(frames: int = 49, height: int = 768, width: int = 1360) -> Workload:
+# The size the recipes, `plan` and `bench` plan CogVideoX-5b for: 768 x 1360 frames (CogVideoX 1.5's size, the
+# larger sequence). CogVideoX-5b's own size, what `generate --model cogvideox-5b` runs, is 480 x 720 (its config's
+# sample_height / sample_width 60 x 90 latent pixels, models/configs.py); pass it as cogvideox-5b:49:480:720.
+COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH = 768, 1360
+
+
+def cogvideox(frames: int = 49, height: int = COGVIDEOX_PLAN_HEIGHT, width: int = COGVIDEOX_PLAN_WIDTH) -> Workload:
     if (frames - 1) % 4 or height % 16 or width % 16:
         raise ValueError(f"CogVideoX needs frames = 4k + 1 and sides divisible by 16, got {frames} at {height}x{width}")
     latent_frames = (frames - 1) // 4 + 1
-    return Workload(f"cogvideox-5b {frames}f {height}x{width}", latent_frames * (height // 16) * (width // 16),
-                    226, 48, 64, 42, model="cogvideox-5b", grid=(latent_frames, height // 8, width // 8))
+    return Workload(f"cogvideox-5b {frames}f {height}x{width}",
+                    configs.MODELS["cogvideox-5b"].image_tokens(height, width, frames), 226, 48, 64, 42,
+                    model="cogvideox-5b", grid=(latent_frames, height // 8, width // 8), size=(frames, height, width))
 
 
 MODELS = {"flux-dev": flux, "cogvideox-5b": cogvideox}
+
+
+def parse_workload(spec: str) -> Workload:
+    name, *params = spec.split(":")
+    try:
+        values = [int(p) for p in params]
+    except ValueError:
+        raise ValueError(f"workload {spec!r}: the numbers after the model name must be integers") from None
+    if name == "custom" and len(values) == 4:
+        tokens, text, heads, head_dim = values
+        return Workload(f"custom {tokens}+{text}", tokens, text, heads, head_dim, blocks=1)
+    if name in MODELS and len(values) <= len(inspect.signature(MODELS[name]).parameters):
+        return MODELS[name](*values)
+    raise ValueError(f"workload {spec!r}: use flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH] or "
+                     f"custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM")
+
+
+def workload_specs(text: str) -> list[str]:
+    """The comma-separated workloads of --workloads; a bare size repeats the model before it, so that
+    flux-dev:1024,2048 means flux-dev:1024,flux-dev:2048."""
+    specs: list[str] = []
+    for spec in (s.strip() for s in text.split(",") if s.strip()):
+        specs.append(f"{specs[-1].split(':')[0]}:{spec}" if spec[0].isdigit() and specs else spec)
+    return specs
 
 
 def transformer_config(w: Workload, size: str) -> dict[str, Any]:

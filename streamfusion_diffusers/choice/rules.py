@@ -20,7 +20,7 @@ share where it came within noise of the best; across machines it always is (ther
 """
 from __future__ import annotations
 
-from ..bench.workloads import Workload
+from .workloads import Workload
 from ..config import Layout
 
 TORUS_MIN_TOKENS_PER_GPU = 16384
@@ -37,7 +37,7 @@ def torus_off(lay: Layout, w: Workload) -> bool:
 
 def why_torus_off(w: Workload, world: int) -> str:
     return (f"Torus left out: one machine, {tokens_per_gpu(w, world):.0f} tokens per GPU < "
-            f"{TORUS_MIN_TOKENS_PER_GPU} (measured rule, recipes/rules.py)")
+            f"{TORUS_MIN_TOKENS_PER_GPU} (measured rule, choice/rules.py)")
 
 
 __all__ = ["TORUS_MIN_TOKENS_PER_GPU", "torus_off", "tokens_per_gpu", "why_torus_off"]

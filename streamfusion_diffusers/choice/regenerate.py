@@ -2,8 +2,8 @@
 `streamfusion tune`'s measured entries merged in from device runs.
 
 The packaged recipes are built in two steps, both through `streamfusion tune`:
-  tune --from-cost-model --shapes 1x2,1x8,2x8,2x1:p4de,... --out streamfusion_diffusers/recipes
-  tune --merge-from <device run's recipes folder> --out streamfusion_diffusers/recipes
+  tune --from-cost-model --shapes 1x2,1x8,2x8,2x1:p4de,... --out streamfusion_diffusers/choice/recipes
+  tune --merge-from <device run's recipes folder> --out streamfusion_diffusers/choice/recipes
 The first writes the cost model's choice for every shape (`source: cost model`), never over a measured entry;
 the second merges measured entries and measurements.json in, refits the calibration on the merged records and
 predicts the remaining cost-model entries again with it, so that nothing in the folder is predicted by a
@@ -15,11 +15,11 @@ import datetime
 from collections import Counter
 from pathlib import Path
 
-from ..bench.workloads import Workload
+from .workloads import Workload
 from ..links import parse_link
-from . import load_recipe
+from .recipe import load_recipe
 from .calibrate import fit
-from .predictions import load_records
+from .predictions import BenchReader, load_records
 from .choose import REAL_LINK, Cluster, entry_workload, gpu_of, ranked
 from .store import layout_fields, write_recipe, write_records
 
@@ -87,9 +87,10 @@ def repredict(path: Path, calibration: dict | None) -> int:
     return len(fresh)
 
 
-def merge_from(sources: list[str], out: Path) -> int:
+def merge_from(sources: list[str], out: Path, read_bench: BenchReader | None = None) -> int:
     """Merge tune's outputs (folders with <model>.yaml and measurements.json) into the recipes under `out`;
-    bench's output folders (results.json) add their layer timings to the records the calibration is fitted on."""
+    bench's output folders (results.json, read by `read_bench`) add their layer timings to the records the
+    calibration is fitted on."""
     records, measured = [], {}
     for source in map(Path, sources):
         if not source.is_dir():
@@ -102,7 +103,7 @@ def merge_from(sources: list[str], out: Path) -> int:
         for path in found:
             recipe = load_recipe(str(path))
             measured.setdefault(recipe.model, []).extend(e for e in recipe.entries if e.get("source") == "measured")
-        records += load_records([str(p) for p in timed])
+        records += load_records([str(p) for p in timed], read_bench)
     every = write_records(out / "measurements.json", records) if records else []
     calibration = None
     if records:  # the device most of the new records were measured on

@@ -1,54 +1,25 @@
 """The cost model against measurements: a markdown table of predicted vs measured layer times, before and after
-fitting it (recipes/calibrate.py), from `streamfusion tune`'s measurements.json or `streamfusion bench`'s
+fitting it (choice/calibrate.py), from `streamfusion tune`'s measurements.json or `streamfusion bench`'s
 results.json (layer level), for BENCHMARKS.md. `streamfusion tune --report FILE...` prints it.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import re
-import shlex
+from collections.abc import Callable
 from pathlib import Path
 
-from ..bench import command as bench
-from ..bench.costmodel import Gpu
-from ..config import METHODS, layout_label
-from ..verify import DTYPES
+from ..config import layout_label
 from .calibrate import fit, predicted_ms
-from .choose import REAL_LINK, gpu_of
+from .choose import gpu_of
+from .costmodel import Gpu
 
-LAYOUT = re.compile(r"\w+ U(\d+)R(\d+)(?:T(\d+))?")
-
-
-def records_from_bench(results: dict) -> list[dict]:
-    """tune's records (bound and our layouts, layer level) from one bench results.json, read back from the
-    command it records."""
-    setup = results["setup"]
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    args = parser.parse_args(shlex.split(setup["command"])[2:])
-    n = args.machines
-    m = args.gpus_per_machine or setup["world"] // n
-    workloads = {w.name: w for w in map(bench.parse_workload, bench.workload_specs(args.workloads))}
-    elem = DTYPES[args.dtype or ("bfloat16" if setup["gpu"] else "float32")].itemsize
-    out = []
-    for r in results["rows"]:
-        if r.get("level", "layer") != "layer" or r["method"] not in ("bound", *METHODS):
-            continue
-        w = workloads[r["workload"]]
-        match = LAYOUT.fullmatch(r["layout"])
-        u, ring, torus = (int(x) if x else None for x in match.groups()) if match else (1, 1, None)
-        out.append({"device": setup["device"], "kind": "bound" if r["method"] == "bound" else "layer",
-                    "machines": n, "gpus_per_machine": m, "link": args.emulate_link or REAL_LINK,
-                    "backend": args.backend, "workload": w.name, "tokens": r["tokens"], "heads": w.heads,
-                    "head_dim": w.head_dim, "batch": w.batch, "method": r["method"], "ulysses": u, "ring": ring,
-                    "torus": torus, "min_ms": r.get("min_ms"), "ms": r["ms"], "max_ms": r.get("max_ms"),
-                    "predicted_ms": None, "elem_bytes": elem})
-    return out
+BenchReader = Callable[[dict], list[dict]]  # a bench results.json -> tune's records
 
 
-def load_records(paths: list[str]) -> list[dict]:
-    """Records from tune's measurements.json files and bench's results.json files (or folders holding one)."""
+def load_records(paths: list[str], read_bench: BenchReader | None = None) -> list[dict]:
+    """Records from tune's measurements.json files and bench's results.json files (or folders holding one).
+    read_bench turns a results.json into records (the bench command's `records_from_bench`: only the command
+    that wrote the file can read its recorded command line back)."""
     records = []
     for path in map(Path, paths):
         for name in ("measurements.json", "results.json"):
@@ -57,7 +28,9 @@ def load_records(paths: list[str]) -> list[dict]:
         if not path.is_file():
             raise ValueError(f"{path}: no such file; give tune's measurements.json or bench's results.json")
         data = json.loads(path.read_text())
-        records += data["records"] if "records" in data else records_from_bench(data)
+        if "records" not in data and read_bench is None:
+            raise ValueError(f"{path}: a bench results.json; read it with `streamfusion tune --report`")
+        records += data["records"] if "records" in data else read_bench(data)
     return records
 
 

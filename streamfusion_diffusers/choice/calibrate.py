@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..bench.costmodel import Gpu, predict
-from ..bench.workloads import Workload
+from .costmodel import Gpu, predict
+from .workloads import Workload
 from .choose import Cluster, entry_layout
 
 # fitted fixed costs: (name, finite-difference step, lower bound, upper bound)

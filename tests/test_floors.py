@@ -1,0 +1,108 @@
+"""The house drawn from the code's imports: every import runs down or along a floor, never up; no circle; nothing
+below the commands imports bench/. FLOORS is the one definition of the floors (docs/ARCHITECTURE.md draws it).
+
+Imports are read from the source with ast (also those inside functions), so the test needs nothing installed.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = "streamfusion_diffusers"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+# Lowest floor first. A module belongs to the floor of its longest listed prefix (dotted, whole components).
+FLOORS: dict[str, tuple[str, ...]] = {
+    "core": ("streamfusion_diffusers._moved", "streamfusion_diffusers.config", "streamfusion_diffusers.links",
+             "streamfusion_diffusers.logs", "streamfusion_diffusers.sequence", "streamfusion_diffusers.mesh",
+             "streamfusion_diffusers.context", "streamfusion_diffusers.attention",
+             "streamfusion_diffusers.kernels", "streamfusion_diffusers.backends",
+             "streamfusion_diffusers.join", "streamfusion_diffusers.extras", "streamfusion_diffusers.exactness"),
+    "choice": ("streamfusion_diffusers.choice", "streamfusion_diffusers.models.configs"),
+    "api": ("streamfusion_diffusers",),  # the package root: the public API, wired from the floors below
+    "integrations": ("streamfusion_diffusers.processors", "streamfusion_diffusers.sharding",
+                     "streamfusion_diffusers.parallelize", "streamfusion_diffusers.parallel_pipeline",
+                     "streamfusion_diffusers.cfg",
+                     "streamfusion_diffusers.graphs", "streamfusion_diffusers.compiled",
+                     "streamfusion_diffusers.waves", "streamfusion_diffusers.wave_blocks",
+                     "streamfusion_diffusers.vae", "streamfusion_diffusers.vae_parallel",
+                     "streamfusion_diffusers.vae_decode",
+                     "streamfusion_diffusers.models", "streamfusion_diffusers.xdit"),
+    "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.cli", "streamfusion_diffusers.generate",
+                 "streamfusion_diffusers.job", "streamfusion_diffusers.options", "streamfusion_diffusers.verify", "streamfusion_diffusers.launch",
+                 "streamfusion_diffusers.plan", "streamfusion_diffusers.spawn", "streamfusion_diffusers.phases",
+                 "streamfusion_diffusers.timing", "streamfusion_diffusers.tune",
+                 "streamfusion_diffusers.xdit.__main__", "streamfusion_diffusers.bench"),
+}
+BENCH = "streamfusion_diffusers.bench"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules this one imports (a name imported from a package counts as its submodule when
+    there is one, else as the package)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names}
+    return {m for m in found if m in known and m != name}
+
+
+def floor_of(name: str) -> int:
+    best = max(((len(prefix), level) for level, prefixes in enumerate(FLOORS.values()) for prefix in prefixes
+                if name == prefix or name.startswith(prefix + ".")), default=None)
+    assert best is not None, f"{name} is on no floor: add it to FLOORS"
+    return best[1]
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(name, path, set(found)) for name, path in found.items()}
+
+
+def test_every_import_runs_down_or_along_a_floor():
+    names = list(FLOORS)
+    upward = [f"{m} ({names[floor_of(m)]}) imports {t} ({names[floor_of(t)]})"
+              for m, targets in sorted(graph().items()) for t in sorted(targets) if floor_of(t) > floor_of(m)]
+    assert not upward, "imports that run back up a floor:\n" + "\n".join(upward)
+
+
+def test_no_module_below_the_commands_imports_bench():
+    commands = list(FLOORS).index("commands")
+    found = [f"{m} imports {t}" for m, targets in sorted(graph().items()) for t in sorted(targets)
+             if (t == BENCH or t.startswith(BENCH + ".")) and floor_of(m) < commands]
+    assert not found, "\n".join(found)
+
+
+def test_no_import_circle():
+    edges, state, circles = graph(), {}, []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for t in sorted(edges[m]):
+            if state.get(t) == "open":
+                circles.append(" -> ".join(path[path.index(t):] + [t]))
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = "done"
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    assert not circles, "import circles:\n" + "\n".join(circles)
