@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default float32 on CPU, bfloat16 on GPU")
-    parser.add_argument("--iters", type=int, default=3,
-                        help="timed calls per method after the checked one (0: no timing)")
+    parser.add_argument("--iters", type=int, default=3, help="timed calls per method after the checked one")
+    parser.add_argument("--no-timing", action="store_true", help="check (and --self-test) only, time nothing")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     parser.add_argument("--cpu", action="store_true", help="spawn gloo processes on the CPU even if GPUs exist")
     parser.add_argument("--timeout", type=float, default=1800.0,
@@ -148,7 +148,7 @@ def main(args: argparse.Namespace, faults: Sequence[Exact] = FAULTS) -> int:
                  joint=args.joint if args.joint is not None else (512 if gpu else 64), heads=args.heads,
                  head_dim=args.head_dim, dtype=DTYPES[args.dtype] if args.dtype else
                  (torch.bfloat16 if gpu else torch.float32),
-                 seed=args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little"), iters=args.iters)
+                 seed=args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little"), iters=0 if args.no_timing else args.iters)
     table = run_job(_verify_rank, world, configs, w, faults if args.self_test else (), gpu=gpu,
                     timeout_s=args.timeout)[0]
     if int(os.environ.get("RANK", 0)) == 0:

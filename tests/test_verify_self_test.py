@@ -9,7 +9,7 @@ from streamfusion_diffusers.attention.faults import FAULTS, Exact
 from streamfusion_diffusers.cli import main
 
 SHAPE = ["--cpu", "--machines", "2", "--gpus-per-machine", "2", "--ulysses", "2", "--seq-len", "61",
-         "--joint", "5", "--heads", "4", "--head-dim", "16", "--iters", "0"]
+         "--joint", "5", "--heads", "4", "--head-dim", "16", "--no-timing"]
 
 
 def test_self_test_catches_every_fault_in_bfloat16(capsys):
