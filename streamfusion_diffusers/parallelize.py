@@ -1,10 +1,11 @@
-"""`parallelize` / `unparallelize`: sequence parallelism around a diffusers Flux or CogVideoX pipeline or transformer.
+"""`parallelize` / `unparallelize`: sequence parallelism around any diffusers pipeline or transformer with a plan.
 
-`parallelize` installs the sequence-parallel processors and the token split (`sharding.py`: a split hook on the
-transformer, for CogVideoX a patch-embedding hook, a gather hook on `proj_out`), and, as asked, the CFG split
-(`cfg.py`), TokenWeave waves (`wave_blocks.py`), a CUDA graph of the whole forward (`graphs.py`) and the VAE
-decode split (`vae.py`). The inputs arrive whole (as the pipeline holds them) and are cut before the first
-layer; only the final gather holds the whole sequence's activations on one rank.
+The model's context-parallel plan (`plans/`: diffusers' `_cp_plan`, or ours) decides what is split and gathered
+(`sharding.py` applies it by hooks); `routing.py` sends each self-attention over the split sequence to
+`sp_attention` and leaves attention to unsplit tokens (cross-attention to the text) local. As asked, the CFG
+split (`cfg.py`), TokenWeave waves (`wave_blocks.py`, Flux and CogVideoX blocks), a CUDA graph of the whole
+forward (`graphs.py`) and the VAE decode split (`vae.py`) go on too. The inputs arrive whole (as the pipeline
+holds them) and are cut where the plan says; only the final gather holds the whole sequence on one rank.
 """
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 
 from .cfg import CFG_HOOK, cfg_hook
 from .context import ParallelContext
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .logs import say_once
-from .processors import ShardState
-from .sharding import (EMBED_HOOK, GATHER_HOOK, SPLIT_HOOK, SequenceGatherHook, SequenceSplitHook, ShardPlan,
-                       VideoWindowEmbedHook, plan_for)
+from .plans import ModelPlan, plan_for
+from .routing import route_attention
+from .sharding import PlanState, install, plan_hooks
 from .vae import is_split, unsplit_vae_decode
 from .vae_parallel import decode_over_ranks
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
@@ -35,7 +36,7 @@ class _Installed:
 
     processors: dict[str, Any]
     hooks: list[tuple[torch.nn.Module, str]]
-    state: ShardState
+    state: PlanState
 
 
 def _transformer(target: Any) -> torch.nn.Module:
@@ -44,7 +45,7 @@ def _transformer(target: Any) -> torch.nn.Module:
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
                 waves: int | str = 1) -> torch.nn.Module:
-    """Run a pipeline's (or a bare) Flux / CogVideoX transformer sequence-parallel over ctx's ranks.
+    """Run a pipeline's (or a bare) transformer sequence-parallel over ctx's ranks, as its plan splits it.
 
     cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
     waves: run each block's tokens in this many waves so one wave's transfers overlap the other's compute
@@ -62,37 +63,26 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
     if ctx.config.method != "auto" and ctx.config.cfg != "auto":
-        ctx.layout(transformer.config.num_attention_heads)
+        ctx.layout(transformer.config.get("num_attention_heads"))
     if cuda_graph:
         check_graphable(ctx)
     if waves != "auto" and (not isinstance(waves, int) or waves < 1):
         raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
-    original = dict(transformer.attn_processors)
-    foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
-    if foreign:
-        raise ValueError(f"the transformer runs attention processors {foreign} that sequence parallelism would "
-                         f"replace and lose; unload them (e.g. pipe.unload_ip_adapter()) before parallelize")
-    state = ShardState()
-    transformer.set_attn_processor(plan.processor(ctx, state))
-    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = [
-        (transformer, SequenceSplitHook(ctx, state, plan), SPLIT_HOOK),
-        (transformer.get_submodule(plan.gather_module), SequenceGatherHook(ctx, state), GATHER_HOOK),
-    ]
-    if plan.embed_module is not None:
-        hooks.append((transformer.get_submodule(plan.embed_module), VideoWindowEmbedHook(state), EMBED_HOOK))
+    state = PlanState()
+    original = route_attention(transformer, plan, ctx, state)
+    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = plan_hooks(transformer, plan, ctx, state)
     if waves != 1:
         hooks += [(block, WavesHook(ctx, state, waves), WAVES_HOOK) for block in blocks_to_cut(transformer)]
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
-    for module, hook, name in hooks:
-        HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
+    install(hooks)
     transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
     if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
         decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
-    say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s)", type(transformer).__name__,
-             ctx.job_size, ctx.config.label, ctx.config.cfg)
+    say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
+             type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg, plan.source)
     return transformer
 
 
@@ -111,4 +101,4 @@ def unparallelize(target: Any) -> torch.nn.Module:
     return transformer
 
 
-__all__ = ["ShardPlan", "parallelize", "plan_for", "unparallelize"]
+__all__ = ["ModelPlan", "parallelize", "plan_for", "unparallelize"]

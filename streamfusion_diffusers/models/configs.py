@@ -99,6 +99,43 @@ TINY_COGVIDEOX: dict[str, Any] = {
     "use_rotary_positional_embeddings": True,
 }
 
+# Tiny configs of the newer models: 8 heads (Ulysses over 8 ranks), one block of each kind, widths of 16 per head.
+TINY_FLUX2: dict[str, Any] = {
+    "attention_head_dim": 16,
+    "axes_dims_rope": (4, 4, 4, 4),
+    "guidance_embeds": True,
+    "in_channels": 16,
+    "joint_attention_dim": 32,
+    "num_attention_heads": 8,
+    "num_layers": 1,
+    "num_single_layers": 1,
+    "timestep_guidance_channels": 32,
+}
+
+TINY_WAN: dict[str, Any] = {
+    "attention_head_dim": 16,
+    "ffn_dim": 64,
+    "freq_dim": 32,
+    "in_channels": 4,
+    "num_attention_heads": 8,
+    "num_layers": 1,
+    "out_channels": 4,
+    "patch_size": (1, 2, 2),
+    "rope_max_seq_len": 64,
+    "text_dim": 32,
+}
+
+TINY_QWEN_IMAGE: dict[str, Any] = {
+    "attention_head_dim": 16,
+    "axes_dims_rope": (4, 6, 6),
+    "in_channels": 16,
+    "joint_attention_dim": 32,
+    "num_attention_heads": 8,
+    "num_layers": 1,
+    "out_channels": 4,
+    "patch_size": 2,
+}
+
 
 @dataclass(frozen=True)
 class ModelSpec:

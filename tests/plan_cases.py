@@ -1,0 +1,159 @@
+"""Tiny models of every plan family and the per-rank worker that checks one through `parallelize`.
+
+Every rank builds the same seeded model and inputs, runs it unparallelized (the reference), then parallelized,
+and reports the relative error with what it saw: the tokens its first block held, and how many attention calls
+`sp_attention` computed (so a case fails if the split or the routing was not really in place).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from diffusers import (Flux2Transformer2DModel, HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel,
+                       QwenImageTransformer2DModel, WanTransformer3DModel)
+
+import streamfusion_diffusers.processors.base as processors_base
+from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers.models import TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
+from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers.sequence import split_sizes
+
+TOL = 1e-4
+TINY_LTX = {"in_channels": 8, "out_channels": 8, "num_attention_heads": 8, "attention_head_dim": 16,
+            "cross_attention_dim": 128, "num_layers": 1, "caption_channels": 32}
+TINY_HUNYUAN = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "attention_head_dim": 16,
+                "num_layers": 1, "num_single_layers": 1, "num_refiner_layers": 1, "patch_size": 2,
+                "text_embed_dim": 32, "pooled_projection_dim": 16, "rope_axes_dim": (4, 6, 6)}
+FAMILIES = {"flux2": (Flux2Transformer2DModel, TINY_FLUX2), "wan": (WanTransformer3DModel, TINY_WAN),
+            "qwen-image": (QwenImageTransformer2DModel, TINY_QWEN_IMAGE),
+            "ltx": (LTXVideoTransformer3DModel, TINY_LTX), "hunyuan-video": (HunyuanVideoTransformer3DModel, TINY_HUNYUAN)}
+_contexts: dict[ParallelConfig, Any] = {}
+
+
+@dataclass(frozen=True)
+class Case:
+    """A family and its latent grid: (rows, cols) for images, (frames, rows, cols) for videos, in tokens."""
+
+    family: str
+    grid: tuple[int, ...]
+    text: int
+    batch: int = 1
+    padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def image_tokens(self) -> int:
+        n = 1
+        for side in self.grid:
+            n *= side
+        return n
+
+    def model(self, seed: int) -> torch.nn.Module:
+        cls, config = FAMILIES[self.family]
+        torch.manual_seed(seed)
+        return cls(**{**config, **self.overrides}).eval()
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        cfg = {**FAMILIES[self.family][1], **self.overrides}
+        b, t = self.batch, self.text
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g)
+
+        mask = torch.ones(b, t, dtype=torch.long)
+        if self.padded_text:
+            mask[-1, t - self.padded_text:] = 0
+        timestep = torch.rand(b, generator=g) * 1000
+        if self.family == "flux2":
+            rows, cols = self.grid
+            img_ids = torch.cartesian_prod(torch.zeros(1), torch.arange(float(rows)), torch.arange(float(cols)),
+                                           torch.zeros(1))
+            txt_ids = torch.cartesian_prod(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.arange(float(t)))
+            return {"hidden_states": randn(b, rows * cols, cfg["in_channels"]),
+                    "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]), "timestep": timestep / 1000,
+                    "img_ids": img_ids.expand(b, -1, -1), "txt_ids": txt_ids.expand(b, -1, -1),
+                    "guidance": torch.full((b,), 3.5)}
+        if self.family == "qwen-image":
+            rows, cols = self.grid
+            return {"hidden_states": randn(b, rows * cols, cfg["in_channels"]),
+                    "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]),
+                    "encoder_hidden_states_mask": mask, "timestep": timestep / 1000,
+                    "img_shapes": [[(1, rows, cols)]] * b}
+        if self.family == "ltx":
+            frames, rows, cols = self.grid
+            return {"hidden_states": randn(b, frames * rows * cols, cfg["in_channels"]),
+                    "encoder_hidden_states": randn(b, t, cfg["caption_channels"]), "timestep": timestep,
+                    "encoder_attention_mask": mask, "num_frames": frames, "height": rows, "width": cols}
+        frames, rows, cols = self.grid  # wan, hunyuan-video: latents [B, C, F, H, W], 2x2 patches
+        latents = randn(b, cfg["in_channels"], frames, 2 * rows, 2 * cols)
+        if self.family == "wan":
+            return {"hidden_states": latents, "timestep": timestep,
+                    "encoder_hidden_states": randn(b, t, cfg["text_dim"])}
+        return {"hidden_states": latents, "timestep": timestep,
+                "encoder_hidden_states": randn(b, t, cfg["text_embed_dim"]), "encoder_attention_mask": mask,
+                "pooled_projections": randn(b, cfg["pooled_projection_dim"]), "guidance": torch.full((b,), 3.5)}
+
+
+def context(config: ParallelConfig):
+    """One context per config per worker, reused across tests (contexts build process groups)."""
+    if config not in _contexts:
+        _contexts[config] = init_parallel(config)
+    return _contexts[config]
+
+
+def _first_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """The self-attention of the first block: it sees this rank's image tokens once the plan split them."""
+    block = (model.blocks if hasattr(model, "blocks") else model.transformer_blocks)[0]
+    return block.attn1 if hasattr(block, "attn1") else block.attn
+
+
+def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
+    """On every rank: the parallelized model's error against the unparallelized one, and what it held."""
+    model, inputs = case.model(seed), case.inputs(seed + 1)
+    seen: list[int] = []
+    _first_attention(model).register_forward_pre_hook(
+        lambda _m, a, kw: seen.append((kw.get("hidden_states", a[0] if a else None)).shape[1]), with_kwargs=True)
+    calls = []
+    real = processors_base.sp_attention
+    processors_base.sp_attention = lambda *a, **kw: calls.append(kw.get("seq_lens")) or real(*a, **kw)
+    try:
+        with torch.no_grad():
+            reference = model(**inputs, return_dict=False)[0]
+            parallelize(model, context(config))
+            out = model(**inputs, return_dict=False)[0]
+            unparallelize(model)
+            restored = model(**inputs, return_dict=False)[0]
+    finally:
+        processors_base.sp_attention = real
+    return {"error": ((out - reference).norm() / reference.norm()).item(),
+            "restored_error": ((restored - reference).norm() / reference.norm()).item(),
+            "block_tokens": seen[1], "expected_tokens": split_sizes(case.image_tokens, dist.get_world_size()),
+            "sp_calls": len(calls), "seq_lens": calls[0] if calls else None, "rank": dist.get_rank()}
+
+
+def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[str, Any]]:
+    results = pool.run(run_case, config, case, seed)
+    for res in results:
+        assert res["block_tokens"] == res["expected_tokens"][res["rank"]], res  # the tokens really split
+        assert res["sp_calls"] > 0, res  # the attention really ours
+        assert res["error"] <= TOL, res
+        assert res["restored_error"] == 0.0, res
+    return results
+
+
+def expect_error(config: ParallelConfig, case: Case) -> str:
+    """On every rank: the message of the ValueError that parallelize or the first forward raises."""
+    model = case.model(0)
+    try:
+        parallelize(model, context(config))
+        with torch.no_grad():
+            model(**case.inputs(1), return_dict=False)
+    except ValueError as err:
+        return str(err)
+    finally:
+        if getattr(model, "_streamfusion", None) is not None:
+            unparallelize(model)
+    return "no error"
