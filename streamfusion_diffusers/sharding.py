@@ -131,7 +131,7 @@ class ForwardHook(ModelHook):
                                  f"attention does not take key masks; run one prompt per call (batch 1) or pad "
                                  f"no prompt, so that {name} keeps every token")
         self.state.streams.clear()
-        self.state.layout, self.state.masks_checked = None, True
+        self.state.layout, self.state.masks_checked = None, bool(self.key_masks)
         return args, kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:

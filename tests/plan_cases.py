@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from diffusers import (Flux2Transformer2DModel, HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel,
-                       QwenImageTransformer2DModel, WanTransformer3DModel)
+from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, HeliosTransformer3DModel,
+                       HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel, QwenImageTransformer2DModel,
+                       WanTransformer3DModel)
 
 import streamfusion_diffusers.processors.base as processors_base
 from streamfusion_diffusers import ParallelConfig, init_parallel
@@ -28,7 +29,11 @@ TINY_HUNYUAN = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "
                 "text_embed_dim": 32, "pooled_projection_dim": 16, "rope_axes_dim": (4, 6, 6)}
 FAMILIES = {"flux2": (Flux2Transformer2DModel, TINY_FLUX2), "wan": (WanTransformer3DModel, TINY_WAN),
             "qwen-image": (QwenImageTransformer2DModel, TINY_QWEN_IMAGE),
-            "ltx": (LTXVideoTransformer3DModel, TINY_LTX), "hunyuan-video": (HunyuanVideoTransformer3DModel, TINY_HUNYUAN)}
+            "ltx": (LTXVideoTransformer3DModel, TINY_LTX), "hunyuan-video": (HunyuanVideoTransformer3DModel, TINY_HUNYUAN),
+            "chronoedit": (ChronoEditTransformer3DModel, TINY_WAN),
+            "helios": (HeliosTransformer3DModel, {**{k: v for k, v in TINY_WAN.items() if k != "rope_max_seq_len"},
+                                                  "rope_dim": (4, 6, 6), "num_layers": 40})}  # its plan names 40
+JOINT = ("flux2", "qwen-image", "hunyuan-video")  # text in the self-attention, split by the plan too
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -89,7 +94,7 @@ class Case:
                     "encoder_attention_mask": mask, "num_frames": frames, "height": rows, "width": cols}
         frames, rows, cols = self.grid  # wan, hunyuan-video: latents [B, C, F, H, W], 2x2 patches
         latents = randn(b, cfg["in_channels"], frames, 2 * rows, 2 * cols)
-        if self.family == "wan":
+        if self.family in ("wan", "chronoedit", "helios"):
             return {"hidden_states": latents, "timestep": timestep,
                     "encoder_hidden_states": randn(b, t, cfg["text_dim"])}
         return {"hidden_states": latents, "timestep": timestep,
@@ -104,21 +109,13 @@ def context(config: ParallelConfig):
     return _contexts[config]
 
 
-def _first_attention(model: torch.nn.Module) -> torch.nn.Module:
-    """The self-attention of the first block: it sees this rank's image tokens once the plan split them."""
-    block = (model.blocks if hasattr(model, "blocks") else model.transformer_blocks)[0]
-    return block.attn1 if hasattr(block, "attn1") else block.attn
-
-
 def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
     """On every rank: the parallelized model's error against the unparallelized one, and what it held."""
     model, inputs = case.model(seed), case.inputs(seed + 1)
-    seen: list[int] = []
-    _first_attention(model).register_forward_pre_hook(
-        lambda _m, a, kw: seen.append((kw.get("hidden_states", a[0] if a else None)).shape[1]), with_kwargs=True)
-    calls = []
+    calls: list[tuple[int, list[int]]] = []  # (this rank's query rows, every rank's rows) of each sp_attention call
     real = processors_base.sp_attention
-    processors_base.sp_attention = lambda *a, **kw: calls.append(kw.get("seq_lens")) or real(*a, **kw)
+    processors_base.sp_attention = lambda q, *a, **kw: calls.append((q.shape[1], list(kw["seq_lens"]))) or real(
+        q, *a, **kw)
     try:
         with torch.no_grad():
             reference = model(**inputs, return_dict=False)[0]
@@ -130,15 +127,17 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
         processors_base.sp_attention = real
     return {"error": ((out - reference).norm() / reference.norm()).item(),
             "restored_error": ((restored - reference).norm() / reference.norm()).item(),
-            "block_tokens": seen[1], "expected_tokens": split_sizes(case.image_tokens, dist.get_world_size()),
-            "sp_calls": len(calls), "seq_lens": calls[0] if calls else None, "rank": dist.get_rank()}
+            "calls": calls, "rank": dist.get_rank(), "world": dist.get_world_size()}
 
 
 def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[str, Any]]:
     results = pool.run(run_case, config, case, seed)
     for res in results:
-        assert res["block_tokens"] == res["expected_tokens"][res["rank"]], res  # the tokens really split
-        assert res["sp_calls"] > 0, res  # the attention really ours
+        world, rank = res["world"], res["rank"]
+        text = split_sizes(case.text if case.family in JOINT else 0, world)
+        split = [i + t for i, t in zip(split_sizes(case.image_tokens, world), text)]
+        assert res["calls"], res  # the attention really ours
+        assert all(rows == split[rank] and lens == split for rows, lens in res["calls"]), (split, res)  # split
         assert res["error"] <= TOL, res
         assert res["restored_error"] == 0.0, res
     return results

@@ -44,9 +44,19 @@ def _ours() -> dict[str, ModelPlan]:
 DIFFUSERS_KEY_MASKS = {"QwenImageTransformer2DModel": ("encoder_hidden_states_mask",)}
 
 
+# diffusers plans whose attention the split cannot serve exactly, and why
+REFUSED = {
+    "LTX2VideoTransformer3DModel": "its audio stream (whole on every rank) cross-attends the split video tokens",
+    "MiniMaxH3Transformer3DModel": "its audio, video and text share one tagged sequence that the plan splits as one",
+}
+
+
 def plan_for(transformer: torch.nn.Module) -> ModelPlan:
     """The plan of a transformer: ours for its class if we have one, else diffusers' `_cp_plan`."""
     name = type(transformer).__name__
+    if REFUSED.get(name):
+        raise ValueError(f"{name} is not supported by parallelize: {REFUSED[name]}; use diffusers' "
+                         f"enable_parallelism for it")
     ours = _ours()
     if name in ours:
         return ours[name]
