@@ -70,9 +70,10 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     state = PlanState()
     original = route_attention(transformer, plan, ctx, state)
-    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = plan_hooks(transformer, plan, ctx, state)
-    if waves != 1:
+    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []  # innermost first
+    if waves != 1:  # inside a block's split hook, which publishes the layout the waves read
         hooks += [(block, WavesHook(ctx, state, waves), WAVES_HOOK) for block in blocks_to_cut(transformer)]
+    hooks += plan_hooks(transformer, plan, ctx, state)
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split

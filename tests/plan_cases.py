@@ -6,18 +6,16 @@ and reports the relative error with what it saw: the tokens its first block held
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, HeliosTransformer3DModel,
-                       HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel, QwenImageTransformer2DModel,
-                       WanTransformer3DModel)
 
 import streamfusion_diffusers.processors.base as processors_base
 from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers.models import TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
+from streamfusion_diffusers.models.inputs import JOINT, build, inputs
 from streamfusion_diffusers.parallelize import parallelize, unparallelize
 from streamfusion_diffusers.sequence import split_sizes
 
@@ -27,13 +25,10 @@ TINY_LTX = {"in_channels": 8, "out_channels": 8, "num_attention_heads": 8, "atte
 TINY_HUNYUAN = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "attention_head_dim": 16,
                 "num_layers": 1, "num_single_layers": 1, "num_refiner_layers": 1, "patch_size": 2,
                 "text_embed_dim": 32, "pooled_projection_dim": 16, "rope_axes_dim": (4, 6, 6)}
-FAMILIES = {"flux2": (Flux2Transformer2DModel, TINY_FLUX2), "wan": (WanTransformer3DModel, TINY_WAN),
-            "qwen-image": (QwenImageTransformer2DModel, TINY_QWEN_IMAGE),
-            "ltx": (LTXVideoTransformer3DModel, TINY_LTX), "hunyuan-video": (HunyuanVideoTransformer3DModel, TINY_HUNYUAN),
-            "chronoedit": (ChronoEditTransformer3DModel, TINY_WAN),
-            "helios": (HeliosTransformer3DModel, {**{k: v for k, v in TINY_WAN.items() if k != "rope_max_seq_len"},
-                                                  "rope_dim": (4, 6, 6), "num_layers": 40})}  # its plan names 40
-JOINT = ("flux2", "qwen-image", "hunyuan-video")  # text in the self-attention, split by the plan too
+TINY_HELIOS = {**{k: v for k, v in TINY_WAN.items() if k != "rope_max_seq_len"}, "rope_dim": (4, 6, 6),
+               "num_layers": 40}  # its plan names 40 blocks
+CONFIGS = {"flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
+           "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS}
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -46,7 +41,6 @@ class Case:
     text: int
     batch: int = 1
     padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
-    overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def image_tokens(self) -> int:
@@ -56,50 +50,11 @@ class Case:
         return n
 
     def model(self, seed: int) -> torch.nn.Module:
-        cls, config = FAMILIES[self.family]
-        torch.manual_seed(seed)
-        return cls(**{**config, **self.overrides}).eval()
+        return build(self.family, CONFIGS[self.family], seed=seed)
 
     def inputs(self, seed: int) -> dict[str, Any]:
-        g = torch.Generator().manual_seed(seed)
-        cfg = {**FAMILIES[self.family][1], **self.overrides}
-        b, t = self.batch, self.text
-
-        def randn(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=g)
-
-        mask = torch.ones(b, t, dtype=torch.long)
-        if self.padded_text:
-            mask[-1, t - self.padded_text:] = 0
-        timestep = torch.rand(b, generator=g) * 1000
-        if self.family == "flux2":
-            rows, cols = self.grid
-            img_ids = torch.cartesian_prod(torch.zeros(1), torch.arange(float(rows)), torch.arange(float(cols)),
-                                           torch.zeros(1))
-            txt_ids = torch.cartesian_prod(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.arange(float(t)))
-            return {"hidden_states": randn(b, rows * cols, cfg["in_channels"]),
-                    "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]), "timestep": timestep / 1000,
-                    "img_ids": img_ids.expand(b, -1, -1), "txt_ids": txt_ids.expand(b, -1, -1),
-                    "guidance": torch.full((b,), 3.5)}
-        if self.family == "qwen-image":
-            rows, cols = self.grid
-            return {"hidden_states": randn(b, rows * cols, cfg["in_channels"]),
-                    "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]),
-                    "encoder_hidden_states_mask": mask, "timestep": timestep / 1000,
-                    "img_shapes": [[(1, rows, cols)]] * b}
-        if self.family == "ltx":
-            frames, rows, cols = self.grid
-            return {"hidden_states": randn(b, frames * rows * cols, cfg["in_channels"]),
-                    "encoder_hidden_states": randn(b, t, cfg["caption_channels"]), "timestep": timestep,
-                    "encoder_attention_mask": mask, "num_frames": frames, "height": rows, "width": cols}
-        frames, rows, cols = self.grid  # wan, hunyuan-video: latents [B, C, F, H, W], 2x2 patches
-        latents = randn(b, cfg["in_channels"], frames, 2 * rows, 2 * cols)
-        if self.family in ("wan", "chronoedit", "helios"):
-            return {"hidden_states": latents, "timestep": timestep,
-                    "encoder_hidden_states": randn(b, t, cfg["text_dim"])}
-        return {"hidden_states": latents, "timestep": timestep,
-                "encoder_hidden_states": randn(b, t, cfg["text_embed_dim"]), "encoder_attention_mask": mask,
-                "pooled_projections": randn(b, cfg["pooled_projection_dim"]), "guidance": torch.full((b,), 3.5)}
+        return inputs(self.family, CONFIGS[self.family], self.grid, self.text, batch=self.batch,
+                      padded_text=self.padded_text, seed=seed)
 
 
 def context(config: ParallelConfig):

@@ -47,7 +47,8 @@ DIFFUSERS_KEY_MASKS = {"QwenImageTransformer2DModel": ("encoder_hidden_states_ma
 # diffusers plans whose attention the split cannot serve exactly, and why
 REFUSED = {
     "LTX2VideoTransformer3DModel": "its audio stream (whole on every rank) cross-attends the split video tokens",
-    "MiniMaxH3Transformer3DModel": "its audio, video and text share one tagged sequence that the plan splits as one",
+    "MiniMaxH3Transformer3DModel": "its video and audio outputs are picked out of the split sequence by token tags, "
+                                   "so their per-rank counts are no plain split",
 }
 
 
