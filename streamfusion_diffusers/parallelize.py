@@ -37,6 +37,7 @@ class _Installed:
     processors: dict[str, Any]
     hooks: list[tuple[torch.nn.Module, str]]
     state: PlanState
+    vae_decode: str | None = None  # how the pipeline's VAE decodes: patch-parallel, tiles, whole (None: untouched)
 
 
 def _transformer(target: Any) -> torch.nn.Module:
@@ -79,9 +80,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
     install(hooks)
-    transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
+    transformer._streamfusion = installed = _Installed(original, [(m, name) for m, _, name in hooks], state)
     if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
-        decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
+        installed.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
     say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
              type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg, plan.source)
     return transformer

@@ -274,15 +274,22 @@ def parallel_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
     say_once(logger, logging.INFO, "VAE decode patch-parallel over %d ranks (one band of latent rows each)", world)
 
 
-def decode_over_ranks(vae: nn.Module, rank: int, world: int) -> None:
-    """The job's VAE decode over its ranks: patch-parallel where supported, else the tile split (said once)."""
+def decode_over_ranks(vae: nn.Module, rank: int, world: int) -> str:
+    """The job's VAE decode over its ranks: patch-parallel where supported, else the tile split, else whole on
+    every rank (VAEs of neither kind: Wan's, Qwen-Image's, Flux.2's causal or new ones). Says which once and
+    returns it: "patch-parallel", "tiles" or "whole"."""
     reason = unsupported(vae)
     if reason is None:
         parallel_vae_decode(vae, rank, world)
-        return
+        return "patch-parallel"
+    if not isinstance(vae, SUPPORTED):  # the tile split reads the tile grid of these two classes only
+        say_once(logger, logging.INFO, "VAE decode: %s is decoded whole on every rank (no split for it)",
+                 type(vae).__name__)
+        return "whole"
     say_once(logger, logging.INFO, "VAE decode: patch-parallel not possible (%s); falling back to the tile split",
              reason)
     split_vae_decode(vae, rank, world)
+    return "tiles"
 
 
 __all__ = ["Bands", "banded", "decode_over_ranks", "parallel_decode", "parallel_vae_decode", "unsupported"]

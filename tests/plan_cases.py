@@ -111,3 +111,22 @@ def expect_error(config: ParallelConfig, case: Case) -> str:
         if getattr(model, "_streamfusion", None) is not None:
             unparallelize(model)
     return "no error"
+
+
+def wan_pipeline_vae(config: ParallelConfig) -> dict[str, Any]:
+    """On every rank: parallelize a Wan pipeline whose VAE (causal 3D) has no split; how it decodes, and whether
+    its decode still equals the untouched one."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[False]).eval()
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=Case("wan", (2, 3, 3), text=7).model(0),
+                       vae=vae, scheduler=FlowMatchEulerDiscreteScheduler())
+    z = torch.randn(1, 4, 2, 6, 6, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = pipe.vae.decode(z).sample
+        parallelize(pipe, context(config))
+        after = pipe.vae.decode(z).sample
+    mode = pipe.transformer._streamfusion.vae_decode
+    unparallelize(pipe)
+    return {"vae_decode": mode, "same": bool(torch.equal(before, after))}

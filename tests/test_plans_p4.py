@@ -8,7 +8,7 @@ refused naming the input where they would mask the split self-attention (Qwen-Im
 from __future__ import annotations
 
 import pytest
-from plan_cases import Case, check, expect_error
+from plan_cases import Case, check, expect_error, wan_pipeline_vae
 
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.spawn import ProcessPool
@@ -68,3 +68,7 @@ def test_key_masks_of_the_split_attention_are_refused_naming_the_input(pool, cas
 def test_too_few_tokens_fail_naming_the_fix(pool):
     errors = pool.run(expect_error, config("ring-U1R4"), Case("wan", (1, 1, 3), text=7))
     assert all("3 image/video tokens cannot be split over 4 ranks; raise the resolution" in e for e in errors), errors
+
+
+def test_a_vae_with_no_split_is_decoded_whole_and_said(pool):
+    assert pool.run(wan_pipeline_vae, config("torus-U2R2")) == [{"vae_decode": "whole", "same": True}] * WORLD
