@@ -41,6 +41,7 @@ class Case:
     text: int
     batch: int = 1
     padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
+    token_timesteps: bool = False  # one timestep per latent token (Wan 2.2 TI2V)
 
     @property
     def image_tokens(self) -> int:
@@ -54,7 +55,7 @@ class Case:
 
     def inputs(self, seed: int) -> dict[str, Any]:
         return inputs(self.family, CONFIGS[self.family], self.grid, self.text, batch=self.batch,
-                      padded_text=self.padded_text, seed=seed)
+                      padded_text=self.padded_text, token_timesteps=self.token_timesteps, seed=seed)
 
 
 def context(config: ParallelConfig):

@@ -30,6 +30,7 @@ NEW = {  # image and text token counts that 4 does not divide
 OTHERS = {
     "ltx-masked-text": Case("ltx", (2, 3, 3), text=7, batch=2, padded_text=3),
     "hunyuan-video": Case("hunyuan-video", (2, 3, 3), text=6),
+    "wan2.2-token-timesteps": Case("wan", (2, 3, 3), text=7, token_timesteps=True),
     "chronoedit": Case("chronoedit", (2, 3, 3), text=7),
     "helios": Case("helios", (2, 3, 3), text=7),
 }

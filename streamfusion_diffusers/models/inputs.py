@@ -30,9 +30,10 @@ def build(family: str, config: dict[str, Any], *, seed: int = 0, dtype: torch.dt
 
 
 def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int, *, batch: int = 1,
-           padded_text: int = 0, seed: int = 1, dtype: torch.dtype = torch.float32,
+           padded_text: int = 0, token_timesteps: bool = False, seed: int = 1, dtype: torch.dtype = torch.float32,
            device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Forward keyword arguments; `padded_text` trailing text tokens of the last batch row are masked out."""
+    """Forward keyword arguments; `padded_text` trailing text tokens of the last batch row are masked out;
+    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps), Wan only."""
     g = torch.Generator(device=device).manual_seed(seed)
     b, t = batch, text
 
@@ -65,6 +66,8 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
                 "encoder_attention_mask": mask, "num_frames": frames, "height": rows, "width": cols}
     latents = randn(b, config["in_channels"], frames, 2 * rows, 2 * cols)  # 2x2 patches
     if family in ("wan", "chronoedit", "helios"):
+        if token_timesteps:
+            timestep = torch.rand(b, frames * rows * cols, generator=g, device=device, dtype=dtype) * 1000
         return {"hidden_states": latents, "timestep": timestep,
                 "encoder_hidden_states": randn(b, t, config["text_dim"])}
     return {"hidden_states": latents, "timestep": timestep, "encoder_hidden_states": randn(b, t, config["text_embed_dim"]),
