@@ -19,7 +19,7 @@ from streamfusion_diffusers.models import TRANSFORMERS
 from streamfusion_diffusers.models.inputs import build, inputs
 from streamfusion_diffusers.parallelize import parallelize
 
-MODELS = ("wan2.2-ti2v-5b", "qwen-image", "wan2.2-t2v-a14b", "flux2-dev")
+MODELS = ("wan2.2-ti2v-5b", "qwen-image", "flux2-dev", "wan2.2-t2v-a14b")
 
 
 def _sync(device: torch.device) -> None:
