@@ -70,8 +70,11 @@ class PlanSplitHook(ModelHook):
         if isinstance(value, (tuple, list)):
             specs = spec if isinstance(spec, (tuple, list)) else [spec] * len(value)
             return type(value)(self._cut(name, v, s) for v, s in zip(value, specs))
-        if not isinstance(value, Tensor) or (spec.expected_dims is not None and value.dim() != spec.expected_dims):
-            return value  # as diffusers' hook: an input of another rank (Wan's per-batch timestep) stays whole
+        if not isinstance(value, Tensor) or (spec.expected_dims is not None and value.dim() < spec.expected_dims):
+            return value  # an input with no token dim (Wan's per-batch timestep, not per token) stays whole
+        if spec.expected_dims is not None and value.dim() != spec.expected_dims:
+            raise ValueError(f"{name} has {value.dim()} dims, the plan cuts it as {spec.expected_dims}: pass it as "
+                             f"diffusers' pipelines do (e.g. Flux's txt_ids / img_ids as 2-D [L, 3] tensors)")
         if name in (IMAGE, TEXT):
             self.state.record(name, value.shape[spec.split_dim], self.ctx)
         return _split(str(name), value, spec, self.ctx)
@@ -101,6 +104,8 @@ class PlanGatherHook(ModelHook):
         self.ctx, self.state, self.spec = ctx, state, spec
 
     def post_forward(self, module: torch.nn.Module, output: Tensor) -> Tensor:
+        if IMAGE not in self.state.streams:
+            raise ValueError("the plan gathers an output but split no hidden_states before it")
         lens = list(split_sizes(self.state.streams[IMAGE], self.ctx.world_size))
         if output.shape[self.spec.gather_dim] != lens[self.ctx.rank]:
             raise ValueError(f"the gathered output has {output.shape[self.spec.gather_dim]} tokens on rank "
