@@ -55,8 +55,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
     With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
-    (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`):
-    every rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
+    (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`),
+    else (VAEs of neither kind) whole on every rank; `transformer._streamfusion.vae_decode` says which. Every
+    rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """
     transformer = _transformer(target)
     plan = plan_for(transformer)
@@ -70,11 +71,11 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     if waves != "auto" and (not isinstance(waves, int) or waves < 1):
         raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     state = PlanState()
-    original = route_attention(transformer, plan, ctx, state)
     hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []  # innermost first
     if waves != 1:  # inside a block's split hook, which publishes the layout the waves read
         hooks += [(block, WavesHook(ctx, state, waves), WAVES_HOOK) for block in blocks_to_cut(transformer)]
     hooks += plan_hooks(transformer, plan, ctx, state)
+    original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split

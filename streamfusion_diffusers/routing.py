@@ -21,7 +21,8 @@ from torch import Tensor
 
 from .context import ParallelContext
 from .plans import ModelPlan
-from .processors.base import ShardState, attend
+from .processors.base import attend
+from .sharding import PlanState
 
 BACKEND = "streamfusion"
 
@@ -31,7 +32,7 @@ class Route:
     """What the backend needs of one routed module: the context, the shard state the split hooks keep, its name."""
 
     ctx: ParallelContext
-    state: ShardState
+    state: PlanState
     module: str
 
 
@@ -45,7 +46,7 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
     if dropout_p or is_causal or enable_gqa:
         raise ValueError(f"{route.module}: sequence-parallel attention is non-causal, without dropout or GQA")
     layout = route.state.layout
-    if attn_mask is not None and not getattr(route.state, "masks_checked", False) and not _keeps_all(attn_mask):
+    if attn_mask is not None and not route.state.masks_checked and not _keeps_all(attn_mask):
         raise ValueError(f"{route.module} got an attention mask that masks out keys: sequence-parallel attention "
                          f"takes none; call the transformer without attention_mask / padded prompts")
     if layout is not None:
@@ -96,7 +97,7 @@ def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan,
     return mine
 
 
-def route_attention(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, state: ShardState
+def route_attention(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, state: PlanState
                     ) -> dict[str, Any]:
     """Route every self-attention over the split sequence to `sp_attention`; returns what to restore."""
     original = dict(transformer.attn_processors)

@@ -8,9 +8,11 @@ refused naming the input where they would mask the split self-attention (Qwen-Im
 from __future__ import annotations
 
 import pytest
+import torch
 from plan_cases import Case, check, expect_error, wan_pipeline_vae
 
 from streamfusion_diffusers import ParallelConfig
+from streamfusion_diffusers.plans import plan_for
 from streamfusion_diffusers.spawn import ProcessPool
 
 WORLD = 4
@@ -73,3 +75,9 @@ def test_too_few_tokens_fail_naming_the_fix(pool):
 
 def test_a_vae_with_no_split_is_decoded_whole_and_said(pool):
     assert pool.run(wan_pipeline_vae, config("torus-U2R2")) == [{"vae_decode": "whole", "same": True}] * WORLD
+
+
+def test_a_transformer_without_a_plan_is_refused_naming_what_is_supported():
+    with pytest.raises(ValueError, match=r"Linear has no context-parallel plan: parallelize takes a transformer with "
+                                         r"a diffusers _cp_plan .* or one of \['CogVideoXTransformer3DModel'"):
+        plan_for(torch.nn.Linear(2, 2))
