@@ -4,7 +4,9 @@ Like diffusers' own plan hooks, with three differences: slices may differ in len
 diffusers' equipartition sharder asserts even splits), the token counts cut are published to the attention
 (`TokenLayout`: every rank's split rows, for `sp_attention(seq_lens=...)`), and key masks are checked once per
 forward. The split self-attention sees [text ; image] rows as the plan left them on each rank, so its rows per
-rank are the split counts of the two token streams, `encoder_hidden_states` and `hidden_states`.
+rank are the split counts of the two token streams, `encoder_hidden_states` and `hidden_states`. A text shorter
+than the ranks stays whole (with every input of its length: ids, masks, rotary tables) and enters the attention
+as joint tokens, counted once.
 """
 from __future__ import annotations
 
@@ -38,10 +40,13 @@ class PlanState(ShardState):
 
     streams: dict[str, int] = field(default_factory=dict)
     masks_checked: bool = False
+    joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
+    text_last: bool = False
 
     def record(self, name: str, tokens: int, ctx: ParallelContext) -> None:
         self.streams[name] = tokens
-        self.layout = TokenLayout(rank=ctx.rank, text_total=self.streams.get(TEXT, 0), text_sharded=True,
+        self.layout = TokenLayout(rank=ctx.rank, text_total=self.streams.get(TEXT, 0),
+                                  text_sharded=not self.joint_text, joint_last=self.text_last,
                                   image_lens=tuple(split_sizes(self.streams.get(IMAGE, 0), ctx.world_size)))
 
 
@@ -75,8 +80,11 @@ class PlanSplitHook(ModelHook):
         if spec.expected_dims is not None and value.dim() != spec.expected_dims:
             raise ValueError(f"{name} has {value.dim()} dims, the plan cuts it as {spec.expected_dims}: pass it as "
                              f"diffusers' pipelines do (e.g. Flux's txt_ids / img_ids as 2-D [L, 3] tensors)")
+        tokens = value.shape[spec.split_dim]
         if name in (IMAGE, TEXT):
-            self.state.record(name, value.shape[spec.split_dim], self.ctx)
+            self.state.record(name, tokens, self.ctx)
+        if tokens == self.state.joint_text and name != IMAGE:
+            return value  # the whole text, or an input of its length (ids, mask, rotary table)
         return _split(str(name), value, spec, self.ctx)
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
@@ -118,9 +126,9 @@ class PlanGatherHook(ModelHook):
 class ForwardHook(ModelHook):
     """Around the whole transformer forward: a fresh layout, and the plan's key masks checked once."""
 
-    def __init__(self, state: PlanState, key_masks: tuple[str, ...]):
+    def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...]):
         super().__init__()
-        self.state, self.key_masks = state, key_masks
+        self.ctx, self.state, self.key_masks = ctx, state, key_masks
         self.signature: inspect.Signature | None = None
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -135,7 +143,10 @@ class ForwardHook(ModelHook):
                 raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
                                  f"attention does not take key masks; run one prompt per call (batch 1) or pad "
                                  f"no prompt, so that {name} keeps every token")
+        text = arguments.get(TEXT)
+        text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
         self.state.streams.clear()
+        self.state.joint_text = text if text < self.ctx.world_size else 0
         self.state.layout, self.state.masks_checked = None, bool(self.key_masks)
         return args, kwargs
 
@@ -164,7 +175,8 @@ def plan_hooks(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelConte
                 hooks.append((module, PlanSplitHook(ctx, state, spec), SPLIT_HOOK.format(module_id)))
             else:
                 hooks.append((module, PlanGatherHook(ctx, state, spec), GATHER_HOOK.format(module_id)))
-    return [*hooks, (transformer, ForwardHook(state, plan.key_masks), FORWARD_HOOK)]
+    state.text_last = plan.text_last
+    return [*hooks, (transformer, ForwardHook(ctx, state, plan.key_masks), FORWARD_HOOK)]
 
 
 def install(hooks: list[tuple[torch.nn.Module, ModelHook, str]]) -> None:

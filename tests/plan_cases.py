@@ -68,10 +68,14 @@ def context(config: ParallelConfig):
 def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
     """On every rank: the parallelized model's error against the unparallelized one, and what it held."""
     model, inputs = case.model(seed), case.inputs(seed + 1)
-    calls: list[tuple[int, list[int]]] = []  # (this rank's query rows, every rank's rows) of each sp_attention call
-    real = processors_base.sp_attention
-    processors_base.sp_attention = lambda q, *a, **kw: calls.append((q.shape[1], list(kw["seq_lens"]))) or real(
-        q, *a, **kw)
+    calls: list[tuple[int, list[int], int]] = []  # each sp_attention call: (local rows, every rank's, joint rows)
+
+    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        joint = kwargs.get("joint_q")
+        calls.append((q.shape[1], list(kwargs["seq_lens"]), 0 if joint is None else joint.shape[1]))
+        return real(q, *args, **kwargs)
+
+    real, processors_base.sp_attention = processors_base.sp_attention, spy
     try:
         with torch.no_grad():
             reference = model(**inputs, return_dict=False)[0]
@@ -90,10 +94,12 @@ def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[
     results = pool.run(run_case, config, case, seed)
     for res in results:
         world, rank = res["world"], res["rank"]
-        text = split_sizes(case.text if case.family in JOINT else 0, world)
+        joint = case.family in JOINT and case.text < world  # a text shorter than the ranks stays whole
+        text = split_sizes(case.text if case.family in JOINT and not joint else 0, world)
         split = [i + t for i, t in zip(split_sizes(case.image_tokens, world), text)]
+        expected = (split[rank], split, case.text if joint else 0)
         assert res["calls"], res  # the attention really ours
-        assert all(rows == split[rank] and lens == split for rows, lens in res["calls"]), (split, res)  # split
+        assert all(tuple(call) == expected for call in res["calls"]), (expected, res)  # really split
         assert res["error"] <= TOL, res
         assert res["restored_error"] == 0.0, res
     return results

@@ -1,9 +1,10 @@
 """Every plan family through `parallelize` on 4 gloo processes matches the unparallelized model (float32).
 
 Flux.2, Wan and Qwen-Image on every layout the issue names (torus U4R1 and U2R2, usp U2R2, ring U1R4,
-ulysses U4R1, auto); LTX, HunyuanVideo, ChronoEdit and Helios once each; every case with token counts that do not divide the 4
-ranks (uneven slices). Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention),
-refused naming the input where they would mask the split self-attention (Qwen-Image, HunyuanVideo).
+ulysses U4R1, auto); LTX, HunyuanVideo, ChronoEdit and Helios once each; every case with token counts that do not
+divide the 4 ranks (uneven slices); a text shorter than the ranks stays whole and is attended as joint tokens.
+Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention), refused naming the
+input where they would mask the split self-attention (Qwen-Image, HunyuanVideo).
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ OTHERS = {
     "ltx-masked-text": Case("ltx", (2, 3, 3), text=7, batch=2, padded_text=3),
     "hunyuan-video": Case("hunyuan-video", (2, 3, 3), text=6),
     "wan2.2-token-timesteps": Case("wan", (2, 3, 3), text=7, token_timesteps=True),
+    "flux2-text-shorter-than-the-ranks": Case("flux2", (3, 5), text=3),
+    "hunyuan-video-text-shorter-than-the-ranks": Case("hunyuan-video", (2, 3, 3), text=3),
     "chronoedit": Case("chronoedit", (2, 3, 3), text=7),
     "helios": Case("helios", (2, 3, 3), text=7),
 }

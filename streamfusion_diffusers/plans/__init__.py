@@ -24,6 +24,7 @@ class ModelPlan:
     local_attention: tuple[str, ...] = ()  # fnmatch patterns of attention modules over unsplit keys (cross-attn)
     key_masks: tuple[str, ...] = ()  # forward inputs that mask keys of the split self-attention
     adapters: dict[type, type] = field(default_factory=dict)  # stock processor -> ours (no dispatch_attention_fn)
+    text_last: bool = False  # the self-attention takes [image ; text] rows (else [text ; image])
 
     @property
     def gather_module(self) -> str:

@@ -21,4 +21,5 @@ PLAN = ModelPlan(
     source="streamfusion",
     local_attention=("context_embedder.*",),  # the text refiner attends the whole text, before the split
     key_masks=("encoder_attention_mask",),
+    text_last=True,
 )

@@ -26,6 +26,7 @@ class TokenLayout:
     text_total: int
     text_sharded: bool
     image_lens: tuple[int, ...]
+    joint_last: bool = False  # replicated text after the image rows (HunyuanVideo's [video ; text])
 
     @property
     def world_size(self) -> int:
@@ -93,14 +94,17 @@ class SPAttnProcessor:
 @torch.compiler.disable  # transfers and the schedule's Python stay eager; torch.compile breaks the graph here
 def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState,
            scale: float | None = None) -> Tensor:
-    """Attention of the local rows [joint ; sharded] of q, k, v ([B, L, H, D]) over the whole sequence."""
+    """Attention of the local rows [joint ; sharded] (or [sharded ; joint]) of q, k, v ([B, L, H, D]) over the
+    whole sequence."""
     layout = state.layout
     if layout is None:
         return sp_attention(query, key, value, ctx, scale=scale)
     joint = layout.joint
     if joint == 0:
         return sp_attention(query, key, value, ctx, seq_lens=layout.seq_lens, scale=scale)
-    out, joint_out = sp_attention(query[:, joint:], key[:, joint:], value[:, joint:], ctx,
-                                  joint_q=query[:, :joint], joint_k=key[:, :joint], joint_v=value[:, :joint],
-                                  seq_lens=layout.seq_lens, scale=scale)
-    return torch.cat([joint_out, out], dim=1)
+    rows, text = (slice(None, -joint), slice(-joint, None)) if layout.joint_last else (slice(joint, None),
+                                                                                       slice(None, joint))
+    out, joint_out = sp_attention(query[:, rows], key[:, rows], value[:, rows], ctx, joint_q=query[:, text],
+                                  joint_k=key[:, text], joint_v=value[:, text], seq_lens=layout.seq_lens,
+                                  scale=scale)
+    return torch.cat([out, joint_out] if layout.joint_last else [joint_out, out], dim=1)
