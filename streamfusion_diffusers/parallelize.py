@@ -22,7 +22,7 @@ from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .logs import say_once
 from .plans import ModelPlan, plan_for
 from .routing import route_attention
-from .sharding import PlanState, install, plan_hooks
+from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
 from .vae import is_split, unsplit_vae_decode
 from .vae_parallel import decode_over_ranks
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
@@ -78,6 +78,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
+    hooks.append((transformer, ForwardHook(ctx, state, plan.key_masks), FORWARD_HOOK))  # masks checked eagerly
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
     install(hooks)

@@ -166,8 +166,8 @@ def plan_modules(root: torch.nn.Module, module_id: str) -> list[torch.nn.Module]
 
 def plan_hooks(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, state: PlanState
                ) -> list[tuple[torch.nn.Module, ModelHook, str]]:
-    """The hooks that apply `plan` to `transformer`, as (module, hook, name), innermost first (the forward hook
-    last: outside the transformer's own split hook, it sees the inputs whole)."""
+    """The split and gather hooks that apply `plan` to `transformer`, as (module, hook, name). The transformer's
+    `ForwardHook` goes outside them (it must see the inputs whole), and outside a CUDA graph of the forward."""
     hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []
     for module_id, spec in plan.cp_plan.items():
         for module in plan_modules(transformer, module_id):
@@ -176,7 +176,7 @@ def plan_hooks(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelConte
             else:
                 hooks.append((module, PlanGatherHook(ctx, state, spec), GATHER_HOOK.format(module_id)))
     state.text_last = plan.text_last
-    return [*hooks, (transformer, ForwardHook(ctx, state, plan.key_masks), FORWARD_HOOK)]
+    return hooks
 
 
 def install(hooks: list[tuple[torch.nn.Module, ModelHook, str]]) -> None:
@@ -184,4 +184,4 @@ def install(hooks: list[tuple[torch.nn.Module, ModelHook, str]]) -> None:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
 
 
-__all__ = ["FORWARD_HOOK", "GATHER_HOOK", "SPLIT_HOOK", "PlanState", "install", "plan_hooks"]
+__all__ = ["FORWARD_HOOK", "GATHER_HOOK", "SPLIT_HOOK", "ForwardHook", "PlanState", "install", "plan_hooks"]
