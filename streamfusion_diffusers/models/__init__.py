@@ -7,5 +7,5 @@ from __future__ import annotations
 from .configs import (COGVIDEOX_5B, FLUX_DEV, MODELS, TINY_COGVIDEOX, TINY_FLUX, TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN,
                       TRANSFORMERS, ModelSpec, TransformerSpec)
 
-__all__ = ["COGVIDEOX_5B", "FLUX_DEV", "MODELS", "TINY_COGVIDEOX", "TINY_FLUX", "TINY_FLUX2", "TINY_QWEN_IMAGE", "TINY_WAN",
-           "TRANSFORMERS", "ModelSpec", "TransformerSpec"]
+__all__ = ["COGVIDEOX_5B", "FLUX_DEV", "MODELS", "TINY_COGVIDEOX", "TINY_FLUX", "TINY_FLUX2", "TINY_QWEN_IMAGE",
+           "TINY_WAN", "TRANSFORMERS", "ModelSpec", "TransformerSpec"]
