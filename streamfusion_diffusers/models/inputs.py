@@ -71,7 +71,8 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
         return {"hidden_states": latents, "timestep": timestep,
                 "encoder_hidden_states": randn(b, t, config["text_dim"])}
     return {"hidden_states": latents, "timestep": timestep,
-            "encoder_hidden_states": randn(b, t, config["text_embed_dim"]), "encoder_attention_mask": mask, "pooled_projections": randn(b, config["pooled_projection_dim"]),
+            "encoder_hidden_states": randn(b, t, config["text_embed_dim"]), "encoder_attention_mask": mask,
+            "pooled_projections": randn(b, config["pooled_projection_dim"]),
             "guidance": torch.full((b,), 3.5, device=device, dtype=dtype)}
 
 
