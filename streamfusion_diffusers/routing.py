@@ -42,7 +42,9 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
     """diffusers' attention backend signature ([B, L, H, D] in and out), computed by `sp_attention`."""
     route = _parallel_config
     if not isinstance(route, Route):
-        raise ValueError("the streamfusion attention backend runs only in modules that parallelize() routed to it")
+        raise ValueError("the streamfusion attention backend was called without its route: it runs only in modules "
+                         "parallelize() routed, through their processor (paths that call dispatch_attention_fn "
+                         "themselves, such as Flux.2's reference-image KV attention, are not supported)")
     if dropout_p or is_causal or enable_gqa:
         raise ValueError(f"{route.module}: sequence-parallel attention is non-causal, without dropout or GQA")
     layout = route.state.layout
