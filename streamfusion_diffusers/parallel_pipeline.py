@@ -1,10 +1,11 @@
-"""`parallelize` / `unparallelize`: sequence parallelism around a diffusers Flux or CogVideoX pipeline or transformer.
+"""`parallelize` / `unparallelize`: sequence parallelism around any diffusers pipeline or transformer with a plan.
 
-`parallelize` installs the sequence-parallel processors and the token split (`sharding.py`: a split hook on the
-transformer, for CogVideoX a patch-embedding hook, a gather hook on `proj_out`), and, as asked, the CFG split
-(`cfg.py`), TokenWeave waves (`wave_blocks.py`, deprecated), a CUDA graph of the whole forward (`graphs.py`) and the VAE
-decode split (`vae.py`). The inputs arrive whole (as the pipeline holds them) and are cut before the first
-layer; only the final gather holds the whole sequence's activations on one rank.
+The model's context-parallel plan (`plans/`: diffusers' `_cp_plan`, or ours) decides what is split and gathered
+(`sharding.py` applies it by hooks); `routing.py` sends each self-attention over the split sequence to
+`sp_attention` and leaves attention to unsplit tokens (cross-attention to the text) local. As asked, the CFG
+split (`cfg.py`), TokenWeave waves (`wave_blocks.py`, Flux and CogVideoX blocks; deprecated), a CUDA graph of the whole
+forward (`graphs.py`) and the VAE decode over the ranks (`vae_decode.py`) go on too. The inputs arrive whole (as the pipeline
+holds them) and are cut where the plan says; only the final gather holds the whole sequence on one rank.
 """
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import ModelHook
 
 from .cfg import CFG_HOOK, cfg_hook
 from .context import ParallelContext
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .logs import say_once
-from .processors import ShardState
-from .sharding import (EMBED_HOOK, GATHER_HOOK, SPLIT_HOOK, SequenceGatherHook, SequenceSplitHook, ShardPlan,
-                       VideoWindowEmbedHook, plan_for)
+from .plans import ModelPlan, plan_for
+from .routing import route_attention
+from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
 from .vae_decode import decode_over_ranks, is_split, unsplit_vae_decode
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
@@ -35,7 +36,8 @@ class _Installed:
 
     processors: dict[str, Any]
     hooks: list[tuple[torch.nn.Module, str]]
-    state: ShardState
+    state: PlanState
+    vae_decode: str | None = None  # how the pipeline's VAE decodes: patch-parallel, tiles, whole (None: untouched)
 
 
 def _transformer(target: Any) -> torch.nn.Module:
@@ -44,7 +46,7 @@ def _transformer(target: Any) -> torch.nn.Module:
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
                 waves: int | str | None = None) -> torch.nn.Module:
-    """Run a pipeline's (or a bare) Flux / CogVideoX transformer sequence-parallel over ctx's ranks.
+    """Run a pipeline's (or a bare) transformer sequence-parallel over ctx's ranks, as its plan splits it.
 
     cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
     waves: deprecated (goes in the next release): each block's tokens in this many TokenWeave waves
@@ -55,8 +57,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
     With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
-    (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`):
-    every rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
+    (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`),
+    else (VAEs of neither kind) whole on every rank; `transformer._streamfusion.vae_decode` says which. Every
+    rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """
     if waves is not None:
         warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
@@ -70,35 +73,26 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
     if ctx.config.method != "auto" and ctx.config.cfg != "auto":
-        ctx.layout(transformer.config.num_attention_heads)
+        ctx.layout(transformer.config.get("num_attention_heads"))
     if cuda_graph:
         check_graphable(ctx)
-    original = dict(transformer.attn_processors)
-    foreign = sorted({type(p).__name__ for p in original.values() if not isinstance(p, plan.replaces)})
-    if foreign:
-        raise ValueError(f"the transformer runs attention processors {foreign} that sequence parallelism would "
-                         f"replace and lose; unload them (e.g. pipe.unload_ip_adapter()) before parallelize")
-    state = ShardState()
-    transformer.set_attn_processor(plan.processor(ctx, state))
-    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = [
-        (transformer, SequenceSplitHook(ctx, state, plan), SPLIT_HOOK),
-        (transformer.get_submodule(plan.gather_module), SequenceGatherHook(ctx, state), GATHER_HOOK),
-    ]
-    if plan.embed_module is not None:
-        hooks.append((transformer.get_submodule(plan.embed_module), VideoWindowEmbedHook(state), EMBED_HOOK))
-    if waves not in (None, 1):
+    state = PlanState()
+    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []  # innermost first
+    if waves not in (None, 1):  # inside a block's split hook, which publishes the layout the waves read
         hooks += [(block, WavesHook(ctx, state, waves), WAVES_HOOK) for block in blocks_to_cut(transformer)]
+    hooks += plan_hooks(transformer, plan, ctx, state)
+    original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
+    hooks.append((transformer, ForwardHook(ctx, state, plan.key_masks), FORWARD_HOOK))  # masks checked eagerly
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
-    for module, hook, name in hooks:
-        HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
-    transformer._streamfusion = _Installed(original, [(m, name) for m, _, name in hooks], state)
+    install(hooks)
+    transformer._streamfusion = installed = _Installed(original, [(m, name) for m, _, name in hooks], state)
     if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
-        decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
-    say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s)", type(transformer).__name__,
-             ctx.job_size, ctx.config.label, ctx.config.cfg)
+        installed.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
+    say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
+             type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg, plan.source)
     return transformer
 
 
@@ -117,4 +111,4 @@ def unparallelize(target: Any) -> torch.nn.Module:
     return transformer
 
 
-__all__ = ["ShardPlan", "parallelize", "plan_for", "unparallelize"]
+__all__ = ["ModelPlan", "parallelize", "plan_for", "unparallelize"]

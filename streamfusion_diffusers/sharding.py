@@ -1,207 +1,187 @@
-"""The token split of a diffusers Flux or CogVideoX transformer: which inputs are cut, and the hooks that cut them.
+"""The hooks that apply a context-parallel plan (`plans/`): cut inputs by rank, gather outputs, track the layout.
 
-A split hook on the transformer cuts the image/video tokens by rank, with their rotary embeddings or position ids
-(text tokens the same way when their count divides P, else kept whole as joint tokens); for CogVideoX a
-patch-embedding hook embeds only this rank's video tokens; a gather hook on `proj_out` puts the output sequence
-back together. The plan comes from the model's own diffusers `_cp_plan` where it has one. `parallelize` installs them.
+Like diffusers' own plan hooks, with three differences: slices may differ in length (`sequence.split_sizes`:
+diffusers' equipartition sharder asserts even splits), the token counts cut are published to the attention
+(`TokenLayout`: every rank's split rows, for `sp_attention(seq_lens=...)`), and key masks are checked once per
+forward. The split self-attention sees [text ; image] rows as the plan left them on each rank, so its rows per
+rank are the split counts of the two token streams, `encoder_hidden_states` and `hidden_states`. A text shorter
+than the ranks stays whole (with every input of its length: ids, masks, rotary tables) and enters the attention
+as joint tokens, counted once.
 """
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from diffusers import CogVideoXTransformer3DModel, FluxTransformer2DModel
-from diffusers.hooks import ModelHook
+from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
-from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
-from diffusers.models.embeddings import CogVideoXPatchEmbed
-from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from torch import Tensor
 
 from .context import ParallelContext
-from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
-from .sequence import gather, split_sizes
+from .plans import ModelPlan
+from .processors import ShardState, TokenLayout
+from .sequence import gather, shard, split_sizes
 
-SPLIT_HOOK, GATHER_HOOK, EMBED_HOOK = "streamfusion_split", "streamfusion_gather", "streamfusion_embed"
-TEXT_INPUTS = frozenset({"encoder_hidden_states", "txt_ids"})
+logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """Which forward arguments carry image or text tokens (and along which dim, as diffusers' `_cp_plan` says),
-    how many image tokens a call has, which submodule's output is gathered, and which processor to install."""
-
-    image_inputs: dict[str, ContextParallelInput]
-    text_inputs: dict[str, ContextParallelInput]
-    image_tokens: Callable[[torch.nn.Module, dict[str, Any]], int]
-    gather_module: str
-    processor: type
-    replaces: tuple[type, ...]  # the stock processors ours stand in for; any other (IP-Adapter, ...) is refused
-    embed_module: str | None = None
+FORWARD_HOOK = "streamfusion_forward"
+SPLIT_HOOK, GATHER_HOOK = "streamfusion_split---{}", "streamfusion_gather---{}"
+IMAGE, TEXT = "hidden_states", "encoder_hidden_states"  # the token streams the split self-attention sees
 
 
-def _flux_image_tokens(_: torch.nn.Module, arguments: dict[str, Any]) -> int:
-    return arguments["hidden_states"].shape[1]
+@dataclass
+class PlanState(ShardState):
+    """ShardState plus what the hooks learn during one forward: the split streams' token counts, and whether
+    the key masks were checked (then a mask reaching the attention keeps every key and is dropped)."""
+
+    streams: dict[str, int] = field(default_factory=dict)
+    masks_checked: bool = False
+    joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
+    text_last: bool = False
+
+    def record(self, name: str, tokens: int, ctx: ParallelContext) -> None:
+        self.streams[name] = tokens
+        self.layout = TokenLayout(rank=ctx.rank, text_total=self.streams.get(TEXT, 0),
+                                  text_sharded=not self.joint_text, joint_last=self.text_last,
+                                  image_lens=tuple(split_sizes(self.streams.get(IMAGE, 0), ctx.world_size)))
 
 
-def _cogvideox_image_tokens(module: torch.nn.Module, arguments: dict[str, Any]) -> int:
-    _, frames, _, height, width = arguments["hidden_states"].shape
-    p, p_t = module.config.patch_size, module.config.patch_size_t
-    return (frames // (p_t or 1)) * (height // p) * (width // p)
+def _split(name: str, value: Tensor, spec: ContextParallelInput, ctx: ParallelContext) -> Tensor:
+    tokens, world = value.shape[spec.split_dim], ctx.world_size
+    if tokens < world:
+        what = "text" if "txt" in name or "encoder" in name else "image/video"  # ids, rotary tables: image
+        raise ValueError(f"{tokens} {what} tokens cannot be split over {world} ranks; raise the resolution (or the "
+                         f"frame count, or the prompt length) to at least {world} tokens, or run on fewer ranks")
+    return shard(value, ctx.rank, ctx.world_size, dim=spec.split_dim)
 
 
-def _plan_from_cp_plan(cp_plan: dict[str, Any]) -> tuple[dict[str, ContextParallelInput],
-                                                        dict[str, ContextParallelInput], str]:
-    """Read diffusers' `_cp_plan`: the split arguments of the top-level forward and the gathered submodule."""
-    inputs = {name: spec for name, spec in cp_plan[""].items()
-              if isinstance(spec, ContextParallelInput) and not spec.split_output}
-    gathers = [name for name, spec in cp_plan.items() if isinstance(spec, ContextParallelOutput)]
-    if len(gathers) != 1:
-        raise ValueError(f"expected one gathered output in the context-parallel plan, got {gathers}")
-    image = {k: v for k, v in inputs.items() if k not in TEXT_INPUTS}
-    text = {k: v for k, v in inputs.items() if k in TEXT_INPUTS}
-    return image, text, gathers[0]
+class PlanSplitHook(ModelHook):
+    """Cut one module's inputs (by name) or outputs (by index) along their plan dims, this rank's slice."""
 
-
-def plan_for(transformer: torch.nn.Module) -> ShardPlan:
-    """The sharding plan of a supported transformer; Flux's comes from its own `_cp_plan`."""
-    if isinstance(transformer, FluxTransformer2DModel):
-        image, text, gather_module = _plan_from_cp_plan(type(transformer)._cp_plan)
-        return ShardPlan(image, text, _flux_image_tokens, gather_module, FluxSPAttnProcessor, (FluxAttnProcessor,))
-    if isinstance(transformer, CogVideoXTransformer3DModel):
-        # diffusers 0.42 has no _cp_plan for CogVideoX: the latent video is cut at the patch embedding instead
-        return ShardPlan({"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)},
-                         {"encoder_hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-                         _cogvideox_image_tokens, "proj_out", CogVideoXSPAttnProcessor,
-                         (CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0), embed_module="patch_embed")
-    raise ValueError(f"{type(transformer).__name__} is not supported; parallelize takes a FluxTransformer2DModel, "
-                     f"a CogVideoXTransformer3DModel, or a pipeline whose .transformer is one")
-
-
-def _slice(name: str, value: Any, spec: ContextParallelInput, start: int, stop: int) -> Any:
-    """value[start:stop] along the spec's dim; tuples (cos, sin) element by element."""
-    if value is None:
-        return None
-    if isinstance(value, (tuple, list)):
-        return type(value)(_slice(name, v, spec, start, stop) for v in value)
-    if spec.expected_dims is not None and value.dim() != spec.expected_dims:
-        raise ValueError(f"{name} has {value.dim()} dims, expected {spec.expected_dims}: pass it as diffusers' "
-                         f"pipelines do (e.g. txt_ids / img_ids as 2-D [L, 3] tensors)")
-    return value.narrow(spec.split_dim, start, stop - start)
-
-
-class SequenceSplitHook(ModelHook):
-    """Before each forward: work out the token layout, publish it to the processors, and cut the inputs."""
-
-    def __init__(self, ctx: ParallelContext, state: ShardState, plan: ShardPlan):
+    def __init__(self, ctx: ParallelContext, state: PlanState, spec: dict[str | int, Any]):
         super().__init__()
-        self.ctx, self.state, self.plan = ctx, state, plan
+        self.ctx, self.state, self.spec = ctx, state, spec
         self.signature: inspect.Signature | None = None
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
         self.signature = inspect.signature(module.forward)
         return module
 
-    def layout(self, module: torch.nn.Module, arguments: dict[str, Any]) -> TokenLayout:
-        world = self.ctx.world_size
-        image = self.plan.image_tokens(module, arguments)
-        if image < world:
-            raise ValueError(f"{image} image/video tokens cannot be split over {world} ranks; raise the resolution "
-                             f"(or the frame count) to at least {world} tokens, or run on fewer ranks")
-        text = arguments["encoder_hidden_states"].shape[1]
-        return TokenLayout(rank=self.ctx.rank, text_total=text, text_sharded=text % world == 0,
-                           image_lens=tuple(split_sizes(image, world)))
+    def _cut(self, name: str | int, value: Any, spec: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            specs = spec if isinstance(spec, (tuple, list)) else [spec] * len(value)
+            return type(value)(self._cut(name, v, s) for v, s in zip(value, specs))
+        if not isinstance(value, Tensor) or (spec.expected_dims is not None and value.dim() < spec.expected_dims):
+            return value  # an input with no token dim (Wan's per-batch timestep, not per token) stays whole
+        if spec.expected_dims is not None and value.dim() != spec.expected_dims:
+            raise ValueError(f"{name} has {value.dim()} dims, the plan cuts it as {spec.expected_dims}: pass it as "
+                             f"diffusers' pipelines do (e.g. Flux's txt_ids / img_ids as 2-D [L, 3] tensors)")
+        tokens = value.shape[spec.split_dim]
+        if name in (IMAGE, TEXT):
+            self.state.record(name, tokens, self.ctx)
+        if tokens == self.state.joint_text and name != IMAGE:
+            return value  # the whole text, or an input of its length (ids, mask, rotary table)
+        return _split(str(name), value, spec, self.ctx)
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         bound = self.signature.bind(*args, **kwargs)
-        arguments = bound.arguments
-        layout = self.state.layout = self.layout(module, arguments)
-        for name, spec in self.plan.image_inputs.items():
-            if name in arguments:
-                arguments[name] = _slice(name, arguments[name], spec, *layout.image_range)
-        if layout.text_sharded:
-            for name, spec in self.plan.text_inputs.items():
-                if name in arguments:
-                    arguments[name] = _slice(name, arguments[name], spec, *layout.text_range)
+        for name, spec in self.spec.items():
+            if isinstance(name, str) and bound.arguments.get(name) is not None:
+                bound.arguments[name] = self._cut(name, bound.arguments[name], spec)
         return bound.args, bound.kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
-        self.state.layout = None
+        cuts = {i: spec for i, spec in self.spec.items() if isinstance(i, int)}
+        if not cuts:
+            return output
+        parts = [output] if isinstance(output, Tensor) else list(output)
+        for i, spec in cuts.items():
+            parts[i] = self._cut(i, parts[i], spec)
+        return parts[0] if isinstance(output, Tensor) else type(output)(parts)
+
+
+class PlanGatherHook(ModelHook):
+    """All-gather one module's output (the image/video tokens) from every rank's slice, in rank order."""
+
+    def __init__(self, ctx: ParallelContext, state: PlanState, spec: ContextParallelOutput):
+        super().__init__()
+        self.ctx, self.state, self.spec = ctx, state, spec
+
+    def post_forward(self, module: torch.nn.Module, output: Tensor) -> Tensor:
+        if IMAGE not in self.state.streams:
+            raise ValueError("the plan gathers an output but split no hidden_states before it")
+        lens = list(split_sizes(self.state.streams[IMAGE], self.ctx.world_size))
+        if output.shape[self.spec.gather_dim] != lens[self.ctx.rank]:
+            raise ValueError(f"the gathered output has {output.shape[self.spec.gather_dim]} tokens on rank "
+                             f"{self.ctx.rank}, not its {lens[self.ctx.rank]} split image tokens: the plan gathers "
+                             f"a module whose output is not the split hidden_states")
+        # the SP group: the whole job, or with CFG parallelism this rank's guidance branch
+        return gather(output, lens, self.ctx.cfg.sp.pg, dim=self.spec.gather_dim)
+
+
+class ForwardHook(ModelHook):
+    """Around the whole transformer forward: a fresh layout, and the plan's key masks checked once."""
+
+    def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...]):
+        super().__init__()
+        self.ctx, self.state, self.key_masks = ctx, state, key_masks
+        self.signature: inspect.Signature | None = None
+
+    def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
+        self.signature = inspect.signature(module.forward)
+        return module
+
+    def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        arguments = self.signature.bind(*args, **kwargs).arguments
+        for name in self.key_masks:
+            mask = arguments.get(name)
+            if mask is not None and not bool(mask.bool().all()):
+                raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
+                                 f"attention does not take key masks; run one prompt per call (batch 1) or pad "
+                                 f"no prompt, so that {name} keeps every token")
+        text = arguments.get(TEXT)
+        text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
+        self.state.streams.clear()
+        self.state.joint_text = text if text < self.ctx.world_size else 0
+        self.state.layout, self.state.masks_checked = None, bool(self.key_masks)
+        return args, kwargs
+
+    def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+        self.state.layout, self.state.masks_checked = None, False
         return output
 
 
-class SequenceGatherHook(ModelHook):
-    """After the output projection: all-gather the image/video token slices into the full sequence."""
-
-    def __init__(self, ctx: ParallelContext, state: ShardState):
-        super().__init__()
-        self.ctx, self.state = ctx, state
-
-    def post_forward(self, module: torch.nn.Module, output: Tensor) -> Tensor:
-        # the SP group: the whole job, or with CFG parallelism this rank's guidance branch
-        return gather(output, list(self.state.layout.image_lens), self.ctx.cfg.sp.pg, dim=1)
+def plan_modules(root: torch.nn.Module, module_id: str) -> list[torch.nn.Module]:
+    """The modules a plan key names: "" the root, "blocks.0" one, "blocks.*" every block ("*" is one name)."""
+    pattern = re.compile(re.escape(module_id).replace(r"\*", r"[^.]+"))
+    found = [m for name, m in root.named_modules() if pattern.fullmatch(name)]
+    if not found:
+        raise ValueError(f"the context-parallel plan names {module_id!r}, which {type(root).__name__} does not have")
+    return found
 
 
-class VideoWindowEmbedHook(ModelHook):
-    """CogVideoX's patch embedding for this rank's video tokens only (the stock one embeds the whole video).
-
-    Only the latent frames that hold this rank's tokens go through the projection; the sin-cos positional
-    embedding (CogVideoX 2b), if any, is sliced to the same tokens.
-    """
-
-    def __init__(self, state: ShardState):
-        super().__init__()
-        self.state = state
-
-    def new_forward(self, module: CogVideoXPatchEmbed, text_embeds: Tensor, image_embeds: Tensor) -> Tensor:
-        layout = self.state.layout
-        start, stop = layout.image_range
-        text = module.text_proj(text_embeds)
-        video = _embed_video_window(module, image_embeds, start, stop)
-        embeds = torch.cat([text, video], dim=1).contiguous()
-        if module.use_positional_embeddings or module.use_learned_positional_embeddings:
-            pos = _positional_embedding(module, image_embeds, layout.text_total)
-            t0, t1 = layout.text_range
-            text_total = layout.text_total
-            pos = torch.cat([pos[:, t0:t1], pos[:, text_total + start:text_total + stop]], dim=1)
-            embeds = embeds + pos.to(dtype=embeds.dtype)
-        return embeds
+def plan_hooks(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, state: PlanState
+               ) -> list[tuple[torch.nn.Module, ModelHook, str]]:
+    """The split and gather hooks that apply `plan` to `transformer`, as (module, hook, name). The transformer's
+    `ForwardHook` goes outside them (it must see the inputs whole), and outside a CUDA graph of the forward."""
+    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []
+    for module_id, spec in plan.cp_plan.items():
+        for module in plan_modules(transformer, module_id):
+            if isinstance(spec, dict):
+                hooks.append((module, PlanSplitHook(ctx, state, spec), SPLIT_HOOK.format(module_id)))
+            else:
+                hooks.append((module, PlanGatherHook(ctx, state, spec), GATHER_HOOK.format(module_id)))
+    state.text_last = plan.text_last
+    return hooks
 
 
-def _embed_video_window(module: CogVideoXPatchEmbed, latents: Tensor, start: int, stop: int) -> Tensor:
-    """Tokens [start, stop) of CogVideoXPatchEmbed's video embedding, projecting only the frames they lie in."""
-    batch, _, channels, height, width = latents.shape
-    p, p_t = module.patch_size, module.patch_size_t
-    per_step = (height // p) * (width // p)  # tokens per latent frame (per group of p_t frames in CogVideoX 1.5)
-    first, last = start // per_step, -(-stop // per_step)
-    steps = last - first
-    group = p_t or 1
-    window = latents[:, first * group:last * group]
-    if p_t is None:
-        x = module.proj(window.reshape(-1, channels, height, width))
-        x = x.view(batch, steps, *x.shape[1:]).flatten(3).transpose(2, 3).flatten(1, 2)
-    else:
-        x = window.permute(0, 1, 3, 4, 2).reshape(batch, steps, p_t, height // p, p, width // p, p, channels)
-        x = module.proj(x.permute(0, 1, 3, 5, 7, 2, 4, 6).flatten(4, 7).flatten(1, 3))
-    offset = first * per_step
-    return x[:, start - offset:stop - offset]
+def install(hooks: list[tuple[torch.nn.Module, ModelHook, str]]) -> None:
+    for module, hook, name in hooks:
+        HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
 
 
-def _positional_embedding(module: CogVideoXPatchEmbed, latents: Tensor, text_total: int) -> Tensor:
-    """The stock patch embedding's [1, text + video, D] positional table, with its checks."""
-    _, frames, _, height, width = latents.shape
-    if module.use_learned_positional_embeddings and (module.sample_width != width
-                                                     or module.sample_height != height):
-        raise ValueError("learned positional embeddings only work at the model's sample resolution "
-                         f"{module.sample_height}x{module.sample_width} (latent); generate at that size")
-    if text_total != module.max_text_seq_length:
-        raise ValueError(f"this CogVideoX adds positional embeddings for exactly {module.max_text_seq_length} text "
-                         f"tokens, got {text_total}; pad the prompt to max_sequence_length="
-                         f"{module.max_text_seq_length}")
-    pixel_frames = (frames - 1) * module.temporal_compression_ratio + 1
-    if (module.sample_height, module.sample_width, module.sample_frames) != (height, width, pixel_frames):
-        return module._get_positional_embeddings(height, width, pixel_frames, device=latents.device)
-    return module.pos_embedding
+__all__ = ["FORWARD_HOOK", "GATHER_HOOK", "SPLIT_HOOK", "ForwardHook", "PlanState", "install", "plan_hooks"]

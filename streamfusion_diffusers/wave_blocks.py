@@ -16,7 +16,7 @@ from diffusers.models.transformers.transformer_flux import FluxSingleTransformer
 from torch import Tensor
 
 from .context import ParallelContext
-from .processors import ShardState
+from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState
 from .waves import auto_waves, run_waves, sm_count
 
 WAVES_HOOK = "streamfusion_waves"
@@ -38,11 +38,15 @@ def _modulate(norm: torch.nn.Module, x: Tensor, shift: Tensor, scale: Tensor) ->
 
 
 class _Waves:
-    """What every block cut shares: its inputs, the per-wave state `pre` hands `post`, the outputs by wave."""
+    """What every block cut shares: its inputs, the per-wave state `pre` hands `post`, the outputs by wave.
+    `processor`: the SP processor class whose static project / output steps the cut runs per wave (whatever
+    processor the module runs: `parallelize` routes Flux's stock one to our attention backend)."""
+
+    processor: type
 
     def __init__(self, block: torch.nn.Module, attn: torch.nn.Module, hidden: Tensor, encoder: Tensor,
                  temb: Tensor, rope: Rope):
-        self.block, self.attn, self.processor = block, attn, attn.processor
+        self.block, self.attn = block, attn
         self.hidden, self.encoder, self.temb, self.rope = hidden, encoder, temb, rope
         self.saved: dict[int, tuple] = {}
         self.texts: list[Tensor] = []
@@ -54,6 +58,8 @@ class _Waves:
 
 class FluxJointWaves(_Waves):
     """FluxTransformerBlock.forward; returns (encoder_hidden_states, hidden_states)."""
+
+    processor = FluxSPAttnProcessor
 
     def __init__(self, block: FluxTransformerBlock, **inputs: Any):
         super().__init__(block, block.attn, **inputs)
@@ -90,6 +96,8 @@ class FluxJointWaves(_Waves):
 class FluxSingleWaves(_Waves):
     """FluxSingleTransformerBlock.forward; returns (encoder_hidden_states, hidden_states)."""
 
+    processor = FluxSPAttnProcessor
+
     def __init__(self, block: FluxSingleTransformerBlock, **inputs: Any):
         super().__init__(block, block.attn, **inputs)
         self.mod = block.norm.linear(block.norm.silu(self.temb)).chunk(3, dim=1)
@@ -117,6 +125,8 @@ class FluxSingleWaves(_Waves):
 
 class CogVideoXWaves(_Waves):
     """CogVideoXBlock.forward; returns (hidden_states, encoder_hidden_states). RoPE covers video rows only."""
+
+    processor = CogVideoXSPAttnProcessor
 
     def __init__(self, block: CogVideoXBlock, **inputs: Any):
         super().__init__(block, block.attn1, **inputs)

@@ -100,12 +100,14 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
     model = build_transformer(case.config, seed=seed)
     inputs = case.inputs(seed + 1)
     seen: list[int] = []
-    model.transformer_blocks[0].register_forward_pre_hook(
+    block = model.transformer_blocks[0]  # its attention sees this rank's image tokens once the plan cut them
+    (block.attn1 if hasattr(block, "attn1") else block.attn).register_forward_pre_hook(
         lambda _m, _a, kw: seen.append(kw["hidden_states"].shape[1]), with_kwargs=True)
     with torch.no_grad():
         reference = model(**inputs).sample
         parallelize(model, context(config))
-        processors = {type(p).__name__ for p in model.attn_processors.values()}
+        processors = {(type(p).__name__, getattr(getattr(p, "_attention_backend", None), "value", None))
+                      for p in model.attn_processors.values()}
         out = model(**inputs).sample
         unparallelize(model)
         restored = model(**inputs).sample
@@ -116,7 +118,9 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
 
 
 def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> None:
-    expected_processor = "FluxSPAttnProcessor" if case.family == "flux" else "CogVideoXSPAttnProcessor"
+    # Flux: its stock processors, routed to our attention backend; CogVideoX: our adapter (its stock one calls SDPA)
+    expected_processor = (("FluxAttnProcessor", "streamfusion") if case.family == "flux"
+                          else ("CogVideoXSPAttnProcessor", None))
     for res in pool.run(run_case, config, case, seed):
         assert res["processors"] == {expected_processor}, res
         assert res["block_tokens"] == res["expected_tokens"][res["rank"]], res

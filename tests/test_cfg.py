@@ -53,7 +53,8 @@ def _pipeline(config: ParallelConfig, name: str = "tiny-cogvideox", guided: bool
     pipe = build_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
     seen: list[tuple[int, int]] = []
-    pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
+    block = pipe.transformer.transformer_blocks[0]  # its attention sees the tokens as the plan cut them
+    (block.attn1 if hasattr(block, "attn1") else block.attn).register_forward_pre_hook(
         lambda _m, _a, kw: seen.append(tuple(kw["hidden_states"].shape[:2])), with_kwargs=True)
     kwargs = GUIDED[name] if guided else {"num_frames": 9} if name == "tiny-cogvideox" else {}
     # untiled reference: parallelize decodes patch-parallel, exactly (tiling on would be ignored there)

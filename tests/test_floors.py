@@ -22,6 +22,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "api": ("streamfusion_diffusers",),  # the package root: the public API, wired from the floors below
     "integrations": ("streamfusion_diffusers.processors", "streamfusion_diffusers.sharding",
                      "streamfusion_diffusers.parallelize", "streamfusion_diffusers.parallel_pipeline",
+                     "streamfusion_diffusers.plans", "streamfusion_diffusers.routing",
                      "streamfusion_diffusers.cfg",
                      "streamfusion_diffusers.graphs", "streamfusion_diffusers.compiled",
                      "streamfusion_diffusers.waves", "streamfusion_diffusers.wave_blocks",

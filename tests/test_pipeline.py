@@ -36,7 +36,8 @@ def _pipeline_outputs(name: str, config: ParallelConfig) -> dict:
     if name == "tiny-cogvideox":
         kwargs["num_frames"] = 9
     seen: list[int] = []
-    pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
+    block = pipe.transformer.transformer_blocks[0]  # its attention sees the tokens as the plan cut them
+    (block.attn1 if hasattr(block, "attn1") else block.attn).register_forward_pre_hook(
         lambda _m, _a, kw: seen.append(kw["hidden_states"].shape[1]), with_kwargs=True)
 
     def run() -> np.ndarray:

@@ -33,7 +33,8 @@ from .. import init_parallel
 from ..mesh import GroupCache
 from ..models.build import build_transformer
 from ..parallel_pipeline import parallelize, unparallelize
-from ..sharding import GATHER_HOOK, plan_for
+from ..plans import plan_for
+from ..sharding import GATHER_HOOK
 from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from ..sequence import split_sizes
 from .bound import local_attention
@@ -176,8 +177,9 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache
     if bound:
         cls = FluxBoundProcessor if isinstance(model, FluxTransformer2DModel) else CogVideoXBoundProcessor
         model.set_attn_processor(cls(ctx, state))
-        gathered = model.get_submodule(plan_for(model).gather_module)
-        HookRegistry.check_if_exists_or_initialize(gathered).remove_hook(GATHER_HOOK, recurse=False)
+        gathered = plan_for(model).gather_module
+        HookRegistry.check_if_exists_or_initialize(model.get_submodule(gathered)).remove_hook(
+            GATHER_HOOK.format(gathered), recurse=False)
     try:
         with compiled(model, case.variant):
             yield state

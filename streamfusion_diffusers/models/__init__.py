@@ -4,6 +4,8 @@ Only plain dicts here, so the CLI can check a layout against a model without imp
 """
 from __future__ import annotations
 
-from .configs import COGVIDEOX_5B, FLUX_DEV, MODELS, TINY_COGVIDEOX, TINY_FLUX, ModelSpec
+from .configs import (COGVIDEOX_5B, FLUX_DEV, MODELS, TINY_COGVIDEOX, TINY_FLUX, TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN,
+                      TRANSFORMERS, ModelSpec, TransformerSpec)
 
-__all__ = ["COGVIDEOX_5B", "FLUX_DEV", "MODELS", "TINY_COGVIDEOX", "TINY_FLUX", "ModelSpec"]
+__all__ = ["COGVIDEOX_5B", "FLUX_DEV", "MODELS", "TINY_COGVIDEOX", "TINY_FLUX", "TINY_FLUX2", "TINY_QWEN_IMAGE",
+           "TINY_WAN", "TRANSFORMERS", "ModelSpec", "TransformerSpec"]

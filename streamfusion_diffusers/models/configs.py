@@ -99,6 +99,102 @@ TINY_COGVIDEOX: dict[str, Any] = {
     "use_rotary_positional_embeddings": True,
 }
 
+# Tiny configs of the newer models: 8 heads (Ulysses over 8 ranks), one block of each kind, widths of 16 per head.
+TINY_FLUX2: dict[str, Any] = {
+    "attention_head_dim": 16,
+    "axes_dims_rope": (4, 4, 4, 4),
+    "guidance_embeds": True,
+    "in_channels": 16,
+    "joint_attention_dim": 32,
+    "num_attention_heads": 8,
+    "num_layers": 1,
+    "num_single_layers": 1,
+    "timestep_guidance_channels": 32,
+}
+
+TINY_WAN: dict[str, Any] = {
+    "attention_head_dim": 16,
+    "ffn_dim": 64,
+    "freq_dim": 32,
+    "in_channels": 4,
+    "num_attention_heads": 8,
+    "num_layers": 1,
+    "out_channels": 4,
+    "patch_size": (1, 2, 2),
+    "rope_max_seq_len": 64,
+    "text_dim": 32,
+}
+
+TINY_QWEN_IMAGE: dict[str, Any] = {
+    "attention_head_dim": 16,
+    "axes_dims_rope": (4, 6, 6),
+    "in_channels": 16,
+    "joint_attention_dim": 32,
+    "num_attention_heads": 8,
+    "num_layers": 1,
+    "out_channels": 4,
+    "patch_size": 2,
+}
+
+# The newer models' `transformer/config.json` (diffusers' layout), written out like FLUX_DEV above.
+FLUX2_DEV: dict[str, Any] = {  # black-forest-labs/FLUX.2-dev, 32B
+    "attention_head_dim": 128,
+    "axes_dims_rope": (32, 32, 32, 32),
+    "eps": 1e-06,
+    "guidance_embeds": True,
+    "in_channels": 128,
+    "joint_attention_dim": 15360,
+    "mlp_ratio": 3.0,
+    "num_attention_heads": 48,
+    "num_layers": 8,
+    "num_single_layers": 48,
+    "patch_size": 1,
+    "rope_theta": 2000,
+    "timestep_guidance_channels": 256,
+}
+
+_WAN22: dict[str, Any] = {"attention_head_dim": 128, "cross_attn_norm": True, "eps": 1e-06, "freq_dim": 256,
+                          "patch_size": (1, 2, 2), "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024,
+                          "text_dim": 4096}
+WAN22_TI2V_5B: dict[str, Any] = {**_WAN22, "ffn_dim": 14336, "in_channels": 48, "num_attention_heads": 24,
+                                 "num_layers": 30, "out_channels": 48}  # Wan-AI/Wan2.2-TI2V-5B-Diffusers
+WAN22_T2V_A14B: dict[str, Any] = {**_WAN22, "ffn_dim": 13824, "in_channels": 16, "num_attention_heads": 40,
+                                  "num_layers": 40, "out_channels": 16}  # each of its two experts (high/low noise)
+
+QWEN_IMAGE: dict[str, Any] = {  # Qwen/Qwen-Image, 20B
+    "attention_head_dim": 128,
+    "axes_dims_rope": (16, 56, 56),
+    "guidance_embeds": False,
+    "in_channels": 64,
+    "joint_attention_dim": 3584,
+    "num_attention_heads": 24,
+    "num_layers": 60,
+    "out_channels": 16,
+    "patch_size": 2,
+}
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """A model run as its transformer alone (tests, `benchmarks/models_gpu.py`): its family (`inputs.FAMILIES`),
+    config, and the token grid of its default output size ((rows, cols) or (frames, rows, cols)) and text length."""
+
+    family: str
+    transformer: dict[str, Any]
+    grid: tuple[int, ...]
+    text: int
+
+
+TRANSFORMERS: dict[str, TransformerSpec] = {
+    "tiny-flux2": TransformerSpec("flux2", TINY_FLUX2, (4, 4), 8),
+    "flux2-dev": TransformerSpec("flux2", FLUX2_DEV, (64, 64), 512),  # 1024x1024: 16x VAE + 2x2 packing
+    "tiny-wan": TransformerSpec("wan", TINY_WAN, (2, 4, 4), 8),
+    "wan2.2-ti2v-5b": TransformerSpec("wan", WAN22_TI2V_5B, (31, 22, 40), 512),  # 704x1280, 121 frames
+    "wan2.2-t2v-a14b": TransformerSpec("wan", WAN22_T2V_A14B, (21, 45, 80), 512),  # 720x1280, 81 frames
+    "tiny-qwen-image": TransformerSpec("qwen-image", TINY_QWEN_IMAGE, (4, 4), 8),
+    "qwen-image": TransformerSpec("qwen-image", QWEN_IMAGE, (83, 83), 128),  # 1328x1328
+}
+
 
 @dataclass(frozen=True)
 class ModelSpec:

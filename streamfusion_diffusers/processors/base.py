@@ -8,21 +8,25 @@ from torch import Tensor
 
 from ..attention import sp_attention
 from ..context import ParallelContext
+from ..sequence import split_sizes
 
 
 @dataclass(frozen=True)
 class TokenLayout:
     """How one forward's tokens lie on the ranks: image/video tokens split, text split or replicated.
 
-    Text tokens come first in every attention call (Flux and CogVideoX both concatenate [text ; image]).
-    When their count divides the world size they are split like the image tokens (as diffusers' context
-    parallelism does); otherwise every rank keeps all of them and they enter `sp_attention` as joint tokens.
+    Text tokens come first in the processors' attention calls (Flux and CogVideoX both concatenate
+    [text ; image]). `parallelize` splits them like the image tokens, as `split_sizes` cuts (uneven slices
+    allowed), as diffusers' context parallelism does; callers that keep them whole on every rank (xDiT's) pass
+    text_sharded=False and they enter `sp_attention` as joint tokens. A model whose self-attention sees no
+    text (Wan) has text_total=0.
     """
 
     rank: int
     text_total: int
     text_sharded: bool
     image_lens: tuple[int, ...]
+    joint_last: bool = False  # replicated text after the image rows (HunyuanVideo's [video ; text])
 
     @property
     def world_size(self) -> int:
@@ -34,12 +38,17 @@ class TokenLayout:
         return 0 if self.text_sharded else self.text_total
 
     @property
+    def text_lens(self) -> list[int]:
+        """Every rank's split text token count (zeros when the text is replicated)."""
+        return split_sizes(self.text_total if self.text_sharded else 0, self.world_size)
+
+    @property
     def text_range(self) -> tuple[int, int]:
         """This rank's text tokens, as a [start, stop) range of the whole text."""
         if not self.text_sharded:
             return 0, self.text_total
-        per_rank = self.text_total // self.world_size
-        return self.rank * per_rank, (self.rank + 1) * per_rank
+        start = sum(self.text_lens[: self.rank])
+        return start, start + self.text_lens[self.rank]
 
     @property
     def image_range(self) -> tuple[int, int]:
@@ -50,8 +59,7 @@ class TokenLayout:
     @property
     def seq_lens(self) -> list[int]:
         """Every rank's sharded (non-joint) token count in an attention call, for `sp_attention(seq_lens=...)`."""
-        text = self.text_total // self.world_size if self.text_sharded else 0
-        return [text + n for n in self.image_lens]
+        return [text + n for text, n in zip(self.text_lens, self.image_lens)]
 
 
 @dataclass
@@ -83,15 +91,19 @@ class SPAttnProcessor:
         return attend(query, key, value, self.ctx, self.state)
 
 
-def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState) -> Tensor:
-    """Attention of the local rows [joint ; sharded] of q, k, v ([B, L, H, D]) over the whole sequence."""
+def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState,
+           scale: float | None = None) -> Tensor:
+    """Attention of the local rows [joint ; sharded] (or [sharded ; joint]) of q, k, v ([B, L, H, D]) over the
+    whole sequence."""
     layout = state.layout
     if layout is None:
-        return sp_attention(query, key, value, ctx)
+        return sp_attention(query, key, value, ctx, scale=scale)
     joint = layout.joint
     if joint == 0:
-        return sp_attention(query, key, value, ctx, seq_lens=layout.seq_lens)
-    out, joint_out = sp_attention(query[:, joint:], key[:, joint:], value[:, joint:], ctx,
-                                  joint_q=query[:, :joint], joint_k=key[:, :joint], joint_v=value[:, :joint],
-                                  seq_lens=layout.seq_lens)
-    return torch.cat([joint_out, out], dim=1)
+        return sp_attention(query, key, value, ctx, seq_lens=layout.seq_lens, scale=scale)
+    rows, text = (slice(None, -joint), slice(-joint, None)) if layout.joint_last else (slice(joint, None),
+                                                                                       slice(None, joint))
+    out, joint_out = sp_attention(query[:, rows], key[:, rows], value[:, rows], ctx, joint_q=query[:, text],
+                                  joint_k=key[:, text], joint_v=value[:, text], seq_lens=layout.seq_lens,
+                                  scale=scale)
+    return torch.cat([out, joint_out] if layout.joint_last else [joint_out, out], dim=1)

@@ -1,0 +1,79 @@
+"""Transformers of the plan families and their forward inputs, as diffusers' pipelines pass them, seeded.
+
+For tests (tiny configs) and real-size timing runs (`benchmarks/models_gpu.py`): every rank builds the same
+model and inputs from a config, a token grid and a text length. Latent grids are in tokens (after patching).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, HeliosTransformer3DModel,
+                       HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel, QwenImageTransformer2DModel,
+                       WanTransformer3DModel)
+
+from .build import _default_dtype_and_device
+
+FAMILIES: dict[str, type] = {"flux2": Flux2Transformer2DModel, "wan": WanTransformer3DModel,
+                             "qwen-image": QwenImageTransformer2DModel, "ltx": LTXVideoTransformer3DModel,
+                             "hunyuan-video": HunyuanVideoTransformer3DModel,
+                             "chronoedit": ChronoEditTransformer3DModel, "helios": HeliosTransformer3DModel}
+JOINT = ("flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
+
+
+def build(family: str, config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32,
+          device: torch.device | str = "cpu") -> torch.nn.Module:
+    """The family's transformer from `config`, seeded random weights made in place (dtype, device)."""
+    torch.manual_seed(seed)
+    with _default_dtype_and_device(dtype, device):
+        return FAMILIES[family](**config).eval()
+
+
+def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int, *, batch: int = 1,
+           padded_text: int = 0, token_timesteps: bool = False, seed: int = 1, dtype: torch.dtype = torch.float32,
+           device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Forward keyword arguments; `padded_text` trailing text tokens of the last batch row are masked out;
+    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps), Wan only."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    b, t = batch, text
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype)
+
+    mask = torch.ones(b, t, dtype=torch.long, device=device)
+    if padded_text:
+        mask[-1, t - padded_text:] = 0
+    timestep = torch.rand(b, generator=g, device=device, dtype=dtype) * 1000
+    if family == "flux2":
+        rows, cols = grid
+        arange = [torch.arange(float(n), device=device) for n in (rows, cols, t)]
+        zero = torch.zeros(1, device=device)
+        img_ids = torch.cartesian_prod(zero, arange[0], arange[1], zero)
+        txt_ids = torch.cartesian_prod(zero, zero, zero, arange[2])
+        return {"hidden_states": randn(b, rows * cols, config["in_channels"]),
+                "encoder_hidden_states": randn(b, t, config["joint_attention_dim"]), "timestep": timestep / 1000,
+                "img_ids": img_ids.expand(b, -1, -1), "txt_ids": txt_ids.expand(b, -1, -1),
+                "guidance": torch.full((b,), 3.5, device=device, dtype=dtype)}
+    if family == "qwen-image":
+        rows, cols = grid
+        return {"hidden_states": randn(b, rows * cols, config["in_channels"]),
+                "encoder_hidden_states": randn(b, t, config["joint_attention_dim"]),
+                "encoder_hidden_states_mask": mask, "timestep": timestep / 1000, "img_shapes": [[(1, rows, cols)]] * b}
+    frames, rows, cols = grid
+    if family == "ltx":
+        return {"hidden_states": randn(b, frames * rows * cols, config["in_channels"]),
+                "encoder_hidden_states": randn(b, t, config["caption_channels"]), "timestep": timestep,
+                "encoder_attention_mask": mask, "num_frames": frames, "height": rows, "width": cols}
+    latents = randn(b, config["in_channels"], frames, 2 * rows, 2 * cols)  # 2x2 patches
+    if family in ("wan", "chronoedit", "helios"):
+        if token_timesteps:
+            timestep = torch.rand(b, frames * rows * cols, generator=g, device=device, dtype=dtype) * 1000
+        return {"hidden_states": latents, "timestep": timestep,
+                "encoder_hidden_states": randn(b, t, config["text_dim"])}
+    return {"hidden_states": latents, "timestep": timestep,
+            "encoder_hidden_states": randn(b, t, config["text_embed_dim"]), "encoder_attention_mask": mask,
+            "pooled_projections": randn(b, config["pooled_projection_dim"]),
+            "guidance": torch.full((b,), 3.5, device=device, dtype=dtype)}
+
+
+__all__ = ["FAMILIES", "JOINT", "build", "inputs"]

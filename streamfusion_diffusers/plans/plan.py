@@ -1,0 +1,26 @@
+"""`ModelPlan`: what one plan file declares (its own module, so plan files and the registry import it alike)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diffusers.models._modeling_parallel import ContextParallelModelPlan, ContextParallelOutput
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """How one transformer class is split. `source`: "diffusers" (its `_cp_plan` as shipped) or "streamfusion"."""
+
+    cp_plan: ContextParallelModelPlan
+    source: str
+    local_attention: tuple[str, ...] = ()  # fnmatch patterns of attention modules over unsplit keys (cross-attn)
+    key_masks: tuple[str, ...] = ()  # forward inputs that mask keys of the split self-attention
+    adapters: dict[type, type] = field(default_factory=dict)  # stock processor -> ours (no dispatch_attention_fn)
+    text_last: bool = False  # the self-attention takes [image ; text] rows (else [text ; image])
+
+    @property
+    def gather_module(self) -> str:
+        """The one submodule whose output is gathered (the output projection)."""
+        gathers = [name for name, spec in self.cp_plan.items() if isinstance(spec, ContextParallelOutput)]
+        if len(gathers) != 1:
+            raise ValueError(f"expected one gathered output in the context-parallel plan, got {gathers}")
+        return gathers[0]

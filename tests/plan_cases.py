@@ -1,0 +1,139 @@
+"""Tiny models of every plan family and the per-rank worker that checks one through `parallelize`.
+
+Every rank builds the same seeded model and inputs, runs it unparallelized (the reference), then parallelized,
+and reports the relative error with what it saw: the tokens its first block held, and how many attention calls
+`sp_attention` computed (so a case fails if the split or the routing was not really in place).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import streamfusion_diffusers.processors.base as processors_base
+from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers.models import TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
+from streamfusion_diffusers.models.inputs import JOINT, build, inputs
+from streamfusion_diffusers.parallelize import parallelize, unparallelize
+from streamfusion_diffusers.sequence import split_sizes
+
+TOL = 1e-4
+TINY_LTX = {"in_channels": 8, "out_channels": 8, "num_attention_heads": 8, "attention_head_dim": 16,
+            "cross_attention_dim": 128, "num_layers": 1, "caption_channels": 32}
+TINY_HUNYUAN = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "attention_head_dim": 16,
+                "num_layers": 1, "num_single_layers": 1, "num_refiner_layers": 1, "patch_size": 2,
+                "text_embed_dim": 32, "pooled_projection_dim": 16, "rope_axes_dim": (4, 6, 6)}
+TINY_HELIOS = {**{k: v for k, v in TINY_WAN.items() if k != "rope_max_seq_len"}, "rope_dim": (4, 6, 6),
+               "num_layers": 40}  # its plan names 40 blocks
+CONFIGS = {"flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
+           "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS}
+_contexts: dict[ParallelConfig, Any] = {}
+
+
+@dataclass(frozen=True)
+class Case:
+    """A family and its latent grid: (rows, cols) for images, (frames, rows, cols) for videos, in tokens."""
+
+    family: str
+    grid: tuple[int, ...]
+    text: int
+    batch: int = 1
+    padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
+    token_timesteps: bool = False  # one timestep per latent token (Wan 2.2 TI2V)
+
+    @property
+    def image_tokens(self) -> int:
+        n = 1
+        for side in self.grid:
+            n *= side
+        return n
+
+    def model(self, seed: int) -> torch.nn.Module:
+        return build(self.family, CONFIGS[self.family], seed=seed)
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        return inputs(self.family, CONFIGS[self.family], self.grid, self.text, batch=self.batch,
+                      padded_text=self.padded_text, token_timesteps=self.token_timesteps, seed=seed)
+
+
+def context(config: ParallelConfig):
+    """One context per config per worker, reused across tests (contexts build process groups)."""
+    if config not in _contexts:
+        _contexts[config] = init_parallel(config)
+    return _contexts[config]
+
+
+def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
+    """On every rank: the parallelized model's error against the unparallelized one, and what it held."""
+    model, inputs = case.model(seed), case.inputs(seed + 1)
+    calls: list[tuple[int, list[int], int]] = []  # each sp_attention call: (local rows, every rank's, joint rows)
+
+    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        joint = kwargs.get("joint_q")
+        calls.append((q.shape[1], list(kwargs["seq_lens"]), 0 if joint is None else joint.shape[1]))
+        return real(q, *args, **kwargs)
+
+    real, processors_base.sp_attention = processors_base.sp_attention, spy
+    try:
+        with torch.no_grad():
+            reference = model(**inputs, return_dict=False)[0]
+            parallelize(model, context(config))
+            out = model(**inputs, return_dict=False)[0]
+            unparallelize(model)
+            restored = model(**inputs, return_dict=False)[0]
+    finally:
+        processors_base.sp_attention = real
+    return {"error": ((out - reference).norm() / reference.norm()).item(),
+            "restored_error": ((restored - reference).norm() / reference.norm()).item(),
+            "calls": calls, "rank": dist.get_rank(), "world": dist.get_world_size()}
+
+
+def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[str, Any]]:
+    results = pool.run(run_case, config, case, seed)
+    for res in results:
+        world, rank = res["world"], res["rank"]
+        joint = case.family in JOINT and case.text < world  # a text shorter than the ranks stays whole
+        text = split_sizes(case.text if case.family in JOINT and not joint else 0, world)
+        split = [i + t for i, t in zip(split_sizes(case.image_tokens, world), text)]
+        expected = (split[rank], split, case.text if joint else 0)
+        assert res["calls"], res  # the attention really ours
+        assert all(tuple(call) == expected for call in res["calls"]), (expected, res)  # really split
+        assert res["error"] <= TOL, res
+        assert res["restored_error"] == 0.0, res
+    return results
+
+
+def expect_error(config: ParallelConfig, case: Case) -> str:
+    """On every rank: the message of the ValueError that parallelize or the first forward raises."""
+    model = case.model(0)
+    try:
+        parallelize(model, context(config))
+        with torch.no_grad():
+            model(**case.inputs(1), return_dict=False)
+    except ValueError as err:
+        return str(err)
+    finally:
+        if getattr(model, "_streamfusion", None) is not None:
+            unparallelize(model)
+    return "no error"
+
+
+def wan_pipeline_vae(config: ParallelConfig) -> dict[str, Any]:
+    """On every rank: parallelize a Wan pipeline whose VAE (causal 3D) has no split; how it decodes, and whether
+    its decode still equals the untouched one."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[False]).eval()
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=Case("wan", (2, 3, 3), text=7).model(0),
+                       vae=vae, scheduler=FlowMatchEulerDiscreteScheduler())
+    z = torch.randn(1, 4, 2, 6, 6, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = pipe.vae.decode(z).sample
+        parallelize(pipe, context(config))
+        after = pipe.vae.decode(z).sample
+    mode = pipe.transformer._streamfusion.vae_decode
+    unparallelize(pipe)
+    return {"vae_decode": mode, "same": bool(torch.equal(before, after))}
