@@ -24,7 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .context import ParallelContext, init_parallel
+from . import init_parallel
+from .context import ParallelContext
 from .extras import install_hint
 from .job import DTYPES, Job, add_arguments, make_job, real_size
 from .join import launched

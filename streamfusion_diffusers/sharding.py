@@ -59,16 +59,21 @@ def _split(name: str, value: Tensor, spec: ContextParallelInput, ctx: ParallelCo
     return shard(value, ctx.rank, ctx.world_size, dim=spec.split_dim)
 
 
+def parameter_names(module: torch.nn.Module) -> tuple[str, ...]:
+    """The names of a module's forward parameters, in order (read once, when a hook is installed)."""
+    return tuple(inspect.signature(module.forward).parameters)
+
+
 class PlanSplitHook(ModelHook):
     """Cut one module's inputs (by name) or outputs (by index) along their plan dims, this rank's slice."""
 
     def __init__(self, ctx: ParallelContext, state: PlanState, spec: dict[str | int, Any]):
         super().__init__()
         self.ctx, self.state, self.spec = ctx, state, spec
-        self.signature: inspect.Signature | None = None
+        self.names: tuple[str, ...] = ()
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
-        self.signature = inspect.signature(module.forward)
+        self.names = parameter_names(module)
         return module
 
     def _cut(self, name: str | int, value: Any, spec: Any) -> Any:
@@ -88,11 +93,14 @@ class PlanSplitHook(ModelHook):
         return _split(str(name), value, spec, self.ctx)
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        bound = self.signature.bind(*args, **kwargs)
-        for name, spec in self.spec.items():
-            if isinstance(name, str) and bound.arguments.get(name) is not None:
-                bound.arguments[name] = self._cut(name, bound.arguments[name], spec)
-        return bound.args, bound.kwargs
+        args = list(args)  # by parameter name, without inspect's BoundArguments (torch.compile traces this)
+        for i, name in enumerate(self.names[:len(args)]):
+            if name in self.spec and args[i] is not None:
+                args[i] = self._cut(name, args[i], self.spec[name])
+        for name, value in kwargs.items():
+            if name in self.spec and value is not None:
+                kwargs[name] = self._cut(name, value, self.spec[name])
+        return tuple(args), kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
         cuts = {i: spec for i, spec in self.spec.items() if isinstance(i, int)}
@@ -129,14 +137,14 @@ class ForwardHook(ModelHook):
     def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...]):
         super().__init__()
         self.ctx, self.state, self.key_masks = ctx, state, key_masks
-        self.signature: inspect.Signature | None = None
+        self.names: tuple[str, ...] = ()
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
-        self.signature = inspect.signature(module.forward)
+        self.names = parameter_names(module)
         return module
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        arguments = self.signature.bind(*args, **kwargs).arguments
+        arguments = {**dict(zip(self.names, args)), **kwargs}
         for name in self.key_masks:
             mask = arguments.get(name)
             if mask is not None and not bool(mask.bool().all()):
