@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
-from streamfusion_diffusers.links import parse_link
+from streamfusion_diffusers.core.links import parse_link
 
 
 def exchange_ms(ctx, peer: int, nbytes: int, repeats: int) -> float:

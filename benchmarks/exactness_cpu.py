@@ -12,10 +12,10 @@ import argparse
 from collections import defaultdict
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.config import METHODS
-from streamfusion_diffusers.exactness import threshold
-from streamfusion_diffusers.spawn import run_local
-from streamfusion_diffusers.verify import DTYPES, Workload, _verify_rank
+from streamfusion_diffusers.commands.spawn import run_local
+from streamfusion_diffusers.commands.verify import DTYPES, Workload, _verify_rank
+from streamfusion_diffusers.core.config import METHODS
+from streamfusion_diffusers.core.exactness import threshold
 
 
 def configs(ulysses: int | None) -> list[ParallelConfig]:

@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
+from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
 from streamfusion_diffusers.kernels import Partial, attend_chunks
 
 SIZES = {"flux-4096": (65536 + 512, 24, 128), "cogvideox-49f": (53040 + 226, 48, 64)}

@@ -61,7 +61,7 @@ def run_case(backend: str, method: str, kind: str, args: argparse.Namespace, por
     """One job: every rank its own process (as on separate machines; under torchrun the agent would end the
     survivors itself within seconds of a death, hiding whether they would have); each rank logs to its file."""
     from streamfusion_diffusers.bench.faults import fault_time
-    from streamfusion_diffusers.launch import heap_bytes
+    from streamfusion_diffusers.commands.launch import heap_bytes
 
     job = Path(args.out) / f"{backend}-{method}-{kind}"
     job.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         worker(args)
-    from streamfusion_diffusers.spawn import free_port
+    from streamfusion_diffusers.commands.spawn import free_port
 
     results = [run_case(b, m, k, args, free_port()) for b in args.backends for m in args.methods for k in args.kinds]
     Path(args.out, "fault_matrix.json").write_text(json.dumps(results, indent=1))

@@ -30,15 +30,14 @@ from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers.attention.ulysses import _peer_lens, gather_heads, scatter_heads
 from streamfusion_diffusers.attention.volume import peer_bytes
 from streamfusion_diffusers.bench import report, xdit
-from streamfusion_diffusers.bench.command import _cases as bench_cases
-from streamfusion_diffusers.bench.command import _ok, run_tasks
+from streamfusion_diffusers.bench.command import _cases as bench_cases, _ok, run_tasks
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer, device_of_job, padded_length
 from streamfusion_diffusers.bench.model import ModelSetup, bench_model
-from streamfusion_diffusers.timing import interleaved_ms
 from streamfusion_diffusers.bench.variants import VARIANTS, with_variants
 from streamfusion_diffusers.choice.workloads import parse_workload, transformer_config
-from streamfusion_diffusers.sequence import split_sizes
-from streamfusion_diffusers.spawn import job_shape, run_job
+from streamfusion_diffusers.commands.spawn import job_shape, run_job
+from streamfusion_diffusers.commands.timing import interleaved_ms
+from streamfusion_diffusers.core.sequence import split_sizes
 
 OURS = ("ulysses", "usp", "tas", "torus")
 # the bars: (level, workload px, what, limit); "bound": ours / bound <= limit; baseline: ours / it <= limit

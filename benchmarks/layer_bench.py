@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
-from streamfusion_diffusers.config import METHODS
-from streamfusion_diffusers.exactness import passes, reference_attention, relative_error
-from streamfusion_diffusers.graphs import capture
+from streamfusion_diffusers.core.config import METHODS
+from streamfusion_diffusers.core.exactness import passes, reference_attention, relative_error
+from streamfusion_diffusers.core.sequence import split_sizes
+from streamfusion_diffusers.diffusers.graphs import capture
 from streamfusion_diffusers.kernels.sdpa import attention_with_lse_sdpa
-from streamfusion_diffusers.sequence import split_sizes
 
 WORKLOADS = {  # name: (sequence tokens, heads, head dim)
     "flux-2048": (16384 + 512, 24, 128),

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from streamfusion_diffusers.timing import interleaved_ms
+from streamfusion_diffusers.commands.timing import interleaved_ms
 from streamfusion_diffusers.kernels.sdpa import _call
 
 dev = torch.device("cuda")

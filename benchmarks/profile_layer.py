@@ -25,9 +25,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
-from streamfusion_diffusers.timing import interleaved_ms
 from streamfusion_diffusers.bench.xdit import XdiTUSP
-from streamfusion_diffusers.sequence import split_sizes
+from streamfusion_diffusers.commands.timing import interleaved_ms
+from streamfusion_diffusers.core.sequence import split_sizes
 
 WORKLOADS = {"flux-1024": (4096 + 512, 24, 128), "flux-2048": (16384 + 512, 24, 128),
              "flux-4096": (65536 + 512, 24, 128), "cogvideox-49f": (17776 + 226, 48, 64)}

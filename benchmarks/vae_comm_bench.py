@@ -26,12 +26,12 @@ from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
 
 from streamfusion_diffusers import shutdown
 from streamfusion_diffusers.backends.quantized import CODECS
-from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer, device_of_job, padded_length
-from streamfusion_diffusers.timing import interleaved_ms
+from streamfusion_diffusers.choice.workloads import parse_workload
+from streamfusion_diffusers.commands.timing import interleaved_ms
+from streamfusion_diffusers.diffusers.vae.bands import parallel_decode
+from streamfusion_diffusers.diffusers.vae.tiles import split_decode
 from streamfusion_diffusers.models.configs import COGVIDEOX_5B_VAE, FLUX_DEV_VAE
-from streamfusion_diffusers.vae import split_decode
-from streamfusion_diffusers.vae_parallel import parallel_decode
 
 LAYER_WORKLOAD = "flux-dev:4096"
 TINY_LAYER_WORKLOAD = "flux-dev:256"  # --tiny: the CPU smoke run's layer

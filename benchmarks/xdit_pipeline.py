@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import xdit
-from streamfusion_diffusers.timing import Stats, deadline, time_ms
+from streamfusion_diffusers.commands.timing import Stats, deadline, time_ms
 from streamfusion_diffusers.models import MODELS
 from streamfusion_diffusers.models.build import build_pipeline
 

@@ -12,10 +12,9 @@ from typing import Any
 from . import _moved
 from .attention import sp_attention
 from .choice.choose import auto_layout
-from .config import Layout, ParallelConfig
-from .context import ParallelContext, shutdown
-from .context import init_parallel as _bind
-from .mesh import GroupCache
+from .core.config import Layout, ParallelConfig
+from .core.context import ParallelContext, init_parallel as _bind, shutdown
+from .core.mesh import GroupCache
 
 _moved.install()  # old import paths of moved modules, for one release
 

@@ -1,6 +1,6 @@
 """`python -m streamfusion_diffusers ...` (what torchrun runs) is the `streamfusion` command."""
 import sys
 
-from .cli import main
+from .commands.cli import main
 
 sys.exit(main())

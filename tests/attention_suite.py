@@ -6,7 +6,7 @@ import random
 from sp_cases import Problem, even, uneven
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.config import METHODS, divisors
+from streamfusion_diffusers.core.config import METHODS, divisors
 
 
 def problems(method: str, world: int) -> list[tuple[Problem, bool]]:

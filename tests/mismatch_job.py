@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
-from streamfusion_diffusers.config import METHODS
+from streamfusion_diffusers.core.config import METHODS
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

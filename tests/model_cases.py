@@ -15,13 +15,12 @@ import torch.distributed as dist
 from diffusers import FluxPipeline
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
-from streamfusion_diffusers import ParallelConfig, init_parallel
-from streamfusion_diffusers.mesh import GroupCache
+from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
+from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD
+from streamfusion_diffusers.core.mesh import GroupCache
+from streamfusion_diffusers.core.sequence import split_sizes
 from streamfusion_diffusers.models import TINY_COGVIDEOX, TINY_FLUX
-from streamfusion_diffusers.exactness import MODEL_THRESHOLD
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers import parallelize, unparallelize
-from streamfusion_diffusers.sequence import split_sizes
 
 TOL = MODEL_THRESHOLD[torch.float32]  # relative, a float32 model against the unparallelized one
 METHODS = ("ulysses", "ring", "usp", "tas", "torus")

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
-from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.mesh import GroupCache
-from streamfusion_diffusers.sequence import split_sizes
+from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
+from streamfusion_diffusers.core.mesh import GroupCache
+from streamfusion_diffusers.core.sequence import split_sizes
 
 TOL = threshold(torch.float32)  # relative error, float32 inputs against float64 softmax attention
 GROUPS = GroupCache()  # this worker's process groups, shared by its contexts

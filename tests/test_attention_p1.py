@@ -8,8 +8,8 @@ from attention_suite import METHODS, problems
 from sp_cases import TOL, Problem, check, context, even, reference, run_rank
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
-from streamfusion_diffusers.exactness import relative_error
-from streamfusion_diffusers.spawn import ProcessPool
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.bench.report import auto_summary, noisy
-from streamfusion_diffusers.timing import Stats, interleaved_ms
-from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.exactness import threshold
-from streamfusion_diffusers.spawn import run_local
+from streamfusion_diffusers.choice.workloads import parse_workload
+from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.commands.spawn import run_local
+from streamfusion_diffusers.commands.timing import Stats, interleaved_ms
+from streamfusion_diffusers.core.exactness import threshold
 
 
 def test_bench_times_and_checks_every_layout(tmp_path, capsys):
@@ -67,7 +67,7 @@ def _batched(iters: int, warmup: int) -> tuple[list[int], list]:
 
     import torch
 
-    from streamfusion_diffusers import timing
+    from streamfusion_diffusers.commands import timing
 
     now, counts = [0.0], [0, 0]
 

@@ -8,11 +8,10 @@ import json
 import pytest
 import torch
 
-from streamfusion_diffusers.exactness import LOWP_THRESHOLD
 from streamfusion_diffusers.bench.e2e_command import _baseline_layouts
-from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.exactness import MODEL_THRESHOLD
-from streamfusion_diffusers.phases import PHASES
+from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.commands.phases import PHASES
+from streamfusion_diffusers.core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
 
 OURS = {"ours", "ours-no-vae-split", "ours-cfg"}
 

@@ -8,11 +8,11 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from streamfusion_diffusers.bench import xdit
-from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer
-from streamfusion_diffusers.exactness import passes
-from streamfusion_diffusers.mesh import GroupCache
-from streamfusion_diffusers.spawn import ProcessPool
+from streamfusion_diffusers.choice.workloads import parse_workload
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import passes
+from streamfusion_diffusers.core.mesh import GroupCache
 
 CASES = [Case("bound"), Case("ulysses", 2, 1), Case("usp", 1, 2), Case("torus", 2, 1, 2)] + \
     ([Case("xdit-usp", 2, 1)] if xdit.available() else [])

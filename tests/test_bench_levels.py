@@ -7,10 +7,9 @@ import json
 import pytest
 import torch
 
-from streamfusion_diffusers.choice.workloads import parse_workload
-from streamfusion_diffusers.choice.workloads import transformer_config
-from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.exactness import MODEL_THRESHOLD
+from streamfusion_diffusers.choice.workloads import parse_workload, transformer_config
+from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD
 
 METHODS = {"ulysses", "ring", "usp", "tas", "torus"}
 

@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from streamfusion_diffusers.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
-from streamfusion_diffusers.cli import main
+from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
 
 
 def test_step_rows_over_fp8_transfers_are_checked_as_lossy(tmp_path, capsys):

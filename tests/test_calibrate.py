@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from streamfusion_diffusers.choice.costmodel import Gpu, predict
-from streamfusion_diffusers.choice.workloads import flux
-from streamfusion_diffusers.config import ParallelConfig, resolve_layout
-from streamfusion_diffusers.links import PRESETS
+from streamfusion_diffusers.bench.records import records_from_bench
 from streamfusion_diffusers.choice.calibrate import fit, predicted_ms
 from streamfusion_diffusers.choice.choose import gpu_of
-from streamfusion_diffusers.bench.records import records_from_bench
+from streamfusion_diffusers.choice.costmodel import Gpu, predict
 from streamfusion_diffusers.choice.predictions import load_records, table
+from streamfusion_diffusers.choice.workloads import flux
+from streamfusion_diffusers.core.config import ParallelConfig, resolve_layout
+from streamfusion_diffusers.core.links import PRESETS
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-11-22-h200x2"
 FLUX, COG = (66048, 24, 128), (167508, 48, 64)  # Flux 4096 px, CogVideoX 161 frames: padded tokens, heads, dim

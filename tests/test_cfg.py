@@ -13,13 +13,13 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.hooks import HookRegistry
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case
 
-from streamfusion_diffusers import ParallelConfig, generate, init_parallel
-from streamfusion_diffusers.cfg import CFG_HOOK
-from streamfusion_diffusers.config import cfg_shape
-from streamfusion_diffusers.mesh import cfg_branches
+from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
+from streamfusion_diffusers.commands import generate
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.config import cfg_shape
+from streamfusion_diffusers.core.mesh import cfg_branches
+from streamfusion_diffusers.diffusers.cfg import CFG_HOOK
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
-from streamfusion_diffusers import parallelize, unparallelize
-from streamfusion_diffusers.spawn import ProcessPool
 
 WORLD = 4
 

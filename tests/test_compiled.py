@@ -13,11 +13,10 @@ from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case, context
 from torch._dynamo.backends.registry import lookup_backend
 from torch.utils._pytree import tree_map_only
 
-from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.compiled import compile_blocks, repeated_blocks, uncompile_blocks
+from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.diffusers.compiled import compile_blocks, repeated_blocks, uncompile_blocks
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers import parallelize, unparallelize
-from streamfusion_diffusers.spawn import ProcessPool
 
 FLUX = FLUX_CASES["text-joint-batch2"]  # 7 text tokens on 4 ranks: joint tokens; batch 2 for the CFG split
 CONFIGS = {"ulysses": ParallelConfig(method="ulysses"), "ring": ParallelConfig(method="ring"),

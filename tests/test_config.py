@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.config import METHODS, resolve_layout
+from streamfusion_diffusers.core.config import METHODS, resolve_layout
 
 
 def layout(heads=24, world=8, **kw):

@@ -8,10 +8,10 @@ import pytest
 
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.choice.costmodel import candidate_layouts, predict
-from streamfusion_diffusers.links import PRESETS, parse_link
 from streamfusion_diffusers.choice.workloads import cogvideox, flux
-from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.config import resolve_layout
+from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.core.config import resolve_layout
+from streamfusion_diffusers.core.links import PRESETS, parse_link
 
 W = flux(4096)
 BLHD = W.batch * W.tokens * W.heads * W.head_dim  # text tokens travel with no all-to-all, only as a tiny gather

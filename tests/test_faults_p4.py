@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from streamfusion_diffusers.backends.watch import Label, stage
 from streamfusion_diffusers.bench.faults import SLACK_S, Fault, Outcome, run_local_faults
-from streamfusion_diffusers.mesh import Group
+from streamfusion_diffusers.core.mesh import Group
 
 STAGES = {"ulysses": ("ulysses all-to-all",), "usp": ("ring pass",),
           "torus": ("pull_q", "pull_kv", "push_o")}

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamfusion_diffusers.choice.workloads import flux
-from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.choice.choose import Cluster, choose
 from streamfusion_diffusers.choice.store import write_recipe
+from streamfusion_diffusers.choice.workloads import flux
+from streamfusion_diffusers.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -55,7 +55,7 @@ def test_the_root_exports_what_the_readme_uses_and_imports_without_diffusers():
     code = ("import sys, streamfusion_diffusers as sf; assert 'diffusers' not in sys.modules; "
             "from streamfusion_diffusers import parallelize, unparallelize, shutdown, init_parallel, ParallelConfig, "
             "sp_attention; assert callable(parallelize) and parallelize.__name__ == 'parallelize'; "
-            "import streamfusion_diffusers.parallel_pipeline; "
+            "import streamfusion_diffusers.diffusers.parallel_pipeline; "
             "from streamfusion_diffusers import parallelize as again; assert again is parallelize")
     subprocess.run([sys.executable, "-c", code], env=ENV, check=True, timeout=120)
 
@@ -108,7 +108,7 @@ def test_the_users_entries_come_before_the_packaged_ones(tmp_path, monkeypatch):
 
 
 def _free_port() -> int:
-    from streamfusion_diffusers.spawn import free_port
+    from streamfusion_diffusers.commands.spawn import free_port
 
     return free_port()
 

@@ -13,26 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Lowest floor first. A module belongs to the floor of its longest listed prefix (dotted, whole components).
 FLOORS: dict[str, tuple[str, ...]] = {
-    "core": ("streamfusion_diffusers._moved", "streamfusion_diffusers.config", "streamfusion_diffusers.links",
-             "streamfusion_diffusers.logs", "streamfusion_diffusers.sequence", "streamfusion_diffusers.mesh",
-             "streamfusion_diffusers.context", "streamfusion_diffusers.attention",
-             "streamfusion_diffusers.kernels", "streamfusion_diffusers.backends",
-             "streamfusion_diffusers.join", "streamfusion_diffusers.extras", "streamfusion_diffusers.exactness"),
+    "core": ("streamfusion_diffusers._moved", "streamfusion_diffusers.core", "streamfusion_diffusers.attention",
+             "streamfusion_diffusers.kernels", "streamfusion_diffusers.backends"),
     "choice": ("streamfusion_diffusers.choice", "streamfusion_diffusers.models.configs"),
     "api": ("streamfusion_diffusers",),  # the package root: the public API, wired from the floors below
-    "integrations": ("streamfusion_diffusers.processors", "streamfusion_diffusers.sharding",
-                     "streamfusion_diffusers.parallelize", "streamfusion_diffusers.parallel_pipeline",
-                     "streamfusion_diffusers.plans", "streamfusion_diffusers.routing",
-                     "streamfusion_diffusers.cfg",
-                     "streamfusion_diffusers.graphs", "streamfusion_diffusers.compiled",
-                     "streamfusion_diffusers.waves", "streamfusion_diffusers.wave_blocks",
-                     "streamfusion_diffusers.vae", "streamfusion_diffusers.vae_parallel",
-                     "streamfusion_diffusers.vae_decode",
-                     "streamfusion_diffusers.models", "streamfusion_diffusers.xdit"),
-    "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.cli", "streamfusion_diffusers.generate",
-                 "streamfusion_diffusers.job", "streamfusion_diffusers.options", "streamfusion_diffusers.verify", "streamfusion_diffusers.launch",
-                 "streamfusion_diffusers.plan", "streamfusion_diffusers.spawn", "streamfusion_diffusers.phases",
-                 "streamfusion_diffusers.timing", "streamfusion_diffusers.tune",
+    "integrations": ("streamfusion_diffusers.diffusers", "streamfusion_diffusers.parallelize", "streamfusion_diffusers.xdit",
+                     "streamfusion_diffusers.models"),
+    "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.commands",
                  "streamfusion_diffusers.xdit.__main__", "streamfusion_diffusers.bench"),
 }
 BENCH = "streamfusion_diffusers.bench"

@@ -10,11 +10,10 @@ import torch.distributed as dist
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, Case, context
 from torch.utils._pytree import tree_map_only
 
-from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.cli import main as cli_main
+from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
+from streamfusion_diffusers.commands.cli import main as cli_main
+from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers import parallelize, unparallelize
-from streamfusion_diffusers.spawn import ProcessPool
 
 GPUS = torch.cuda.device_count()
 CASES = {"flux": FLUX_CASES["text-sharded-uneven-image"], "flux-joint": FLUX_CASES["text-joint-batch2"],

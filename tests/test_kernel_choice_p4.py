@@ -11,9 +11,9 @@ import torch.distributed as dist
 from sp_cases import context
 
 from streamfusion_diffusers import ParallelConfig, sp_attention
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.mesh import Group
 from streamfusion_diffusers.kernels import dispatch
-from streamfusion_diffusers.mesh import Group
-from streamfusion_diffusers.spawn import ProcessPool
 
 WORLD = 4
 # FAKE_MS[position][rank]: (sdpa ms, fused ms), or None where that rank's call makes no choice (empty chunks)

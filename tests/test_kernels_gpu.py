@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
+from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
 from streamfusion_diffusers.kernels import Partial, attend_chunks, dispatch
 from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
 from streamfusion_diffusers.kernels.reference import attention_with_lse_reference

@@ -10,10 +10,9 @@ import pytest
 import torch
 from model_cases import FLUX_CASES
 
-from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize
+from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers import parallelize
-from streamfusion_diffusers.spawn import ProcessPool
 
 WORLD = 4
 

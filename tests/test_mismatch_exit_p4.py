@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streamfusion_diffusers.config import METHODS
+from streamfusion_diffusers.core.config import METHODS
 
 WORLD = 4
 JOB = Path(__file__).with_name("mismatch_job.py")

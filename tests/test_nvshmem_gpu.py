@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
-from streamfusion_diffusers.config import METHODS
-from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.sequence import split_sizes
-from streamfusion_diffusers.spawn import ProcessPool
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.config import METHODS
+from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
+from streamfusion_diffusers.core.sequence import split_sizes
 
 WORLD = torch.cuda.device_count()
 pytestmark = [

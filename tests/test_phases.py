@@ -5,8 +5,8 @@ import time
 
 import torch
 
+from streamfusion_diffusers.commands.phases import PHASES, PhaseTimer
 from streamfusion_diffusers.models.build import build_pipeline
-from streamfusion_diffusers.phases import PHASES, PhaseTimer
 
 
 def test_phases_of_a_flux_call_add_up_and_the_pipeline_is_restored():

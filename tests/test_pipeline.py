@@ -11,12 +11,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamfusion_diffusers import ParallelConfig, init_parallel
-from streamfusion_diffusers import generate
+from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize
+from streamfusion_diffusers.commands import generate
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.diffusers.vae.tiles import is_split
 from streamfusion_diffusers.models.build import build_pipeline
-from streamfusion_diffusers import parallelize
-from streamfusion_diffusers.spawn import ProcessPool
-from streamfusion_diffusers.vae import is_split
 
 WORLD = 4
 TOL = 1e-4

@@ -13,8 +13,8 @@ import torch
 from plan_cases import Case, check, expect_error, wan_pipeline_vae
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.plans import plan_for
-from streamfusion_diffusers.spawn import ProcessPool
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.diffusers.plans import plan_for
 
 WORLD = 4
 LAYOUTS = {

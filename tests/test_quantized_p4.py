@@ -10,8 +10,8 @@ from sp_cases import Problem, context, reference, run_rank
 
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.backends.quantized import CODECS, hadamard
+from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.kernels import attention_with_lse_reference
-from streamfusion_diffusers.spawn import ProcessPool
 
 WORLD = 4
 METHODS = ("ulysses", "ring", "usp", "tas", "torus")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamfusion_diffusers.config import resolve_layout
 from streamfusion_diffusers.choice.recipe import load_recipe
+from streamfusion_diffusers.core.config import resolve_layout
 
 HEADS = {"flux-dev": 24, "cogvideox-5b": 48}
 

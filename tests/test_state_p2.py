@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
-from streamfusion_diffusers.spawn import ProcessPool
+from streamfusion_diffusers.commands.spawn import ProcessPool
 
 
 @pytest.fixture(scope="module")

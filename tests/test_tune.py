@@ -9,17 +9,17 @@ import torch
 import yaml
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
-from streamfusion_diffusers import tune
 from streamfusion_diffusers.bench.layer import Case
 from streamfusion_diffusers.choice.calibrate import fit
 from streamfusion_diffusers.choice.choose import Cluster, choose, entry_layout
 from streamfusion_diffusers.choice.recipe import load_recipe
 from streamfusion_diffusers.choice.store import write_recipe
 from streamfusion_diffusers.choice.workloads import Workload
-from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.sequence import split_sizes
-from streamfusion_diffusers.spawn import ProcessPool
+from streamfusion_diffusers.commands import tune
+from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
+from streamfusion_diffusers.core.sequence import split_sizes
 
 WORLD, TOKENS, TEXT, HEADS, DIM = 4, 250, 6, 8, 16
 ENTRY_KEYS = {"model", "tokens", "text_tokens", "heads", "head_dim", "machines", "gpus_per_machine", "link",

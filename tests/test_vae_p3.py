@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
 
-from streamfusion_diffusers.spawn import ProcessPool
-from streamfusion_diffusers.vae import TileGrid, share, split_decode, split_vae_decode, unsplit_vae_decode
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.diffusers.vae.tiles import TileGrid, share, split_decode, split_vae_decode, unsplit_vae_decode
 
 WORLD = 3
 

@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
 
-from streamfusion_diffusers.spawn import ProcessPool
-from streamfusion_diffusers.vae import is_split, split_vae_decode, unsplit_vae_decode
-from streamfusion_diffusers.vae_decode import decode_over_ranks
-from streamfusion_diffusers.vae_parallel import Bands, banded, parallel_decode, unsupported
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.diffusers.vae import decode_over_ranks
+from streamfusion_diffusers.diffusers.vae.bands import Bands, banded, parallel_decode, unsupported
+from streamfusion_diffusers.diffusers.vae.tiles import is_split, split_vae_decode, unsplit_vae_decode
 
 WORLD = 3
 TOL = 1e-5  # relative: float32 rounding (GroupNorm statistics and halo convolutions sum in another order)

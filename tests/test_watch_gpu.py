@@ -17,7 +17,7 @@ STUCK_LAYERS = textwrap.dedent("""
     import time, torch
     from streamfusion_diffusers.backends import TorchTransport
     from streamfusion_diffusers.backends.watch import TransferFailed, WatchedTransport
-    from streamfusion_diffusers.mesh import Group
+    from streamfusion_diffusers.core.mesh import Group
 
     transport = WatchedTransport(TorchTransport(), 2.0)
     alone = Group((0,), 0, None, "ulysses_intra")

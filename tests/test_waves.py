@@ -7,11 +7,10 @@ import pytest
 import torch
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case, context
 
-from streamfusion_diffusers import ParallelConfig
+from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.diffusers.waves import TILE_ROWS, auto_waves, wave_sizes
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers import parallelize, unparallelize
-from streamfusion_diffusers.spawn import ProcessPool
-from streamfusion_diffusers.waves import TILE_ROWS, auto_waves, wave_sizes
 
 WORLD = 4
 CASES = {"flux-text-sharded": FLUX_CASES["text-sharded-uneven-image"], "flux-text-joint": FLUX_CASES["text-joint-batch2"],

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from model_cases import Case
 
 from streamfusion_diffusers import init_parallel
-from streamfusion_diffusers.mesh import GroupCache
+from streamfusion_diffusers.core.mesh import GroupCache
 from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.xdit.install import install, uninstall
 from streamfusion_diffusers.xdit.layout import XDiTJob, parallel_config

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..mesh import Group
+from ..core.mesh import Group
 
 _DTYPES = sorted({str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)})
 _FIELDS = ("batch", "heads", "head dim", "dtype", "joint length")  # columns 1-5 of a row; 6: slice length
-SHARD_HINT = "streamfusion_diffusers.sequence.split_sizes(L, P) and shard(...) cut a sequence that way"
+SHARD_HINT = "streamfusion_diffusers.core.sequence.split_sizes(L, P) and shard(...) cut a sequence that way"
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, joint: tuple[Tensor | None, ...]) -> None:
@@ -50,7 +50,7 @@ def check_seq_lens(seq_lens: Sequence[int] | None, local: int, rank: int, world:
         raise ValueError(f"seq_lens must list {world} non-negative slice lengths, one per rank; got {lens}")
     if lens[rank] != local:
         raise ValueError(f"rank {rank} holds {local} tokens but seq_lens[{rank}] = {lens[rank]}; shard the sequence "
-                         f"with streamfusion_diffusers.sequence.shard and pass split_sizes(L, {world})")
+                         f"with streamfusion_diffusers.core.sequence.shard and pass split_sizes(L, {world})")
     return lens
 
 

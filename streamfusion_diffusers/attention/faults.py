@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..config import Layout
+from ..core.config import Layout
 
 KVBlock = tuple[Tensor, Tensor]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..backends import Transport
+from ..core.mesh import Mesh
+from ..core.sequence import split_sizes
 from ..kernels import Partial
-from ..mesh import Mesh
-from ..sequence import split_sizes
 from .torus import JointShard, finished
 
 

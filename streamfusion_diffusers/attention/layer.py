@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from ..backends import Transport
-from ..context import ParallelContext
+from ..core.context import ParallelContext
+from ..core.mesh import Mesh
 from ..kernels import Partial, agreed_choices, attend_chunks
-from ..mesh import Mesh
 from .agreement import agreed_seq_lens
 from .faults import EXACT, Exact
 from .joint import gather_joint, joint_shard

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ..backends import Handle, Transport
+from ..core.mesh import Group
 from ..kernels import Partial, attend_chunks
-from ..mesh import Group
 from .faults import Exact, KVBlock
 
 

@@ -28,8 +28,8 @@ from torch import Tensor
 
 from ..backends import Handle, Transport
 from ..backends.watch import stage
+from ..core.mesh import Mesh
 from ..kernels import Partial
-from ..mesh import Mesh
 from .faults import EXACT, Exact
 from .ring import KVBlock, Queries, ring_attend
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..backends import Transport
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 
 
 def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:

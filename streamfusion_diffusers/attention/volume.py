@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import Layout
-from ..sequence import split_sizes
+from ..core.config import Layout
+from ..core.sequence import split_sizes
 
 
 def peer_bytes(layout: Layout, seq_lens: Sequence[int], batch: int, heads: int, head_dim: int,

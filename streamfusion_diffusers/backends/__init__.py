@@ -5,7 +5,7 @@ import logging
 
 import torch.distributed as dist
 
-from ..logs import say_once
+from ..core.logs import say_once
 from .base import Done, Handle, Handles, Transport
 from .emulated import EmulatedTransport
 from .torch_dist import TorchTransport

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from ..mesh import Group
+from ..core.mesh import Group
 
 
 class Handle(Protocol):

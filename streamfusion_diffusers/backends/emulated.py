@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..links import Link
-from ..logs import say_once
-from ..mesh import Group
+from ..core.links import Link
+from ..core.logs import say_once
+from ..core.mesh import Group
 from .base import Handle, Transport
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..logs import say_once
+from ..core.logs import say_once
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from ..mesh import Group
+from ..core.mesh import Group
 from .base import Handle
 from .nvshmem_pool import Mailbox
 from .nvshmem_runtime import Runtime, current, finalize, start

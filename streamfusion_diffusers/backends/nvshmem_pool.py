@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..logs import say_once
+from ..core.logs import say_once
 from .nvshmem_runtime import Runtime, watchdog
 
 logger = logging.getLogger(__name__)

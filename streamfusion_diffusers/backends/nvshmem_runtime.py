@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..extras import install_hint
-from ..logs import say_once
+from ..core.extras import install_hint
+from ..core.logs import say_once
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..mesh import Group
+from ..core.mesh import Group
 from .base import Handle, Transport
 
 

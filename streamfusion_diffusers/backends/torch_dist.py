@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..mesh import Group
+from ..core.mesh import Group
 from .base import Done, Handle, Handles, Placed
 
 # torch >= 2.13 renames all_gather_into_tensor; the old name still works on 2.9 - 2.12

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ..mesh import Group
+from ..core.mesh import Group
 from .base import Handle, Transport
 
 logger = logging.getLogger(__name__)

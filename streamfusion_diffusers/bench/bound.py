@@ -13,9 +13,9 @@ import math
 import torch
 from torch import Tensor
 
+from ..core.logs import say_once
 from ..kernels.dispatch import time_ms
 from ..kernels.sdpa import BACKENDS, attention_no_lse, attention_sdpa
-from ..logs import say_once
 
 logger = logging.getLogger(__name__)
 

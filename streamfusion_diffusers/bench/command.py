@@ -23,17 +23,17 @@ from typing import Any
 
 import torch
 
-from ..config import METHODS, ParallelConfig, resolve_layout
-from ..links import parse_link
-from ..mesh import GroupCache
-from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
-from ..exactness import LOWP_THRESHOLD, MODEL_THRESHOLD, threshold
-from ..verify import DTYPES
-from . import e2e_command, report, variants, xdit
 from ..choice.costmodel import candidate_layouts
-from .layer import Case, Setup, bench_layer, padded_length
-from ..timing import ITERS, SAMPLE_MS, WARMUP
 from ..choice.workloads import MODELS, Workload, is_flux, parse_workload, transformer_config, workload_specs
+from ..commands.spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
+from ..commands.timing import ITERS, SAMPLE_MS, WARMUP
+from ..commands.verify import DTYPES
+from ..core.config import METHODS, ParallelConfig, resolve_layout
+from ..core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD, threshold
+from ..core.links import parse_link
+from ..core.mesh import GroupCache
+from . import e2e_command, report, variants, xdit
+from .layer import Case, Setup, bench_layer, padded_length
 
 logger = logging.getLogger(__name__)
 

@@ -31,16 +31,16 @@ from diffusers import ContextParallelConfig
 from torch import Tensor
 
 from .. import ParallelConfig, init_parallel
-from ..config import degrees_label
+from ..commands.phases import PHASES, PhaseTimer
+from ..commands.timing import deadline
+from ..core.config import degrees_label
+from ..diffusers.parallel_pipeline import parallelize, unparallelize
+from ..diffusers.vae.bands import unsupported
 from ..models import MODELS
 from ..models.build import build_pipeline, build_transformer
 from ..models.full import build_full_pipeline
-from ..parallel_pipeline import parallelize, unparallelize
-from ..phases import PHASES, PhaseTimer
-from ..vae_parallel import unsupported
 from . import cachedit
 from .layer import device_of_job
-from ..timing import deadline
 
 OURS = ("ours", "ours-no-vae-split", "ours-cfg")
 BASELINES = ("diffusers-cp", "xfuser", *cachedit.SYSTEMS)  # each takes a fresh transformer, changed for good

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from ..choice.workloads import parse_workload, workload_specs
-from ..extras import install_hint
-from ..job import DEFAULT_PROMPT, guided
-from ..links import parse_link
+from ..commands.job import DEFAULT_PROMPT, guided
+from ..commands.spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
+from ..commands.verify import DTYPES
+from ..core.extras import install_hint
+from ..core.links import parse_link
 from ..models import MODELS
-from ..spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
-from ..verify import DTYPES
 from . import cachedit, e2e_report
 
 BASELINES = ("diffusers-cp", "xfuser", *cachedit.SYSTEMS)
@@ -167,7 +167,7 @@ def run_tasks(tasks: list[tuple[Any, list[Any]]]) -> list[dict]:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """bench --level e2e: plan the cases, run the job, print and write the tables (rank 0)."""
-    from ..exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
+    from ..core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
     from .e2e import OURS
 
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)

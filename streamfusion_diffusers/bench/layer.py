@@ -17,14 +17,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import ParallelConfig, init_parallel, sp_attention
-from ..config import layout_label
-from ..exactness import error_sums, ratio, reference_attention
+from ..choice.workloads import Workload
+from ..commands.timing import deadline, interleaved_ms
+from ..core.config import layout_label
+from ..core.exactness import error_sums, ratio, reference_attention
+from ..core.mesh import GroupCache
 from ..kernels import attention_with_lse
-from ..mesh import GroupCache
-from ..timing import deadline, interleaved_ms
 from .bound import fastest_attention
 from .variants import graphed, suffix
-from ..choice.workloads import Workload
 from .xdit import XdiTUSP
 
 logger = logging.getLogger(__name__)

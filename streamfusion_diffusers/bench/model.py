@@ -30,19 +30,18 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .. import init_parallel
-from ..mesh import GroupCache
+from ..choice.workloads import Workload, is_flux
+from ..commands.timing import Stats, deadline, interleaved_ms
+from ..core.mesh import GroupCache
+from ..core.sequence import split_sizes
+from ..diffusers.parallel_pipeline import parallelize, unparallelize
+from ..diffusers.plans import plan_for
+from ..diffusers.processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
+from ..diffusers.sharding import GATHER_HOOK
 from ..models.build import build_transformer
-from ..parallel_pipeline import parallelize, unparallelize
-from ..plans import plan_for
-from ..sharding import GATHER_HOOK
-from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
-from ..sequence import split_sizes
 from .bound import local_attention
 from .layer import Case, Setup, device_of_job, parallel_config
-from ..timing import Stats, deadline, interleaved_ms
-from .variants import LEVELS as VARIANT_LEVELS
-from .variants import compiled, parallelize_options
-from ..choice.workloads import Workload, is_flux
+from .variants import LEVELS as VARIANT_LEVELS, compiled, parallelize_options
 
 LEVELS = ("block", "step")
 

@@ -10,8 +10,8 @@ import shlex
 
 from ..choice.choose import REAL_LINK
 from ..choice.workloads import parse_workload, workload_specs
-from ..config import METHODS
-from ..verify import DTYPES
+from ..commands.verify import DTYPES
+from ..core.config import METHODS
 from . import command as bench
 
 LAYOUT = re.compile(r"\w+ U(\d+)R(\d+)(?:T(\d+))?")

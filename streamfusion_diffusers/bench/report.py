@@ -6,8 +6,8 @@ import logging
 import textwrap
 from pathlib import Path
 
-from ..extras import install_hint
-from ..timing import SPREAD_LIMIT
+from ..commands.timing import SPREAD_LIMIT
+from ..core.extras import install_hint
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..compiled import repeated_blocks, uncompile_blocks
-from ..config import METHODS
+from ..core.config import METHODS
+from ..diffusers.compiled import repeated_blocks, uncompile_blocks
 
 VARIANTS = ("eager", "cuda-graph", "waves2", "compile")
 # the levels each variant means something at: a graph of the whole forward is not replayed by the block level,
@@ -51,7 +51,7 @@ def graphed(call: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[[Tenso
     """`call(q, k, v)` captured in a CUDA graph at its first call for these tensors, replayed after: the layer's
     launches and Python run once. The bench passes the same tensors every time; the output is the graph's own
     (static) tensor, rewritten by each replay."""
-    from ..graphs import capture  # imports diffusers: only when a graph variant runs
+    from ..diffusers.graphs import capture  # imports diffusers: only when a graph variant runs
 
     graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 

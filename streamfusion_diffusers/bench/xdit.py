@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..extras import missing
+from ..core.extras import missing
 
 INSTALL_HINT = f"the xdit-usp baseline {missing('yunchang')}"
 

@@ -15,14 +15,13 @@ from dataclasses import dataclass, fields
 import torch.distributed as dist
 from torch import Tensor
 
+from ..core.config import METHODS, Layout, ParallelConfig, resolve_layout
+from ..core.context import ParallelContext
+from ..core.links import PRESETS, Link, parse_link
 from .costmodel import Gpu, Prediction, candidate_layouts, predict
-from .workloads import MODELS as WORKLOADS
-from .workloads import Workload
-from ..context import ParallelContext
-from ..config import METHODS, Layout, ParallelConfig, resolve_layout
-from ..links import PRESETS, Link, parse_link
 from .recipe import Recipe, load_recipes
 from .rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu, torus_off, why_torus_off
+from .workloads import MODELS as WORKLOADS, Workload
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import Layout, ParallelConfig, divisors, resolve_layout
-from ..links import NVLINK, Link
+from ..core.config import Layout, ParallelConfig, divisors, resolve_layout
+from ..core.links import NVLINK, Link
 from .workloads import Workload
 
 

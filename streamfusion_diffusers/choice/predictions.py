@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import layout_label
+from ..core.config import layout_label
 from .calibrate import fit, predicted_ms
 from .choose import gpu_of
 from .costmodel import Gpu

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ParallelConfig
+from ..core.config import ParallelConfig
 
 LAYOUT_KEYS = ("method", "ulysses", "ring", "torus", "backend")
 SIZE_KEYS = ("resolution", "frames")

@@ -15,13 +15,13 @@ import datetime
 from collections import Counter
 from pathlib import Path
 
-from .workloads import Workload
-from ..links import parse_link
-from .recipe import load_recipe
+from ..core.links import parse_link
 from .calibrate import fit
-from .predictions import BenchReader, load_records
 from .choose import REAL_LINK, Cluster, entry_workload, gpu_of, ranked
+from .predictions import BenchReader, load_records
+from .recipe import load_recipe
 from .store import layout_fields, write_recipe, write_records
+from .workloads import Workload
 
 
 def parse_shapes(text: str, default_link: str) -> list[tuple[int, int, str]]:

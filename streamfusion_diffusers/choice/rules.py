@@ -20,8 +20,8 @@ share where it came within noise of the best; across machines it always is (ther
 """
 from __future__ import annotations
 
+from ..core.config import Layout
 from .workloads import Workload
-from ..config import Layout
 
 TORUS_MIN_TOKENS_PER_GPU = 16384
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from ..config import Layout
-from ..links import parse_link
-from .recipe import load_recipe
+from ..core.config import Layout
+from ..core.links import parse_link
 from .choose import REAL_LINK, entry_workload, transport_name
+from .recipe import load_recipe
 
 HEADER = ("# {model}: the layout per cluster shape, link and size; written by `streamfusion tune` (each entry says\n"
           "# whether it was measured or predicted by the cost model). `method=\"auto\"` reads it.\n")

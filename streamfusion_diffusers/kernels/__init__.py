@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..mesh import Group
+from ..core.mesh import Group
 from . import dispatch
 from .merge import merge_into
 from .optional import has_triton

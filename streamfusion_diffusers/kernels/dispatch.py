@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..logs import say_once
-from ..mesh import Group
+from ..core.logs import say_once
+from ..core.mesh import Group
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..logs import say_once
+from ..core.logs import say_once
 
 logger = logging.getLogger(__name__)
 

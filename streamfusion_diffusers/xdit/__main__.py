@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import BACKENDS, KERNELS, METHODS
-from ..extras import missing
+from ..core.config import BACKENDS, KERNELS, METHODS
+from ..core.extras import missing
 
 
 def parse(argv: Sequence[str]) -> tuple[str, dict[str, Any], list[str]]:

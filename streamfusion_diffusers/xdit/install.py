@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..context import ParallelContext
-from ..processors import ShardState
+from ..core.context import ParallelContext
+from ..diffusers.processors import ShardState
 from .layout import FAMILIES
 from .processors import XDiTCogVideoXAttnProcessor, XDiTFluxAttnProcessor
 

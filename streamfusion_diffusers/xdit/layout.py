@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ParallelConfig
+from ..core.config import ParallelConfig
 
 FAMILIES = {"FluxTransformer2DModel": "flux", "CogVideoXTransformer3DModel": "cogvideox"}
 # xfuser's attention backends that compute exact softmax attention, as ours does: picking one is harmless (ours

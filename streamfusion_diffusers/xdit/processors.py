@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..context import ParallelContext
-from ..processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
+from ..core.context import ParallelContext
+from ..diffusers.processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 
 
 def text_layout(rank: int, world_size: int, text_split: bool, text_local: int, image_local: int) -> TokenLayout | None:

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 from diffusers.hooks import ModelHook
 
+from ..core.context import ParallelContext
+from ..core.logs import say_once
 from .cfg import CFG_HOOK, cfg_hook
-from .context import ParallelContext
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
-from .logs import say_once
 from .plans import ModelPlan, plan_for
 from .routing import route_attention
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
-from .vae_decode import decode_over_ranks, is_split, unsplit_vae_decode
+from .vae import decode_over_ranks, is_split, unsplit_vae_decode
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
     With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
-    (`streamfusion_diffusers.vae_parallel`), else diffusers' tiles shared out (`streamfusion_diffusers.vae`),
+    (`streamfusion_diffusers.diffusers.vae.bands`), else diffusers' tiles shared out (`streamfusion_diffusers.diffusers.vae.tiles`),
     else (VAEs of neither kind) whole on every rank; `transformer._streamfusion.vae_decode` says which. Every
     rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """

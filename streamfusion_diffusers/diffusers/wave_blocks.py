@@ -15,7 +15,7 @@ from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBloc
 from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
 from torch import Tensor
 
-from .context import ParallelContext
+from ..core.context import ParallelContext
 from .processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState
 from .waves import auto_waves, run_waves, sm_count
 

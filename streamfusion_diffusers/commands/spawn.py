@@ -23,9 +23,9 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from .config import DEFAULT_TIMEOUT_S
-from .context import shutdown
-from .join import join_job, launched
+from ..core.config import DEFAULT_TIMEOUT_S
+from ..core.context import shutdown
+from ..core.join import join_job, launched
 
 POLL_S = 0.5  # how often the parent looks at its ranks while it waits
 GRACE_S = 5.0  # after the first failure, how long the other ranks may take to report theirs

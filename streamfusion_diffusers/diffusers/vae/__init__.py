@@ -11,9 +11,9 @@ import logging
 
 from torch import nn
 
-from .logs import say_once
-from .vae import is_split, split_vae_decode, unsplit_vae_decode
-from .vae_parallel import SUPPORTED, parallel_vae_decode, unsupported
+from ...core.logs import say_once
+from .bands import SUPPORTED, parallel_vae_decode, unsupported
+from .tiles import is_split, split_vae_decode, unsplit_vae_decode
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from diffusers.hooks import ModelHook
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from torch import Tensor
 
-from .context import ParallelContext
-from .sequence import gather
+from ..core.context import ParallelContext
+from ..core.sequence import gather
 
 logger = logging.getLogger(__name__)
 

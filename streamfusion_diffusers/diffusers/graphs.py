@@ -29,8 +29,8 @@ from diffusers.hooks import ModelHook
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from .backends.watch import watch_stream
-from .context import ParallelContext
+from ..backends.watch import watch_stream
+from ..core.context import ParallelContext
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ import shlex
 import subprocess
 import sys
 
-from .attention.volume import peer_bytes
-from .backends.nvshmem_pool import heap_bytes as mailbox_heap_bytes
-from .choice.workloads import MODELS as WORKLOADS
-from .config import METHODS, ParallelConfig, resolve_layout
-from .models import MODELS
-from .choice.recipe import load_recipe
-from .sequence import split_sizes
+from ..attention.volume import peer_bytes
+from ..backends.nvshmem_pool import heap_bytes as mailbox_heap_bytes
+from ..choice.recipe import load_recipe
+from ..choice.workloads import MODELS as WORKLOADS
+from ..core.config import METHODS, ParallelConfig, resolve_layout
+from ..core.sequence import split_sizes
+from ..models import MODELS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

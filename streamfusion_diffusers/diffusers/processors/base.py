@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..attention import sp_attention
-from ..context import ParallelContext
-from ..sequence import split_sizes
+from ...attention import sp_attention
+from ...core.context import ParallelContext
+from ...core.sequence import split_sizes
 
 
 @dataclass(frozen=True)

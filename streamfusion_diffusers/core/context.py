@@ -12,13 +12,13 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from .backends import Transport, make_transport, nvshmem
-from .backends.emulated import EmulatedTransport
-from .backends.quantized import QuantizedTransport
-from .backends.watch import WatchedTransport
+from ..backends import Transport, make_transport, nvshmem
+from ..backends.emulated import EmulatedTransport
+from ..backends.quantized import QuantizedTransport
+from ..backends.watch import WatchedTransport
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
-from .links import parse_link
 from .join import join_job
+from .links import parse_link
 from .mesh import CfgGroups, GroupCache, Mesh
 
 logger = logging.getLogger(__name__)

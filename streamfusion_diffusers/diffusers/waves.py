@@ -26,12 +26,12 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .attention.joint import gather_joint, joint_shard
-from .attention.torus import TorusSchedule, finished
-from .attention.ulysses import _peer_lens, post_gather_heads, post_scatter_heads
-from .attention.volume import peer_bytes
-from .context import ParallelContext
-from .kernels import Partial, agreed_choices, attend_chunks
+from ..attention.joint import gather_joint, joint_shard
+from ..attention.torus import TorusSchedule, finished
+from ..attention.ulysses import _peer_lens, post_gather_heads, post_scatter_heads
+from ..attention.volume import peer_bytes
+from ..core.context import ParallelContext
+from ..kernels import Partial, agreed_choices, attend_chunks
 from .processors import TokenLayout
 
 TILE_ROWS = 128  # rows of one GEMM tile on Hopper (cuBLAS / CUTLASS 128 x N tiles)

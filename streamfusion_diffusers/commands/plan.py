@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from .choice.costmodel import candidate_layouts, predict
-from .links import PRESETS, parse_link
-from .choice.workloads import COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH, cogvideox, flux
-from .config import METHODS
-from .choice.recipe import load_recipe
-from .choice.choose import gpu_of
+from ..choice.choose import gpu_of
+from ..choice.costmodel import candidate_layouts, predict
+from ..choice.recipe import load_recipe
+from ..choice.workloads import COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH, cogvideox, flux
+from ..core.config import METHODS
+from ..core.links import PRESETS, parse_link
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

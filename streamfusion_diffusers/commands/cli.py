@@ -6,10 +6,10 @@ import os
 import sys
 from typing import NoReturn
 
+from ..bench import command as bench
+from ..core.extras import missing
+from ..core.logs import quiet_third_party
 from . import generate, launch, plan, tune, verify
-from .bench import command as bench
-from .extras import missing
-from .logs import quiet_third_party
 from .options import Parser, check
 from .spawn import RankFailure
 

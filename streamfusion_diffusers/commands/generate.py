@@ -24,11 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import init_parallel
-from .context import ParallelContext
-from .extras import install_hint
+from .. import init_parallel
+from ..core.context import ParallelContext
+from ..core.extras import install_hint
+from ..core.join import launched
 from .job import DTYPES, Job, add_arguments, make_job, real_size
-from .join import launched
 from .phases import PhaseTimer
 from .spawn import run_job
 
@@ -78,9 +78,9 @@ def run_rank(job: Job) -> dict | None:
     """One rank's share of the job; rank 0 decodes, writes the output and returns the run record."""
     from diffusers.utils import logging as diffusers_logging  # diffusers is an extra: imported only to run
 
-    from .models.build import build_pipeline, load_pipeline
-    from .models.full import build_full_pipeline
-    from .parallel_pipeline import parallelize
+    from ..models.build import build_pipeline, load_pipeline
+    from ..models.full import build_full_pipeline
+    from ..diffusers.parallel_pipeline import parallelize
 
     rank = dist.get_rank()
     if rank != 0:  # progress (loading, denoising) on rank 0 only
@@ -136,7 +136,7 @@ def run_rank(job: Job) -> dict | None:
 
 def _memory_line(job: Job) -> str:
     """What a real-size model asks of the CPU: its parameters (counted on the meta device) per process."""
-    from .models.full import build_full_pipeline
+    from ..models.full import build_full_pipeline
 
     pipe = build_full_pipeline(job.model, dtype=DTYPES[job.dtype], device="meta")
     parts = [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import ParallelConfig, init_parallel, sp_attention
-from .attention.faults import FAULTS, Exact
-from .config import METHODS, resolve_layout
-from .exactness import passes, reference_attention, relative_error, threshold
-from .mesh import GroupCache
-from .sequence import split_sizes
+from .. import ParallelConfig, init_parallel, sp_attention
+from ..attention.faults import FAULTS, Exact
+from ..core.config import METHODS, resolve_layout
+from ..core.exactness import passes, reference_attention, relative_error, threshold
+from ..core.mesh import GroupCache
+from ..core.sequence import split_sizes
 from .spawn import job_shape, run_job
 from .timing import median_ms
 

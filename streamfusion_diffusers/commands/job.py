@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from . import ParallelConfig
-from .config import METHODS, cfg_shape, resolve_layout
-from .extras import missing
-from .join import launched
-from .models import MODELS, ModelSpec
-from .choice.recipe import load_recipes
+from .. import ParallelConfig
+from ..choice.recipe import load_recipes
+from ..core.config import METHODS, cfg_shape, resolve_layout
+from ..core.extras import missing
+from ..core.join import launched
+from ..models import MODELS, ModelSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_PROMPT = "a photo of a red cat on a quiet street at sunset"
@@ -212,7 +212,7 @@ def make_job(args: argparse.Namespace) -> Job:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
     if args.cuda_graph and not gpu:
-        from .graphs import NO_GPU
+        from ..diffusers.graphs import NO_GPU
         raise ValueError(NO_GPU)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=given(args.steps, spec.steps), guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,

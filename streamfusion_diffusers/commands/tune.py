@@ -22,19 +22,19 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from .bench import report
-from .bench.command import limit
-from .bench.layer import Case, Setup, bench_layer, padded_length
-from .bench.records import records_from_bench
-from .choice.calibrate import fit
-from .choice.choose import Cluster, gpu_of, ranked, schedule_key
-from .choice.predictions import load_records, table
-from .choice.recipe import FOLDER_VARIABLE, load_recipe, user_folder
-from .choice.regenerate import from_cost_model, merge_from, parse_shapes
-from .choice.store import layout_fields, link_name, write_recipe, write_records
-from .choice.workloads import Workload, parse_workload, transformer_config, workload_specs
-from .config import ParallelConfig, layout_label, machine_shape, resolve_layout
-from .exactness import passes
+from ..bench import report
+from ..bench.command import limit
+from ..bench.layer import Case, Setup, bench_layer, padded_length
+from ..bench.records import records_from_bench
+from ..choice.calibrate import fit
+from ..choice.choose import Cluster, gpu_of, ranked, schedule_key
+from ..choice.predictions import load_records, table
+from ..choice.recipe import FOLDER_VARIABLE, load_recipe, user_folder
+from ..choice.regenerate import from_cost_model, merge_from, parse_shapes
+from ..choice.store import layout_fields, link_name, write_recipe, write_records
+from ..choice.workloads import Workload, parse_workload, transformer_config, workload_specs
+from ..core.config import ParallelConfig, layout_label, machine_shape, resolve_layout
+from ..core.exactness import passes
 from .spawn import job_shape, run_job
 from .timing import ITERS, SAMPLE_MS, WARMUP
 from .verify import DTYPES
@@ -135,7 +135,7 @@ def _rank_job(tasks: list[tuple[Setup, list[Case], dict | None]]) -> list[dict]:
         layer = bench_layer(setup, [Case("bound"), *cases])
         rows += layer
         if model_config is not None:
-            from .bench.model import ModelSetup, bench_model  # imports diffusers
+            from ..bench.model import ModelSetup, bench_model  # imports diffusers
 
             exact = (r for r in layer if r["method"] != "bound" and passes(r["rel_err"], setup.dtype))
             ours = sorted(exact, key=lambda r: r["ms"])[:2]

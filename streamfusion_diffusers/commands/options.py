@@ -70,7 +70,7 @@ def check_output(dest: str, folder: str | None) -> None:
 def check_recipe(recipe: str | None) -> None:
     """--recipe: a packaged recipe name, a YAML file or a folder of them (what method "auto" reads)."""
     if recipe is not None:
-        from .choice.recipe import load_recipes
+        from ..choice.recipe import load_recipes
 
         try:
             load_recipes(recipe)

@@ -33,9 +33,9 @@ from diffusers.models.attention_processor import Attention
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor, nn
 
-from ._moved import forward
-from .logs import say_once
-from .vae import is_split
+from ..._moved import forward
+from ...core.logs import say_once
+from .tiles import is_split
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Bands:
         """Bands as even as the height allows (the first height % world bands one row taller)."""
         if height < world:
             raise ValueError(f"a latent {height} rows high cannot be cut into {world} bands; decode it on fewer "
-                             f"ranks or with the tile split (streamfusion_diffusers.vae.split_vae_decode)")
+                             f"ranks or with the tile split (streamfusion_diffusers.diffusers.vae.tiles.split_vae_decode)")
         return cls(tuple(height // world + (r < height % world) for r in range(world)), rank, group)
 
     def scaled(self, x: Tensor) -> list[int]:
@@ -180,7 +180,7 @@ def _attention_forward(attn: Attention, bands: Bands) -> Any:
     def gathered_forward(hidden_states: Tensor, encoder_hidden_states: Tensor | None = None, **kwargs: Any) -> Tensor:
         if hidden_states.ndim != 4 or encoder_hidden_states is not None or attn.spatial_norm is not None:
             raise ValueError("the patch-parallel VAE decode supports spatial self-attention only; "
-                             "use the tile split (streamfusion_diffusers.vae.split_vae_decode)")
+                             "use the tile split (streamfusion_diffusers.diffusers.vae.tiles.split_vae_decode)")
         whole = bands.gather_rows(hidden_states).flatten(2)
         if attn.group_norm is not None:
             whole = nn.GroupNorm.forward(attn.group_norm, whole)
@@ -207,7 +207,7 @@ def _check(vae: Any) -> None:
     reason = unsupported(vae)
     if reason is not None:
         raise ValueError(f"the patch-parallel VAE decode cannot take this VAE: {reason}; "
-                         f"use the tile split (streamfusion_diffusers.vae.split_vae_decode)")
+                         f"use the tile split (streamfusion_diffusers.diffusers.vae.tiles.split_vae_decode)")
 
 
 @contextlib.contextmanager
@@ -277,4 +277,4 @@ def parallel_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
 
 __all__ = ["Bands", "banded", "parallel_decode", "parallel_vae_decode", "unsupported"]
 
-__getattr__ = forward(__name__, "streamfusion_diffusers.vae_decode")  # decode_over_ranks, until the next release
+__getattr__ = forward(__name__, "streamfusion_diffusers.diffusers.vae")  # decode_over_ranks, until the next release
