@@ -5,8 +5,8 @@
    exact answer, issue 14's bar on the Torus layer; and the compute-stream cost of each codec: encode + decode
    of one of the layer's Torus chunks beside a plain copy of it (the layer moves 4 per rank: Q, K, V, O);
 2. the real-size Flux (2048 px) and CogVideoX-5b (49 frames, 480 x 720) VAE decodes, random weights, in bf16:
-   untiled on one GPU (the others idle), diffusers' tiles shared out (`vae.py`) and patch-parallel
-   (`vae_parallel.py`) over all GPUs, CUDA events, min / median / max of the slowest rank, ratios to one GPU,
+   untiled on one GPU (the others idle), diffusers' tiles shared out (`diffusers/vae/tiles.py`) and patch-parallel
+   (`diffusers/vae/bands.py`) over all GPUs, CUDA events, min / median / max of the slowest rank, ratios to one GPU,
    each output's difference to the untiled one; then the same VAEs smaller in float32 (TF32 off), where the
    patch-parallel decode must equal the untiled one to float rounding.
 

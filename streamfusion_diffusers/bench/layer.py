@@ -84,9 +84,10 @@ def padded_length(w: Workload, world: int) -> int:
 
 
 def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = None) -> list[dict]:
-    """Run on every rank; one row per case (groups: the job's process groups, reused across workloads): the slowest rank's min / median / max per call over samples that
-    are interleaved across the cases (round-robin, timing.py), after every case is set up and checked,
-    and the worst rank's error against the exact rows."""
+    """Run on every rank; one row per case: the slowest rank's min / median / max per call over samples that
+    are interleaved across the cases (round-robin, commands/timing.py), after every case is set up and checked,
+    and the worst rank's error against the exact rows. groups: the job's process groups, reused across
+    workloads."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device, w, groups = device_of_job(), setup.workload, groups or GroupCache()
     length = padded_length(w, world)

@@ -2,8 +2,9 @@
 step), so that each is timed beside the plain (eager) run in one job:
 
 - eager: as `parallelize` runs it by default;
-- cuda-graph: replayed from a CUDA graph (a layer: the sp_attention call; a step: the whole forward, graphs.py);
-- waves2: each block's tokens in two TokenWeave waves (waves.py);
+- cuda-graph: replayed from a CUDA graph (a layer: the sp_attention call; a step: the whole forward,
+  diffusers/graphs.py);
+- waves2: each block's tokens in two TokenWeave waves (diffusers/waves.py, deprecated);
 - compile: each repeated block through torch.compile(fullgraph=True), as diffusers' `compile_repeated_blocks`
   does; attention compiles into the graph as a custom op (ours: `streamfusion::sp_attention`, the bound's:
   `streamfusion::local_attention`).

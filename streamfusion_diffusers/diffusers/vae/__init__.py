@@ -1,7 +1,7 @@
 """The VAE decode over the job's ranks: one entry point, two strategies and a fallback.
 
 `decode_over_ranks` makes a VAE's decode split over the ranks: patch-parallel bands where the VAE allows it
-(`vae_parallel.py`: exact, about 1/P of the work per rank), else diffusers' tiles shared out (`vae.py`), else
+(`bands.py`: exact, about 1/P of the work per rank), else diffusers' tiles shared out (`tiles.py`), else
 (VAEs of neither kind: Wan's, Qwen-Image's, Flux.2's) whole on every rank. `is_split` / `unsplit_vae_decode`
 tell and undo either split.
 """

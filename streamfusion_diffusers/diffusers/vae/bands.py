@@ -1,6 +1,6 @@
 """Exact patch-parallel VAE decode: each rank decodes one band of latent rows with diffusers' own decoder.
 
-diffusers' tiles overlap (25% a side), so the tile split (`vae.py`) does up to 2.25x the work of one untiled
+diffusers' tiles overlap (25% a side), so the tile split (`tiles.py`) does up to 2.25x the work of one untiled
 decode and cannot beat it on 2 GPUs. Here (the idea of xDiT's distvae, our own code) the latent is cut along
 the height into one contiguous band per rank, and while the decoder runs on a band three kinds of layers are
 patched so the band behaves as part of the whole image:
