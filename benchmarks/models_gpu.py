@@ -34,6 +34,9 @@ def run(name: str, repeats: int, ctx: ParallelContext, device: torch.device) -> 
     start = time.perf_counter()
     model = build(spec.family, spec.transformer, dtype=dtype, device=device)
     built = time.perf_counter() - start
+    weights = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the forward's peak apart from the build's
     args = inputs(spec.family, spec.transformer, spec.grid, spec.text, dtype=dtype, device=device)
     parallelize(model, ctx)
     times = []
@@ -49,7 +52,8 @@ def run(name: str, repeats: int, ctx: ParallelContext, device: torch.device) -> 
         tokens *= side
     row = {"model": name, "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 2),
            "image_tokens": tokens, "text_tokens": spec.text, "step_s": round(min(times[1:]), 3),
-           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device.type == "cuda" else None,
+           "weights_gib": round(weights / 2**30, 1) if device.type == "cuda" else None,
+           "forward_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device.type == "cuda" else None,
            "build_s": round(built, 1), "text_encoder": "not run (random prompt embeddings)",
            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     del model, args

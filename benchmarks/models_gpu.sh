@@ -4,7 +4,7 @@
 # embeddings; Flux.2-dev's 24B encoder would not fit beside its transformer). About 5 minutes; one JSON line per
 # model on stdout, all of them in $OUT/models_gpu.json. Run from the project root: bash benchmarks/models_gpu.sh
 set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
 timeout 470 torchrun --nproc-per-node 1 benchmarks/models_gpu.py --out "$OUT/models_gpu.json" "$@" 2>&1 \
   | grep -E '^\{|Error|error' | cut -c1-400
