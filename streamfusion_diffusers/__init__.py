@@ -18,7 +18,7 @@ from .core.mesh import GroupCache
 
 _moved.install()  # old import paths of moved modules, for one release
 
-_LAZY = {"parallelize": ".parallel_pipeline", "unparallelize": ".parallel_pipeline"}  # name -> module (diffusers)
+_LAZY = {"parallelize": ".diffusers.parallel_pipeline", "unparallelize": ".diffusers.parallel_pipeline"}  # name -> module (diffusers)
 
 
 def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
