@@ -8,6 +8,7 @@ benchmarks/models_gpu.sh).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
@@ -57,6 +58,7 @@ def run(name: str, repeats: int, ctx: ParallelContext, device: torch.device) -> 
            "build_s": round(built, 1), "text_encoder": "not run (random prompt embeddings)",
            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     del model, args
+    gc.collect()  # the hooks and the transformer reference each other: freed by the collector, not by del
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
