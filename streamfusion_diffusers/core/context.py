@@ -1,7 +1,6 @@
 """ParallelContext: a resolved layout bound to the running torch.distributed job."""
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import itertools
 import logging
@@ -218,17 +217,6 @@ def context_of(handle: int) -> ParallelContext:
         raise RuntimeError(f"ParallelContext {handle} is gone: compiled code outlived its context; compile again "
                            f"after init_parallel")
     return ctx
-
-
-def _release_at_exit() -> None:
-    """Destroy a gloo process group still up when the interpreter exits, while torch.distributed is whole: an
-    error that ends a script keeps our groups alive in its traceback until after that, and gloo then aborts
-    the process ('terminate called') instead of exiting with the error. (NCCL groups are left to torch.)"""
-    if dist.is_initialized() and dist.get_backend() == "gloo":
-        dist.destroy_process_group()
-
-
-atexit.register(_release_at_exit)
 
 
 def shutdown(ctx: ParallelContext | None = None) -> None:

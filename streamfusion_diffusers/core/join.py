@@ -5,6 +5,7 @@ commands) all come here, so every rank of every job waits on a lost peer for the
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 
@@ -34,3 +35,14 @@ def join_job(gpu: bool | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> b
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return True
+
+
+def _release_at_exit() -> None:
+    """Destroy a gloo process group still up when the interpreter exits, while torch.distributed is whole: an
+    error that ends a script keeps our groups alive in its traceback until after that, and gloo then aborts
+    the process ('terminate called') instead of exiting with the error. (NCCL groups are left to torch.)"""
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+
+
+atexit.register(_release_at_exit)
