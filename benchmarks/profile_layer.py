@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
 from streamfusion_diffusers.bench.xdit import XdiTUSP
 from streamfusion_diffusers.commands.timing import interleaved_ms
+from streamfusion_diffusers.core.mesh import GroupCache
 from streamfusion_diffusers.core.sequence import split_sizes
 
 WORKLOADS = {"flux-1024": (4096 + 512, 24, 128), "flux-2048": (16384 + 512, 24, 128),
@@ -89,7 +90,7 @@ def cases_of(names: list[str], args, heads: int, device: torch.device) -> list[t
     world, out = dist.get_world_size(), []
     for name in names:
         if name == "xdit-usp":
-            usp = XdiTUSP(world, 1, device)
+            usp = XdiTUSP(world, 1, device, GroupCache())
             out.append((f"xdit-usp U{world}R1", lambda q, k, v, lens, usp=usp: usp(q, k, v)))
             continue
         ctx = init_parallel(ParallelConfig(method=name, backend=args.backend, kernel=args.kernel))

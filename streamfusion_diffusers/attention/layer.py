@@ -42,7 +42,7 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
     signature = ("sp_attention", mesh.layout, tuple(lens), joint_len, b, heads, d, q.dtype)
     fault: Exact = ctx.fault or EXACT  # verify --self-test's injected fault (attention/faults.py)
     try:
-        with agreed_choices(ctx.cfg.sp, signature, q, kernel):  # every rank picks the same kernel per call
+        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, q, kernel):  # the same kernel on every rank
             if mesh.layout.torus == 1 and mesh.layout.ring == 1:
                 out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel, fault)
             else:

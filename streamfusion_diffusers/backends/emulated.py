@@ -61,7 +61,7 @@ def sleep_cycles_per_second(device: torch.device, cycles: int = 2_000_000) -> fl
     return cycles / (start.elapsed_time(end) * 1e-3)
 
 
-@functools.cache
+@functools.cache  # a property of the GPU, measured once per process: every context books on one clock
 def _job_sleep_rate(index: int) -> float:
     """The sleep rate measured once per GPU and process: every context of a job (bench and tune compare many)
     then books its link time on one scale, not on whatever the clock was at its own set-up."""
@@ -109,7 +109,7 @@ class _GpuQueue:
         return self.nic.book(seconds)
 
 
-@functools.cache
+@functools.cache  # the emulated NIC is the machine's, not a context's: every context of the process shares it
 def _gpu_queues(index: int) -> tuple[_GpuQueue, _GpuQueue]:
     """This process's NIC on GPU `index`, outgoing and incoming: one per rank, shared by every context of a job
     (bench and tune build many), as one machine's NIC is shared by whatever runs on it."""

@@ -36,7 +36,7 @@ from ..core.mesh import Group
 from .base import Handle, Transport
 
 
-@functools.cache
+@functools.cache  # a constant of (d, device): a pure function's result, the same for every context
 def hadamard(d: int, device: torch.device) -> Tensor:
     """The orthonormal Sylvester-Hadamard matrix of size d (a power of two), float32: symmetric, its own inverse."""
     h = torch.ones(1, 1)

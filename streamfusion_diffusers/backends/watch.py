@@ -11,8 +11,10 @@ timeout_s in the way the device allows:
   oldest layer's end and raises `TransferFailed` naming the oldest transfer still pending once it is late
   (80 % of timeout_s after it was posted). This also keeps the CUDA queue from filling, where a launch would
   block holding the GIL (nvshmem4py's on-stream calls do). Where the host is stuck in a CUDA call instead (a
-  synchronize), one watchdog thread logs the same error at 90 % of timeout_s, before torch's NCCL watchdog
+  synchronize), a watchdog thread logs the same error at 90 % of timeout_s, before torch's NCCL watchdog
   speaks with no names, and ends the process as torch's would: the stream it waits on can never drain.
+The watchdog belongs to its WatchedTransport (so to its ParallelContext): its thread runs only while transfers
+are pending, and `close()` (from shutdown()) stops it.
 """
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ def _failed(what: Label | str, err: BaseException) -> TransferFailed:
 
 
 class Watchdog:
-    """One host thread per process that watches CUDA events against deadlines; past one, it ends the process."""
+    """A host thread that watches CUDA events against deadlines; past one, it ends the process. The thread runs
+    while events are pending (it ends at the first poll that finds none, and the next `watch` starts another)."""
 
     def __init__(self, poll_s: float = 0.2):
         self.poll_s = poll_s
@@ -102,13 +105,25 @@ class Watchdog:
         self._pending: collections.deque[tuple[float, float, torch.cuda.Event, Label | str]] = collections.deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def watch(self, event: torch.cuda.Event, what: Label | str, posted: float, timeout_s: float) -> None:
         with self._lock:
             self._pending.append((posted, timeout_s, event, what))
             if self._thread is None:
+                self._closed.clear()
                 self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
                 self._thread.start()
+
+    def watch_stream(self, what: Label | str, timeout_s: float, posted: float | None = None
+                     ) -> torch.cuda.Event | None:
+        """Watch the work queued so far on the current CUDA stream (not while a CUDA graph is being captured)."""
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        self.watch(event, what, time.monotonic() if posted is None else posted, timeout_s)
+        return event
 
     def oldest(self) -> tuple[float, float, Label | str] | None:
         """(posted, timeout_s, what) of the oldest watched transfer not yet complete; forgets completed ones."""
@@ -117,14 +132,26 @@ class Watchdog:
                 self._pending.popleft()
             return None if not self._pending else (self._pending[0][0], self._pending[0][1], self._pending[0][3])
 
+    def close(self) -> None:
+        """Stop watching: forget what is pending and end the thread."""
+        with self._lock:
+            self._pending.clear()
+            thread, self._thread = self._thread, None
+            self._closed.set()
+        if thread is not None:
+            thread.join()
+
     def _run(self) -> None:
-        while True:
-            time.sleep(self.poll_s)
+        while not self._closed.wait(self.poll_s):
             late = self.oldest()
             if late is not None and time.monotonic() - late[0] > GPU_MARGIN * late[1]:
                 logger.critical("%s; ending this process (exit code %d)", _late(late[2], late[1]), EXIT_CODE)
                 logging.shutdown()
                 os._exit(EXIT_CODE)
+            with self._lock:
+                if not self._pending and self._thread is threading.current_thread():
+                    self._thread = None  # nothing to watch: end; the next watch starts a thread again
+                    return
 
 
 def _late(what: Label | str, timeout_s: float) -> str:
@@ -133,24 +160,11 @@ def _late(what: Label | str, timeout_s: float) -> str:
             f"takes longer")
 
 
-_watchdog = Watchdog()
-
-
-def watch_stream(what: Label | str, timeout_s: float, posted: float | None = None) -> torch.cuda.Event | None:
-    """Watch the work queued so far on the current CUDA stream (not while a CUDA graph is being captured)."""
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    _watchdog.watch(event, what, time.monotonic() if posted is None else posted, timeout_s)
-    return event
-
-
 class Watched:
     """A Handle whose wait names its transfer when it fails and, on a GPU, is watched until it completes."""
 
-    def __init__(self, inner: Handle, what: Label, on_gpu: bool, timeout_s: float):
-        self.inner, self.what, self.on_gpu, self.timeout_s = inner, what, on_gpu, timeout_s
+    def __init__(self, inner: Handle, what: Label, watchdog: Watchdog | None, timeout_s: float):
+        self.inner, self.what, self.watchdog, self.timeout_s = inner, what, watchdog, timeout_s
         self.posted = time.monotonic()
 
     def wait(self) -> None:
@@ -158,8 +172,8 @@ class Watched:
             self.inner.wait()
         except Exception as err:  # noqa: BLE001 - gloo / NCCL raise RuntimeError subclasses of their own
             raise _failed(self.what, err) from err
-        if self.on_gpu:
-            watch_stream(self.what, self.timeout_s, self.posted)
+        if self.watchdog is not None:  # a GPU transfer
+            self.watchdog.watch_stream(self.what, self.timeout_s, self.posted)
 
 
 class WatchedTransport:
@@ -171,6 +185,7 @@ class WatchedTransport:
         self.layer = 0
         self._on_gpu = False  # this layer moved CUDA tensors
         self._ends: collections.deque[torch.cuda.Event] = collections.deque()  # GPU: each layer's end, in order
+        self.watchdog = Watchdog()
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # mailbox and other transport-specific state
@@ -186,17 +201,22 @@ class WatchedTransport:
         if self._on_gpu:
             self._on_gpu = False
             extra = " (BARRIERALL, signals nobody waited on)" if self.name.startswith("nvshmem") else ""
-            end = watch_stream(f"attention layer {self.layer}, end of layer{extra}", self.timeout_s)
+            end = self.watchdog.watch_stream(f"attention layer {self.layer}, end of layer{extra}", self.timeout_s)
             if end is not None:
                 self._ends.append(end)
 
     def _drain(self, end: torch.cuda.Event) -> None:
         """Wait (polling, the GIL free) until the GPU finished a layer; raise naming what is late."""
         while not end.query():
-            late = _watchdog.oldest()
+            late = self.watchdog.oldest()
             if late is not None and time.monotonic() - late[0] > HOST_MARGIN * late[1]:
                 raise TransferFailed(_late(late[2], late[1]))
             time.sleep(POLL_S)
+
+    def close(self) -> None:
+        """Stop the watchdog (shutdown() calls it): nothing this transport posted is watched any more."""
+        self.watchdog.close()
+        self._ends.clear()
 
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
         return self.inner.recv_buffer(like, shape, peer, group)
@@ -210,7 +230,7 @@ class WatchedTransport:
             raise _failed(what, err) from err
         on_gpu = like is not None and like.is_cuda
         self._on_gpu |= on_gpu
-        return Watched(handle, what, on_gpu, self.timeout_s)
+        return Watched(handle, what, self.watchdog if on_gpu else None, self.timeout_s)
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:

@@ -151,7 +151,7 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
 def _callable(case: Case, setup: Setup, device: torch.device, groups: GroupCache):
     """The case's attention call, and our context for it (None for xDiT), on the job's process groups."""
     if case.method == "xdit-usp":
-        return XdiTUSP(case.ulysses, case.ring, device), None
+        return XdiTUSP(case.ulysses, case.ring, device, groups), None
     ctx = init_parallel(parallel_config(case, setup), groups=groups)
     call = lambda q, k, v: sp_attention(q, k, v, ctx)  # noqa: E731
     return (graphed(call) if case.variant == "cuda-graph" else call), ctx

@@ -6,6 +6,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..core.extras import missing
+from ..core.mesh import GroupCache
 
 INSTALL_HINT = f"the xdit-usp baseline {missing('yunchang')}"
 
@@ -18,26 +19,24 @@ def available() -> bool:
     return True
 
 
-_GROUPS: dict[tuple, tuple] = {}  # (process group, U, R) -> yunchang's (ulysses, ring) groups for this rank
-
-
-def _use_groups(ulysses: int, ring: int, set_seq_parallel_pg) -> None:
-    """Point yunchang at its process groups for U x R, created once per job: `set_seq_parallel_pg` makes new
-    groups (NCCL communicators, initialized at their first collective) at every call, and a bench job with
-    several workloads used to call it for every xdit-usp case of every workload."""
+def _use_groups(ulysses: int, ring: int, set_seq_parallel_pg, groups: GroupCache) -> None:
+    """Point yunchang at its process groups for U x R, created once per job and kept in the job's `groups`:
+    `set_seq_parallel_pg` makes new groups (NCCL communicators, initialized at their first collective) at every
+    call, and a bench job with several workloads used to call it for every xdit-usp case of every workload."""
     from yunchang.globals import PROCESS_GROUP
 
-    key = (dist.group.WORLD, ulysses, ring)
-    if key not in _GROUPS:
+    def make() -> tuple:
         set_seq_parallel_pg(ulysses, ring, dist.get_rank(), dist.get_world_size(), use_ulysses_low=True)
-        _GROUPS[key] = (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG)
-    PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = _GROUPS[key]
+        return PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG
+
+    PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = groups.other(("yunchang", ulysses, ring), make)
 
 
 class XdiTUSP:
-    """USP at Ulysses degree U x Ring degree R, with Ulysses peers adjacent (yunchang's use_ulysses_low)."""
+    """USP at Ulysses degree U x Ring degree R, with Ulysses peers adjacent (yunchang's use_ulysses_low), on
+    process groups kept in the job's `groups` (a context's GroupCache, emptied by shutdown)."""
 
-    def __init__(self, ulysses: int, ring: int, device: torch.device):
+    def __init__(self, ulysses: int, ring: int, device: torch.device, groups: GroupCache):
         try:
             from yunchang import LongContextAttention, set_seq_parallel_pg
             from yunchang.kernels import AttnType
@@ -46,7 +45,7 @@ class XdiTUSP:
         if ring > 1 and device.type != "cuda":
             raise ValueError("yunchang's ring needs a CUDA attention that returns the log-sum-exp; on the CPU run "
                              "xdit-usp with ring=1 only")
-        _use_groups(ulysses, ring, set_seq_parallel_pg)
+        _use_groups(ulysses, ring, set_seq_parallel_pg, groups)
         # yunchang 0.6.4's TORCH_CUDNN and TORCH_MATH paths return an all-zero LSE, which is right only when no
         # ring merge follows (ring = 1); with a ring, TORCH_FLASH is its fastest correct path here.
         if device.type != "cuda":

@@ -15,9 +15,11 @@ from ..backends import Transport, make_transport, nvshmem
 from ..backends.emulated import EmulatedTransport
 from ..backends.quantized import QuantizedTransport
 from ..backends.watch import WatchedTransport
+from ..kernels.state import KernelState
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .join import join_job
 from .links import parse_link
+from .logs import forget_said
 from .mesh import CfgGroups, GroupCache, Mesh
 
 logger = logging.getLogger(__name__)
@@ -47,7 +49,9 @@ class ParallelContext:
     chooser: what method "auto" asks for a layout, once per attention shape (LayoutChooser).
     groups: the process groups (and meshes) to reuse: another context's `groups`, to share them within a job;
     None: a cache of its own.
-    Everything a context keeps (groups, meshes, choices, agreed shapes) lives on it and `shutdown(ctx)` empties it.
+    Everything a context keeps (groups, meshes, layout and kernel choices, agreed shapes, tables its CUDA graphs
+    replay, the transport's watchdog) lives on it and `shutdown(ctx)` empties it; no module global holds any of
+    it (the handle table below holds the context weakly, and shutdown drops it).
     """
 
     def __init__(self, config: ParallelConfig, worlds: Sequence[Sequence[int]] | None = None,
@@ -76,6 +80,7 @@ class ParallelContext:
             self.transport = QuantizedTransport(self.transport, config.comm_dtype, self.gpus_per_machine,
                                                 self.global_rank)
         self.transport = WatchedTransport(self.transport, config.timeout_s)  # named, bounded waits (outermost)
+        self.kernels = KernelState()  # the attention kernels' choices and captured tables (kernels/state.py)
         self.groups = groups if groups is not None else GroupCache()
         self._meshes: dict[Layout, Mesh] = {}
         self._by_heads: dict[int | None, Mesh] = {}
@@ -184,12 +189,16 @@ class ParallelContext:
         return mesh
 
     def close(self) -> None:
-        """Forget what this context keeps: meshes, process groups (shared ones too), choices, agreed shapes."""
+        """Forget what this context keeps: meshes, process groups (shared ones too), layout and kernel choices,
+        agreed shapes, captured tables; stop the transport's watchdog; compiled code can no longer reach it."""
         self.groups.clear()
         self._meshes.clear()
         self._by_heads.clear()
         self.chosen.clear()
         self.agreed.clear()
+        self.kernels.clear()
+        self.transport.close()
+        _LIVE.pop(self.handle, None)
 
     def __repr__(self) -> str:
         return f"ParallelContext({self.config}, rank={self.global_rank}/{self.job_size})"
@@ -206,6 +215,9 @@ def _check_worlds(worlds: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...
     return out
 
 
+# The handle table behind the custom op (attention/op.py), module-level because compiled code names a context by
+# an int: handles never repeat (code compiled for a dead context must not reach a new one), the table holds
+# contexts weakly, and close() drops the entry.
 _HANDLES = itertools.count()
 _LIVE: weakref.WeakValueDictionary[int, ParallelContext] = weakref.WeakValueDictionary()
 
@@ -221,15 +233,18 @@ def context_of(handle: int) -> ParallelContext:
 
 def shutdown(ctx: ParallelContext | None = None) -> None:
     """Empty the context's caches (ctx.close), finalize NVSHMEM (when it was started) and destroy the process
-    group; every rank calls it at the end.
+    group; every rank calls it at the end. The job is over: messages said once are said again in the next.
 
     Both are collective; the barrier first bounds the wait for late ranks by the process group's timeout.
+    NVSHMEM is one runtime per process (backends/nvshmem_runtime.py), shared by every context, so it is torn down
+    here, with the process group, rather than by one context.
     """
     if dist.is_initialized():
         dist.barrier()
     if ctx is not None:
         ctx.close()
     nvshmem.close()
+    forget_said()
     if dist.is_initialized():
         dist.destroy_process_group()
 

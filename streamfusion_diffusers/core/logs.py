@@ -10,6 +10,8 @@ import warnings
 
 import torch.distributed as dist
 
+# What was said in this job: module-level as the logging module's own registry is (say_once is called where no
+# context is at hand), and emptied by shutdown(), which ends the job.
 _said: set[tuple[str, int, str]] = set()
 
 
@@ -27,6 +29,11 @@ def say_once(logger: logging.Logger, level: int, msg: str, *args: object) -> Non
         return
     _said.add(key)
     logger.log(level, msg, *args)
+
+
+def forget_said() -> None:
+    """The job ended (shutdown()): the next one says its messages again."""
+    _said.clear()
 
 
 def quiet_third_party(verbose: bool) -> None:

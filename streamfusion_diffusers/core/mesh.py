@@ -7,7 +7,7 @@ order is the global sequence order; `Layout.rank` maps coordinates to ranks.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -43,7 +43,7 @@ def cfg_branches(machines: int, gpus_per_machine: int, cfg: int) -> tuple[tuple[
 
 class GroupCache:
     """The process groups a context creates, kept for reuse: the world group per timeout, the CFG groups per
-    branch split and one Mesh per layout. Created with a ParallelContext and shared by the contexts made from it
+    branch split, one Mesh per layout, and those another library makes for the job (`other`). Created with a ParallelContext and shared by the contexts made from it
     (init_parallel(groups=ctx.groups): bench compares many layouts in one job), emptied by `shutdown(ctx)`.
     Bounded: past MAX_MESHES layouts the oldest mesh is forgotten (every rank asks in the same order, so every
     rank forgets the same one; a later request creates its groups again, collectively)."""
@@ -54,6 +54,7 @@ class GroupCache:
         self.worlds: dict[float, dist.ProcessGroup] = {}
         self.branches: dict[tuple, CfgGroups] = {}
         self.meshes: dict[tuple, Mesh] = {}
+        self.others: dict[Hashable, object] = {}
 
     def world(self, timeout_s: float) -> dist.ProcessGroup:
         """All ranks of the job in one group that times out after timeout_s (the default group keeps whatever
@@ -71,10 +72,18 @@ class GroupCache:
             self.meshes[key] = Mesh(layout, rank, timeout_s, cfg)
         return self.meshes[key]
 
+    def other(self, key: Hashable, make: Callable[[], object]) -> object:
+        """What `make` returns (another library's process groups: the bench's xDiT baseline's), made once per
+        key (collectively, as every group) and forgotten with ours."""
+        if key not in self.others:
+            self.others[key] = make()
+        return self.others[key]
+
     def clear(self) -> None:
         self.worlds.clear()
         self.branches.clear()
         self.meshes.clear()
+        self.others.clear()
 
 
 @dataclass(frozen=True)

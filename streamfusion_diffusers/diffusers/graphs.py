@@ -29,7 +29,6 @@ from diffusers.hooks import ModelHook
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from ..backends.watch import watch_stream
 from ..core.context import ParallelContext
 
 logger = logging.getLogger(__name__)
@@ -111,7 +110,8 @@ class GraphedForward(ModelHook):
         for static, value in zip(captured.inputs, (x for x in leaves if isinstance(x, Tensor))):
             static.copy_(value)
         captured.graph.replay()
-        watch_stream("the CUDA graph replay of the transformer forward", self.ctx.config.timeout_s)  # bounded
+        self.ctx.transport.watchdog.watch_stream("the CUDA graph replay of the transformer forward",
+                                                 self.ctx.config.timeout_s)  # bounded
         return tree_map_only(Tensor, torch.clone, captured.output)
 
     def _capture(self, leaves: list[Any], spec: Any) -> _Captured:

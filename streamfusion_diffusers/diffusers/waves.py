@@ -104,7 +104,7 @@ def run_waves(block: WaveBlock, waves: int, ctx: ParallelContext, layout: TokenL
         shard = joint_shard(*jqkv, mesh) if jqkv else None
         part_lens = [sum(_peer_lens(mesh, wave_lens[w])) for w in range(waves)]
         signature = ("waves", waves, mesh.layout, tuple(lens), joint, b, heads, d, parts[0][0].dtype)
-        with agreed_choices(ctx.cfg.sp, signature, parts[0][0], kernel):  # every rank picks the same kernel per call
+        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, parts[0][0], kernel):  # the same kernel everywhere
             gathers = _attend(parts, part_lens, shard, mesh, transport, lens, wave_lens, scale, kernel)
         joint_out = gather_joint(shard, jqkv[0], mesh, transport) if shard is not None else None
         for w, finish in enumerate(gathers):

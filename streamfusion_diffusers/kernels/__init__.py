@@ -9,8 +9,8 @@ inside `agreed_choices` every rank of the layer picks the same: see dispatch.py)
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +22,9 @@ from .merge import merge_into
 from .optional import has_triton
 from .reference import attention_with_lse_reference
 from .sdpa import attention_sdpa, attention_with_lse_sdpa
+from .state import KernelState, owned_by
 
-__all__ = ["Partial", "agreed_choices", "attention_with_lse", "attend_chunks", "merge_into"]
+__all__ = ["KernelState", "Partial", "agreed_choices", "attention_with_lse", "attend_chunks", "merge_into"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -201,13 +202,18 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
     })
 
 
-def agreed_choices(group: Group, signature: Hashable, q: Tensor, kernel: str) -> AbstractContextManager:
-    """Scope of one sp_attention layer call (signature: what every rank knows alike about it) whose "auto"
-    choices every rank of `group` shares (see dispatch.py); nothing where no choice is measured: a named kernel,
-    or no fused candidate for q's device, dtype and head dim (the same on every rank)."""
-    if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q):
-        return dispatch.layer(signature, group)
-    return nullcontext()
+@contextmanager
+def agreed_choices(state: KernelState, group: Group, signature: Hashable, q: Tensor, kernel: str) -> Iterator[None]:
+    """Scope of one sp_attention layer call (signature: what every rank knows alike about it): its kernels keep
+    what they keep in `state` (its context's), and its "auto" choices every rank of `group` shares (see
+    dispatch.py); no agreement where no choice is measured: a named kernel, or no fused candidate for q's device,
+    dtype and head dim (the same on every rank)."""
+    with owned_by(state):
+        if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q):
+            with dispatch.layer(signature, group):
+                yield
+        else:
+            yield
 
 
 def _fused_supports(q: Tensor) -> bool:

@@ -2,7 +2,7 @@
 
 Each candidate is timed on scratch copies of the state after a device synchronize, so that transfers the schedule
 still has in flight slow neither candidate; the times are kept per signature (dtype, shapes, chunk lengths,
-earlier state, finalize) for the process's lifetime.
+earlier state, finalize) in the running call's KernelState (state.py: its context's, emptied by shutdown()).
 
 Ranks of one layer run in lockstep, so a rank that picks the slower kernel for a step makes every rank wait: the
 ranks must agree. A collective per signature inside `choose` cannot do that: with uneven splits (seq_lens, joint
@@ -22,6 +22,7 @@ import logging
 import statistics
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -30,15 +31,12 @@ from torch import Tensor
 
 from ..core.logs import say_once
 from ..core.mesh import Group
+from .state import current
 
 logger = logging.getLogger(__name__)
 
 KERNELS = ("sdpa", "fused")  # every choice's candidates, in the order of the agreed table's columns
 Candidates = dict[str, tuple[Callable[[], object], Callable[[object], None]]]
-
-_times: dict[Hashable, dict[str, float]] = {}  # signature -> this rank's measured ms per kernel
-_choices: dict[Hashable, str] = {}  # signature -> local choice outside a layer (kernel tests and benchmarks)
-_agreed: dict[Hashable, list[str | None]] = {}  # (group ranks, layer signature) -> kernel per call position
 
 
 @dataclass
@@ -50,7 +48,8 @@ class _Layer:
     calls: list[dict[str, float] | None] = field(default_factory=list)
 
 
-_layer: _Layer | None = None
+# The layer call in progress in this thread (a ContextVar: set and reset around the call by `layer`).
+_layer: ContextVar[_Layer | None] = ContextVar("streamfusion_kernel_layer", default=None)
 
 
 def time_ms(prepare: Callable[[], object], run: Callable[[object], None], reps: int = 3) -> float:
@@ -71,9 +70,10 @@ def time_ms(prepare: Callable[[], object], run: Callable[[object], None], reps: 
 
 
 def _measure(key: Hashable, candidates: Candidates) -> dict[str, float]:
-    if key not in _times:
-        _times[key] = {name: time_ms(prepare, run) for name, (prepare, run) in candidates.items()}
-    return _times[key]
+    times = current().times
+    if key not in times:
+        times[key] = {name: time_ms(prepare, run) for name, (prepare, run) in candidates.items()}
+    return times[key]
 
 
 def _fastest(times: dict[str, float]) -> str:
@@ -82,41 +82,45 @@ def _fastest(times: dict[str, float]) -> str:
 
 def count_call() -> None:
     """An attend_chunks call began (whether or not it will choose): inside `layer`, the next call position."""
-    if _layer is not None:
-        _layer.calls.append(None)
+    scope = _layer.get()
+    if scope is not None:
+        scope.calls.append(None)
 
 
 def choose(key: Hashable, candidates: Candidates) -> str:
     """The kernel (a name in KERNELS) to run for this signature: inside `layer`, the one agreed for this call
     position (this rank's fastest until the ranks have agreed); outside, this rank's fastest, cached."""
-    if _layer is None:
-        if key not in _choices:
+    scope = _layer.get()
+    if scope is None:
+        local = current().local
+        if key not in local:
             times = _measure(key, candidates)
-            _choices[key] = _fastest(times)
-            say_once(logger, logging.INFO, "attention kernel for %s: %s (%s)", key, _choices[key],
+            local[key] = _fastest(times)
+            say_once(logger, logging.INFO, "attention kernel for %s: %s (%s)", key, local[key],
                      ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items()))
-        return _choices[key]
-    position = len(_layer.calls) - 1
-    if _layer.agreed is not None and position < len(_layer.agreed) and _layer.agreed[position] is not None:
-        return _layer.agreed[position]
+        return local[key]
+    position = len(scope.calls) - 1
+    if scope.agreed is not None and position < len(scope.agreed) and scope.agreed[position] is not None:
+        return scope.agreed[position]
     times = _measure(key, candidates)
-    _layer.calls[position] = times
+    scope.calls[position] = times
     return _fastest(times)
 
 
 @contextmanager
 def layer(signature: Hashable, group: Group) -> Iterator[None]:
     """Scope of one layer call whose choices every rank of `group` shares. signature: what every rank knows
-    alike about the call (layout, every rank's lengths, heads, dtype), never this rank's own chunk shapes."""
-    global _layer
-    key = (group.ranks, signature)
-    _layer = _Layer(_agreed.get(key))
+    alike about the call (layout, every rank's lengths, heads, dtype), never this rank's own chunk shapes.
+    The agreed table is kept in the current KernelState (the call's context's)."""
+    agreed, key = current().agreed, (group.ranks, signature)
+    scope = _Layer(agreed.get(key))
+    token = _layer.set(scope)
     try:
         yield
-        if _layer.agreed is None and not _capturing():
-            _agreed[key] = agree(_layer.calls, group, signature)
+        if scope.agreed is None and not _capturing():
+            agreed[key] = agree(scope.calls, group, signature)
     finally:
-        _layer = None
+        _layer.reset(token)
 
 
 def agree(calls: list[dict[str, float] | None], group: Group, signature: Hashable) -> list[str | None]:
@@ -156,7 +160,6 @@ def _gather(table: Tensor, group: Group) -> Tensor:
 
 
 def clear() -> None:
-    """Forget every time and choice (tests, or after the GPU's load changed); on every rank alike."""
-    _times.clear()
-    _choices.clear()
-    _agreed.clear()
+    """Forget the current KernelState's times and choices (tests, or after the GPU's load changed); on every
+    rank alike."""
+    current().forget_choices()

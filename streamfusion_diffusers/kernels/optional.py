@@ -5,7 +5,7 @@ import importlib.util
 from functools import cache
 
 
-@cache
+@cache  # a capability probe of the installed packages: the same for every context
 def has_triton() -> bool:
     """True when triton can be imported (its interpreter counts: TRITON_INTERPRET=1 runs kernels on CPU)."""
     return importlib.util.find_spec("triton") is not None

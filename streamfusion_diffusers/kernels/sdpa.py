@@ -17,7 +17,7 @@ from ..core.logs import say_once
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("cudnn", "flash", "efficient")
-_failed: set[str] = set()
+_failed: set[str] = set()  # what this process's torch build and GPU cannot run: a capability, not a choice
 
 
 def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float, lse: bool = True) -> tuple[Tensor, Tensor]:

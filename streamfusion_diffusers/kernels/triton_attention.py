@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .state import current
+
 LOG2E = 1.4426950408889634
 
 # The chunk tables have 9 int64 columns per chunk, addresses given as element offsets from one base tensor
@@ -200,19 +202,16 @@ def multi_chunk_attention(
     )
 
 
-# Host tables copied by captured CUDA graphs: a replay copies from the same host memory again, so it must live
-# as long as the graph (a few hundred bytes per captured call; graphs are captured once per shape).
-_CAPTURED_TABLES: list[Tensor] = []
-
-
 def _device_table(rows: list[list[int]], device: torch.device) -> Tensor:
-    """The chunk tables on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows)."""
+    """The chunk tables on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows). A replay
+    copies from the same host memory again, so a captured table is kept as long as the graph: in the running
+    call's KernelState (its context's, freed by shutdown(); a few hundred bytes per captured call)."""
     host = torch.tensor(rows, dtype=torch.int64)
     if device.type != "cuda":  # Triton's interpreter, on the CPU
         return host
     host = host.pin_memory()
     if torch.cuda.is_current_stream_capturing():
-        _CAPTURED_TABLES.append(host)
+        current().tables.append(host)
     return host.to(device, non_blocking=True)
 
 
@@ -236,7 +235,7 @@ def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:
                          f"{x.dtype} strides {x.stride()}")
 
 
-@cache
+@cache  # Triton's allocator is process-wide and this one holds nothing: set once, it serves every context
 def _set_tma_allocator() -> None:
     """Tensor descriptors made inside a kernel need global scratch memory, taken from PyTorch's allocator."""
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
