@@ -43,7 +43,8 @@ class Runtime:
 
 
 # NVSHMEM is initialized once per process and finalized once (a library-wide state, as torch.distributed's default
-# group is): the runtime mirrors that, and what lives in its heap (the transport's mailbox) hangs off it.
+# group is): the runtime mirrors that, and what lives in its heap (the transport's mailbox) hangs off it. Every
+# context shares it; shutdown() (core/context.py), which ends the job, is its one teardown (nvshmem.close).
 
 
 _runtime: Runtime | None = None

@@ -19,6 +19,7 @@ from ..kernels.sdpa import BACKENDS, attention_no_lse, attention_sdpa
 
 logger = logging.getLogger(__name__)
 
+# The bench process's, not a context's: the bound communicates nothing, so no ParallelContext runs it.
 _fastest: dict[tuple, str] = {}  # (device, dtype, q shape, k shape) -> SDPA backend
 _keys: dict[tuple, tuple[Tensor, Tensor]] = {}  # (device, dtype, k shape) -> the bound's random K, V
 
