@@ -3,8 +3,8 @@
 Algorithms only call `Partial`, `Partial.result` and `attend_chunks`, so the kernel behind them is chosen
 here: "reference" (float32 torch, any device), "sdpa" (PyTorch's cuDNN/flash SDPA + a one-pass merge per
 chunk pair), "fused" (one Triton launch for all chunks, merge in the kernel: paper Algorithm 2) or "auto"
-(reference off CUDA, else the faster of sdpa and fused for the call's shape, measured once and cached;
-inside `agreed_choices` every rank of the layer picks the same: see dispatch.py).
+(reference off CUDA, else the faster of sdpa and fused for the call's shape, measured once and cached in the
+context's KernelState, state.py; inside `agreed_choices` every rank of the layer picks the same: see dispatch.py).
 """
 from __future__ import annotations
 
