@@ -12,7 +12,7 @@ from streamfusion_diffusers.kernels import Partial, attend_chunks, dispatch
 from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
 from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
 from streamfusion_diffusers.kernels.sdpa import attention_with_lse_sdpa
-from streamfusion_diffusers.kernels.state import current
+from streamfusion_diffusers.kernels.state import KernelState, current, owned_by
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -86,7 +86,7 @@ def test_fused_kernel_writes_every_element() -> None:
 
 def test_fused_kernel_replays_in_a_cuda_graph() -> None:
     """A captured fused launch replays bit-identical to eager, also after the host memory it was built from is
-    reused (its chunk tables come from pinned memory the capture keeps)."""
+    reused (its chunk tables come from pinned memory kept by the state it was captured under, a context's)."""
     from streamfusion_diffusers.kernels.triton_attention import multi_chunk_attention
 
     q_lens, kv_lens = _lengths(2, 64, 700), _lengths(3, 64, 700)
@@ -106,9 +106,10 @@ def test_fused_kernel_replays_in_a_cuda_graph() -> None:
     with torch.cuda.stream(stream):
         run()  # warm-up (compilation) outside the capture
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    graph, state = torch.cuda.CUDAGraph(), KernelState()
+    with owned_by(state), torch.cuda.graph(graph):
         run()
+    assert len(state.tables) == 1 and not current().tables  # the owner keeps the table, not the process
     for o in outs:
         o.fill_(float("nan"))
     _ = [torch.tensor([[-1] * 9] * 8).pin_memory() for _ in range(64)]  # reuse freed pinned host blocks
