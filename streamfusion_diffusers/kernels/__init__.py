@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -202,18 +202,21 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
     })
 
 
-@contextmanager
-def agreed_choices(state: KernelState, group: Group, signature: Hashable, q: Tensor, kernel: str) -> Iterator[None]:
+def agreed_choices(state: KernelState, group: Group, signature: Hashable, q: Tensor, kernel: str
+                   ) -> AbstractContextManager:
     """Scope of one sp_attention layer call (signature: what every rank knows alike about it): its kernels keep
     what they keep in `state` (its context's), and its "auto" choices every rank of `group` shares (see
     dispatch.py); no agreement where no choice is measured: a named kernel, or no fused candidate for q's device,
     dtype and head dim (the same on every rank)."""
-    with owned_by(state):
-        if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q):
-            with dispatch.layer(signature, group):
-                yield
-        else:
-            yield
+    if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q):
+        return _agreeing(state, group, signature)
+    return owned_by(state)
+
+
+@contextmanager
+def _agreeing(state: KernelState, group: Group, signature: Hashable) -> Iterator[None]:
+    with owned_by(state), dispatch.layer(signature, group):
+        yield
 
 
 def _fused_supports(q: Tensor) -> bool:

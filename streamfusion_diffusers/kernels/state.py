@@ -6,8 +6,7 @@ share a kernel choice, and after shutdown nothing a context made stays reachable
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Hashable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -43,14 +42,19 @@ _STANDALONE = KernelState()
 _current: ContextVar[KernelState | None] = ContextVar("streamfusion_kernel_state", default=None)
 
 
-@contextmanager
-def owned_by(state: KernelState) -> Iterator[None]:
+class owned_by:  # noqa: N801 - a context manager used as a function; a class: it runs at every layer call
     """Run the kernels inside with `state` as theirs."""
-    token = _current.set(state)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+
+    __slots__ = ("state", "token")
+
+    def __init__(self, state: KernelState):
+        self.state = state
+
+    def __enter__(self) -> None:
+        self.token = _current.set(self.state)
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self.token)
 
 
 def current() -> KernelState:
