@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 FRAME_ATTENTION = (WanAttentionBlock, QwenImageAttentionBlock)  # the same block: norm, to_qkv, one head, proj
 
 
+def stacked(x: Tensor, before: Tensor | None, rows: slice) -> Tensor:
+    """Those rows of x, after those of the frames `before` it (dim 2) when there are such frames."""
+    return x[..., rows, :] if before is None else torch.cat([before[..., rows, :], x[..., rows, :]], dim=2)
+
+
 def _pads_in_forward(conv: nn.Module) -> bool:
     """A causal Conv3d of Wan's kind: zero `padding`, its (w, w, h, h, t, 0) padding applied by F.pad in forward."""
     return isinstance(conv, nn.Conv3d) and len(getattr(conv, "_padding", ())) == 6 and not any(conv.padding)
@@ -62,24 +67,25 @@ def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Callable[..., Te
             setattr(conv, attr, padding)
 
     def halo_forward(x: Tensor, cache: Tensor | None = None) -> Tensor:
+        cache = None if cache is None else cache.to(x.device)
         frames = 0 if cache is None else cache.shape[2]
-        stack = x if cache is None else torch.cat([cache.to(x.device), x], dim=2)
 
-        def convolved(rows: Tensor) -> Tensor:  # rows of the stack, halos included: cut back into cache and x
+        def convolved(rows: Tensor) -> Tensor:  # rows stacked as `stacked` stacks them, halos included
             return unpadded(rows) if cache is None else unpadded(rows[:, :, frames:], rows[:, :, :frames])
 
-        arrived = bands.neighbours(stack, pad)
+        arrived = bands.neighbours(x, pad, cache)
         if x.shape[-2] < 2 * pad:  # too thin for strips: the whole band with its halos
             above, below = arrived()
-            zeros = torch.zeros_like(stack[..., :pad, :])
-            return convolved(torch.cat([zeros if above is None else above, stack,
+            band = stacked(x, cache, slice(None))
+            zeros = torch.zeros_like(band[..., :pad, :])
+            return convolved(torch.cat([zeros if above is None else above, band,
                                         zeros if below is None else below], dim=-2))
         out = forward(x) if cache is None else forward(x, cache)
         above, below = arrived()
         if above is not None:
-            out[..., :pad, :] = convolved(torch.cat([above, stack[..., :2 * pad, :]], dim=-2))
+            out[..., :pad, :] = convolved(torch.cat([above, stacked(x, cache, slice(None, 2 * pad))], dim=-2))
         if below is not None:
-            out[..., -pad:, :] = convolved(torch.cat([stack[..., -2 * pad:, :], below], dim=-2))
+            out[..., -pad:, :] = convolved(torch.cat([stacked(x, cache, slice(-2 * pad, None)), below], dim=-2))
         return out
 
     return halo_forward
@@ -184,4 +190,4 @@ def no_band_rule(name: str, m: nn.Module) -> str | None:
     return None
 
 
-__all__ = ["FRAME_ATTENTION", "band_forward", "no_band_rule"]
+__all__ = ["FRAME_ATTENTION", "band_forward", "no_band_rule", "stacked"]

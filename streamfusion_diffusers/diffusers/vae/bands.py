@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ..._moved import forward
 from ...core.logs import say_once
-from .band_rules import band_forward, no_band_rule
+from .band_rules import band_forward, no_band_rule, stacked
 from .tiles import is_split
 
 logger = logging.getLogger(__name__)
@@ -74,12 +74,15 @@ class Bands:
         padded = F.pad(x, (0, 0, 0, max(rows) - x.shape[-2]))
         return torch.cat([part[..., :n, :] for part, n in zip(self.all_gather(padded), rows)], dim=-2)
 
-    def neighbours(self, x: Tensor, pad: int) -> Callable[[], tuple[Tensor | None, Tensor | None]]:
+    def neighbours(self, x: Tensor, pad: int,
+                   before: Tensor | None = None) -> Callable[[], tuple[Tensor | None, Tensor | None]]:
         """Start fetching the `pad` rows just above and just below x's band; the returned call waits for them
-        (None at the image's top / bottom edge). The fetch runs while the band's own convolution does."""
+        (None at the image's top / bottom edge). The fetch runs while the band's own convolution does. With
+        `before` (frames that precede x's in time, dim 2: a causal convolution's cache) their rows come too,
+        stacked before x's as `stacked` stacks them."""
         if min(self.scaled(x)) < pad:
             raise ValueError(f"a band of {min(self.scaled(x))} rows cannot lend a {pad}-row halo; use fewer ranks")
-        mine = torch.cat([x[..., :pad, :], x[..., -pad:, :]], dim=-2)
+        mine = torch.cat([stacked(x, before, slice(None, pad)), stacked(x, before, slice(-pad, None))], dim=-2)
         edges = [torch.empty_like(mine) for _ in self.rows]
         work = dist.all_gather(edges, mine, group=self.group, async_op=True)
 
