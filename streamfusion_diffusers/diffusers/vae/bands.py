@@ -105,8 +105,8 @@ def unsupported(vae: Any) -> str | None:
 def _check(vae: Any) -> None:
     reason = unsupported(vae)
     if reason is not None:
-        raise ValueError(f"the patch-parallel VAE decode cannot take this VAE: {reason}; "
-                         f"use the tile split (streamfusion_diffusers.diffusers.vae.tiles.split_vae_decode)")
+        raise ValueError(f"the patch-parallel VAE decode cannot take this VAE: {reason}; use decode_over_ranks "
+                         f"(streamfusion_diffusers.diffusers.vae), which falls back to the tile split or one rank")
 
 
 @contextlib.contextmanager
