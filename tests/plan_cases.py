@@ -121,8 +121,8 @@ def expect_error(config: ParallelConfig, case: Case) -> str:
 
 
 def wan_pipeline_vae(config: ParallelConfig) -> dict[str, Any]:
-    """On every rank: parallelize a Wan pipeline whose VAE (causal 3D) has no split; how it decodes, and whether
-    its decode still equals the untouched one."""
+    """On every rank: parallelize a Wan pipeline (its VAE causal 3D); how the VAE decodes, and its decode's
+    relative difference to the untouched one."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
 
     torch.manual_seed(0)
@@ -136,4 +136,4 @@ def wan_pipeline_vae(config: ParallelConfig) -> dict[str, Any]:
         after = pipe.vae.decode(z).sample
     mode = pipe.transformer._streamfusion.vae_decode
     unparallelize(pipe)
-    return {"vae_decode": mode, "same": bool(torch.equal(before, after))}
+    return {"vae_decode": mode, "rel": float((after - before).norm() / before.norm())}

@@ -76,8 +76,9 @@ def test_too_few_tokens_fail_naming_the_fix(pool):
     assert all("3 image/video tokens cannot be split over 4 ranks; raise the resolution" in e for e in errors), errors
 
 
-def test_a_vae_with_no_split_is_decoded_whole_and_said(pool):
-    assert pool.run(wan_pipeline_vae, config("torus-U2R2")) == [{"vae_decode": "whole", "same": True}] * WORLD
+def test_a_wan_pipeline_decodes_its_vae_patch_parallel_and_says_so(pool):
+    for res in pool.run(wan_pipeline_vae, config("torus-U2R2")):  # 6 latent rows: bands of 2, 2, 1, 1
+        assert res["vae_decode"] == "patch-parallel" and res["rel"] <= 1e-5, res
 
 
 def test_a_transformer_without_a_plan_is_refused_naming_what_is_supported():

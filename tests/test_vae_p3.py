@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
+from diffusers import AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2
 
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.diffusers.vae.tiles import TileGrid, share, split_decode, split_vae_decode, unsplit_vae_decode
@@ -22,10 +22,11 @@ def pool():
 def _vae(family: str) -> torch.nn.Module:
     """Tiny VAEs of the real architectures (8x spatial; CogVideoX 4x temporal), with small diffusers tiles."""
     torch.manual_seed(0)
-    if family == "flux":
-        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,) * 4,
-                            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                            layers_per_block=1, norm_num_groups=2, sample_size=64)  # latent tiles 8, step 6
+    if family in ("flux", "flux2"):  # Flux.2's VAE tiles as AutoencoderKL does
+        vae = (AutoencoderKL if family == "flux" else AutoencoderKLFlux2)(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,) * 4,
+            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+            layers_per_block=1, norm_num_groups=2, sample_size=64)  # latent tiles 8, step 6
     else:
         vae = AutoencoderKLCogVideoX(in_channels=3, out_channels=3, latent_channels=4,
                                      down_block_types=("CogVideoXDownBlock3D",) * 4,
@@ -36,7 +37,7 @@ def _vae(family: str) -> torch.nn.Module:
 
 
 def _latents(family: str, height: int, width: int) -> torch.Tensor:
-    shape = (2, 4, height, width) if family == "flux" else (1, 4, 5, height, width)
+    shape = (1, 4, 5, height, width) if family == "cogvideox" else (2, 4, height, width)
     return torch.randn(shape, generator=torch.Generator().manual_seed(height * 100 + width))
 
 
@@ -49,7 +50,7 @@ def _decode_three_ways(family: str, height: int, width: int) -> dict:
     calls: list[int] = []
     vae.decoder.register_forward_pre_hook(lambda *_: calls.append(1))
     with torch.no_grad():
-        untiled = type(vae)._decode(vae, z).sample if family == "flux" else _untiled_cogvideox(vae, z)
+        untiled = _untiled_cogvideox(vae, z) if family == "cogvideox" else type(vae)._decode(vae, z).sample
         tiled = vae.tiled_decode(z).sample
         before = len(calls)
         split = split_decode(vae, z, dist.get_rank(), dist.get_world_size())
@@ -70,7 +71,8 @@ def _untiled_cogvideox(vae: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
         vae.use_tiling = True
 
 
-@pytest.mark.parametrize(("family", "height", "width"), [("flux", 20, 26), ("flux", 14, 8), ("cogvideox", 8, 10)])
+@pytest.mark.parametrize(("family", "height", "width"), [("flux", 20, 26), ("flux", 14, 8), ("cogvideox", 8, 10),
+                                                            ("flux2", 14, 8)])
 def test_split_decode_is_diffusers_tiled_decode(pool, family, height, width):
     results = pool.run(_decode_three_ways, family, height, width)
     grid = TileGrid.of(_vae(family))

@@ -1,12 +1,15 @@
 """The patch-parallel VAE decode over 3 (and 2) gloo processes equals diffusers' untiled decode (float32 rounding),
 with uneven bands, for tiny random-weight VAEs of the real architectures (AutoencoderKL as Flux's, with its
-mid-block attention; AutoencoderKLCogVideoX with its causal convolutions and frame batches)."""
+mid-block attention; Flux.2's; AutoencoderKLCogVideoX with its causal convolutions and frame batches; Wan 2.1's
+and Qwen-Image's causal 3D VAE, decoded frame by frame through its temporal cache, with its per-frame attention;
+Wan 2.2's residual, patchified one); a VAE neither split takes is decoded on rank 0 only."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
-from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
+from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLLTXVideo,
+                       AutoencoderKLQwenImage, AutoencoderKLWan, AutoencoderTiny)
 
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.diffusers.vae import decode_over_ranks
@@ -23,23 +26,36 @@ def pool():
         yield p
 
 
+WAN = {"base_dim": 8, "dim_mult": [1, 2, 2], "num_res_blocks": 1, "temperal_downsample": [False, True]}
+LATENT = {"flux": (2, 4), "flux2": (2, 4), "cogvideox": (1, 4, 5), "wan2.1": (1, 4, 3), "wan2.2": (1, 6, 3),
+          "qwenimage": (1, 4, 1)}  # batch, channels and latent frames; wan: 3 frames go through the causal cache
+
+
 def _vae(family: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    if family == "flux":
-        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 16, 8),
-                            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                            layers_per_block=1, norm_num_groups=4, sample_size=64)
-    else:
+    if family in ("flux", "flux2"):
+        vae = (AutoencoderKL if family == "flux" else AutoencoderKLFlux2)(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 16, 8),
+            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+            layers_per_block=1, norm_num_groups=4, sample_size=64)
+    elif family == "cogvideox":
         vae = AutoencoderKLCogVideoX(in_channels=3, out_channels=3, latent_channels=4,
                                      down_block_types=("CogVideoXDownBlock3D",) * 4,
                                      up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 16, 16, 8),
                                      layers_per_block=1, norm_num_groups=4, temporal_compression_ratio=4)
+    elif family == "wan2.1":
+        vae = AutoencoderKLWan(z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4, **WAN)
+    elif family == "wan2.2":  # residual up blocks, 12 = 3 x 2 x 2 channels unpatchified at the end
+        vae = AutoencoderKLWan(z_dim=6, decoder_base_dim=12, in_channels=12, out_channels=12, is_residual=True,
+                               patch_size=2, latents_mean=[0.0] * 6, latents_std=[1.0] * 6, **WAN)
+    else:
+        vae = AutoencoderKLQwenImage(z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4, **WAN)
     vae.enable_tiling()  # ignored by the patch-parallel decode: it equals the untiled one
     return vae.eval()
 
 
 def _latents(family: str, height: int, width: int) -> torch.Tensor:
-    shape = (2, 4, height, width) if family == "flux" else (1, 4, 5, height, width)
+    shape = (*LATENT[family], height, width)
     return torch.randn(shape, generator=torch.Generator().manual_seed(height * 100 + width)) * 2 + 0.5
 
 
@@ -70,7 +86,8 @@ def _decode_both(family: str, height: int, width: int) -> dict:
 
 
 @pytest.mark.parametrize(("family", "height", "width"),
-                         [("flux", 11, 9), ("flux", 3, 5), ("flux", 2, 4), ("cogvideox", 8, 6)])
+                         [("flux", 11, 9), ("flux", 3, 5), ("flux", 2, 4), ("cogvideox", 8, 6), ("flux2", 7, 5),
+                          ("wan2.1", 7, 5), ("wan2.2", 5, 4), ("qwenimage", 8, 6)])
 def test_patch_parallel_decode_is_the_untiled_decode(pool, family, height, width):
     results = pool.run(_decode_both, family, height, width)
     rows = Bands.even(height, WORLD, 0).rows if height >= WORLD else (height,) * WORLD  # too few: whole
@@ -124,10 +141,36 @@ def test_bands_are_even_and_refuse_too_few_rows():
         Bands.even(2, 3, 0)
 
 
+def _decode_on_rank_0() -> dict:
+    """An LTX VAE (its decode hands _decode a temb) through decode_over_ranks: how often each rank's decoder ran."""
+    torch.manual_seed(0)
+    vae = AutoencoderKLLTXVideo(latent_channels=4, block_out_channels=(8, 8), decoder_block_out_channels=(8, 8),
+                                layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
+                                spatio_temporal_scaling=(True, False), decoder_spatio_temporal_scaling=(True, False),
+                                decoder_inject_noise=(False,) * 3, upsample_residual=(False,) * 2,
+                                upsample_factor=(1, 1), patch_size=1).eval()
+    z = torch.randn(1, 4, 2, 5, 4, generator=torch.Generator().manual_seed(5))
+    calls: list[int] = []
+    vae.decoder.register_forward_pre_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        whole = vae.decode(z).sample
+        calls.clear()
+        mode = decode_over_ranks(vae, dist.get_rank(), dist.get_world_size())
+        ours = vae.decode(z, return_dict=False)[0]
+        unsplit_vae_decode(vae)
+    return {"mode": mode, "same": bool(torch.equal(ours, whole)), "decoder_calls": len(calls)}
+
+
+def test_a_vae_neither_split_takes_is_decoded_on_rank_0_only(pool):
+    results = pool.run(_decode_on_rank_0)
+    assert all(r["mode"] == "one-rank" and r["same"] for r in results), results
+    assert [r["decoder_calls"] for r in results] == [1] + [0] * (WORLD - 1), results
+
+
 def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
     vae = _vae("flux")
-    assert unsupported(vae) is None and unsupported(_vae("cogvideox")) is None
-    assert "not AutoencoderKL" in unsupported(torch.nn.Linear(2, 2))
+    assert [unsupported(_vae(f)) for f in LATENT] == [None] * len(LATENT)
+    assert "Linear is none of AutoencoderKL" in unsupported(torch.nn.Linear(2, 2))
     vae.decoder.conv_in.padding_mode = "reflect"
     assert "conv_in" in unsupported(vae)
     decode_over_ranks(vae, 0, 1)  # a single rank: no collective is called by installing
@@ -135,3 +178,6 @@ def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
     unsplit_vae_decode(vae)
     split_vae_decode(vae, 0, 1)
     unsplit_vae_decode(vae)
+    tiny = AutoencoderTiny(encoder_block_out_channels=(8,), decoder_block_out_channels=(8,),
+                           num_encoder_blocks=(1,), num_decoder_blocks=(1,), latent_channels=4)
+    assert decode_over_ranks(tiny, 0, 1) == "whole" and not is_split(tiny)  # no _decode to take over

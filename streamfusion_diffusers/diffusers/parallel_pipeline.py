@@ -37,7 +37,7 @@ class _Installed:
     processors: dict[str, Any]
     hooks: list[tuple[torch.nn.Module, str]]
     state: PlanState
-    vae_decode: str | None = None  # how the pipeline's VAE decodes: patch-parallel, tiles, whole (None: untouched)
+    vae_decode: str | None = None  # how the pipeline's VAE decodes: patch-parallel, tiles, one-rank (None: untouched)
 
 
 def _transformer(target: Any) -> torch.nn.Module:
@@ -58,7 +58,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
     With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
     (`streamfusion_diffusers.diffusers.vae.bands`), else diffusers' tiles shared out (`streamfusion_diffusers.diffusers.vae.tiles`),
-    else (VAEs of neither kind) whole on every rank; `transformer._streamfusion.vae_decode` says which. Every
+    else (VAEs of neither kind) on rank 0, broadcast; `transformer._streamfusion.vae_decode` says which. Every
     rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
     """
     if waves is not None:

@@ -1,9 +1,9 @@
-"""The VAE decode over the job's ranks: one entry point, two strategies and a fallback.
+"""The VAE decode over the job's ranks: one entry point, three strategies.
 
-`decode_over_ranks` makes a VAE's decode split over the ranks: patch-parallel bands where the VAE allows it
-(`bands.py`: exact, about 1/P of the work per rank), else diffusers' tiles shared out (`tiles.py`), else
-(VAEs of neither kind: Wan's, Qwen-Image's, Flux.2's) whole on every rank. `is_split` / `unsplit_vae_decode`
-tell and undo either split.
+`decode_over_ranks` makes a VAE's decode split over the ranks: patch-parallel bands where every layer of its
+decoder has a band rule (`bands.py`: exact, about 1/P of the work per rank; AutoencoderKL, Flux.2's, CogVideoX's,
+Wan's and Qwen-Image's VAEs), else diffusers' tiles shared out (`tiles.py`: the tiled decode's output), else
+decoded on rank 0 alone and broadcast (`one_rank.py`). `is_split` / `unsplit_vae_decode` tell and undo any.
 """
 from __future__ import annotations
 
@@ -12,23 +12,28 @@ import logging
 from torch import nn
 
 from ...core.logs import say_once
-from .bands import SUPPORTED, parallel_vae_decode, unsupported
-from .tiles import is_split, split_vae_decode, unsplit_vae_decode
+from .bands import parallel_vae_decode, unsupported
+from .one_rank import one_rank_vae_decode
+from .tiles import TILED, is_split, split_vae_decode, unsplit_vae_decode
 
 logger = logging.getLogger(__name__)
 
 
 def decode_over_ranks(vae: nn.Module, rank: int, world: int) -> str:
-    """The job's VAE decode over its ranks: patch-parallel where supported, else the tile split, else whole on
-    every rank. Says which once and returns it: "patch-parallel", "tiles" or "whole"."""
+    """The job's VAE decode over its ranks: patch-parallel where supported, else the tile split, else on rank 0
+    only. Says which once and returns it (run.json's `vae_decode`): "patch-parallel", "tiles" or "one-rank";
+    "whole" (every rank decodes, untouched) for a VAE with no `_decode` to replace."""
+    if not hasattr(type(vae), "_decode"):  # e.g. AutoencoderTiny: no _decode below its decode to take over
+        say_once(logger, logging.INFO, "VAE decode: %s is decoded whole on every rank", type(vae).__name__)
+        return "whole"
     reason = unsupported(vae)
     if reason is None:
         parallel_vae_decode(vae, rank, world)
         return "patch-parallel"
-    if not isinstance(vae, SUPPORTED):  # the tile split reads the tile grid of these two classes only
-        say_once(logger, logging.INFO, "VAE decode: %s is decoded whole on every rank (no split for it)",
-                 type(vae).__name__)
-        return "whole"
+    if not isinstance(vae, TILED):
+        say_once(logger, logging.INFO, "VAE decode: neither bands nor tiles can split it (%s)", reason)
+        one_rank_vae_decode(vae, rank, world)
+        return "one-rank"
     say_once(logger, logging.INFO, "VAE decode: patch-parallel not possible (%s); falling back to the tile split",
              reason)
     split_vae_decode(vae, rank, world)

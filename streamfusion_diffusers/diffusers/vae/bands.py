@@ -2,20 +2,15 @@
 
 diffusers' tiles overlap (25% a side), so the tile split (`tiles.py`) does up to 2.25x the work of one untiled
 decode and cannot beat it on 2 GPUs. Here (the idea of xDiT's distvae, our own code) the latent is cut along
-the height into one contiguous band per rank, and while the decoder runs on a band three kinds of layers are
-patched so the band behaves as part of the whole image:
+the height into one contiguous band per rank, and while the decoder runs on a band every layer that looks
+across rows is patched by the rule for its kind (`band_rules.py`: halo rows for convolutions, the temporal
+cache of causal ones included; the whole image's GroupNorm moments; whole-image keys and values for spatial
+attention), so the band behaves as part of the whole image. That covers AutoencoderKL (Flux.1), Flux.2's,
+CogVideoX's, Wan 2.1 / 2.2's (3D causal, frame by frame; 2.2 patchified) and Qwen-Image's VAEs.
 
-- every Conv2d / Conv3d wider than one row gets its halo rows from the neighbouring bands (one all-gather of
-  boundary rows; the band-edge output rows are redone from thin strips) instead of zeros at band edges
-  (CogVideoX's causal convolutions pad the height inside their Conv3d, so their temporal cache stays
-  diffusers' own, per band);
-- every GroupNorm normalizes with the global mean and variance, combined from per-rank moments (Chan's
-  parallel formula: stable, one small all-gather);
-- the spatial self-attention (AutoencoderKL's mid block) attends from its band's queries to keys and values
-  of the whole image, gathered once.
-
-Nearest-neighbour upsampling keeps bands aligned by itself. Decoded bands are gathered once at the end, so the
-result is the untiled `vae.decode` on every rank, within float rounding, at about 1/P of its work per rank.
+Nearest-neighbour and pixel-shuffle upsampling keep bands aligned by themselves. Decoded bands are gathered once
+at the end, so the result is the untiled `vae.decode` on every rank, within float rounding, at about 1/P of its
+work per rank.
 """
 from __future__ import annotations
 
@@ -28,18 +23,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
-from diffusers.models.attention_processor import Attention
+from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLQwenImage,
+                       AutoencoderKLWan)
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor, nn
 
 from ..._moved import forward
 from ...core.logs import say_once
+from .band_rules import band_forward, no_band_rule, stacked
 from .tiles import is_split
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED = (AutoencoderKL, AutoencoderKLCogVideoX)
+# VAEs whose every decoder layer is known: per position, or of a kind band_rules covers
+SUPPORTED = (AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLCogVideoX, AutoencoderKLWan, AutoencoderKLQwenImage)
 
 
 @dataclass(frozen=True)
@@ -77,12 +74,15 @@ class Bands:
         padded = F.pad(x, (0, 0, 0, max(rows) - x.shape[-2]))
         return torch.cat([part[..., :n, :] for part, n in zip(self.all_gather(padded), rows)], dim=-2)
 
-    def neighbours(self, x: Tensor, pad: int) -> Callable[[], tuple[Tensor | None, Tensor | None]]:
+    def neighbours(self, x: Tensor, pad: int,
+                   before: Tensor | None = None) -> Callable[[], tuple[Tensor | None, Tensor | None]]:
         """Start fetching the `pad` rows just above and just below x's band; the returned call waits for them
-        (None at the image's top / bottom edge). The fetch runs while the band's own convolution does."""
+        (None at the image's top / bottom edge). The fetch runs while the band's own convolution does. With
+        `before` (frames that precede x's in time, dim 2: a causal convolution's cache) their rows come too,
+        stacked before x's as `stacked` stacks them."""
         if min(self.scaled(x)) < pad:
             raise ValueError(f"a band of {min(self.scaled(x))} rows cannot lend a {pad}-row halo; use fewer ranks")
-        mine = torch.cat([x[..., :pad, :], x[..., -pad:, :]], dim=-2)
+        mine = torch.cat([stacked(x, before, slice(None, pad)), stacked(x, before, slice(-pad, None))], dim=-2)
         edges = [torch.empty_like(mine) for _ in self.rows]
         work = dist.all_gather(edges, mine, group=self.group, async_op=True)
 
@@ -95,134 +95,28 @@ class Bands:
         return arrived
 
 
-def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Any:
-    """The conv's own forward (CogVideoX's safe Conv3d chunking included), its band-edge rows redone with halos.
-
-    The band is convolved as it is (zero padding at its edges: right at the image's edges) while the halos
-    travel, then the `pad` rows at an inner edge are recomputed from a thin strip (halo + 2 * pad rows of the
-    band) convolved without height padding. That spares a haloed copy of the whole band per convolution.
-    """
-    forward, padding = conv.forward, conv.padding
-    pad = padding[-2]
-
-    def unpadded(x: Tensor) -> Tensor:
-        conv.padding = (*padding[:-2], 0, padding[-1])
-        try:
-            return forward(x)
-        finally:
-            conv.padding = padding
-
-    def halo_forward(x: Tensor) -> Tensor:
-        arrived = bands.neighbours(x, pad)
-        if x.shape[-2] < 2 * pad:  # too thin for strips: the whole band with its halos
-            above, below = arrived()
-            zeros = torch.zeros_like(x[..., :pad, :])
-            return unpadded(torch.cat([zeros if above is None else above, x, zeros if below is None else below],
-                                      dim=-2))
-        out = forward(x)
-        above, below = arrived()
-        if above is not None:
-            out[..., :pad, :] = unpadded(torch.cat([above, x[..., :2 * pad, :]], dim=-2))
-        if below is not None:
-            out[..., -pad:, :] = unpadded(torch.cat([x[..., -2 * pad:, :], below], dim=-2))
-        return out
-
-    return halo_forward
-
-
-def _local_moments(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean and variance over the last dim, in float32. A float32 band gets torch's stable var_mean; a bf16 /
-    fp16 one (memory-bound at the decoder's top resolution) gets float32 sums of x and x^2 (each one pass that
-    casts while it reads, on CUDA) instead of a float32 copy of the band and two more passes over it."""
-    if x.dtype in (torch.float32, torch.float64):
-        var, mean = torch.var_mean(x, dim=-1, correction=0)
-        return mean.float(), var.float()
-    mean = x.sum(-1, dtype=torch.float32) / x.shape[-1]
-    squares = torch.linalg.vector_norm(x, 2, dim=-1, dtype=torch.float32) ** 2 / x.shape[-1]
-    return mean, (squares - mean**2).clamp_(min=0)
-
-
-def _global_moments(x: Tensor, groups: int, bands: Bands) -> tuple[Tensor, Tensor]:
-    """Mean and variance per (sample, group) over every band: moments per band, combined in float64 by Chan's
-    parallel formula."""
-    mean, var = _local_moments(x.reshape(x.shape[0], groups, -1))
-    count = torch.full_like(mean, x[0].numel() // groups, dtype=torch.float64)
-    moments = torch.stack([count, mean.double(), var.double() * count])
-    counts, means, m2s = torch.stack(bands.all_gather(moments)).unbind(1)  # each [world, samples, groups]
-    total = counts.sum(0)
-    mean = (counts * means).sum(0) / total
-    return mean, (m2s + counts * (means - mean) ** 2).sum(0) / total
-
-
-def _group_norm_forward(norm: nn.GroupNorm, bands: Bands) -> Any:
-    """GroupNorm with the whole image's statistics, applied (with the affine) by batch_norm in one kernel."""
-
-    def global_forward(x: Tensor) -> Tensor:
-        n, c = x.shape[:2]
-        per_group = c // norm.num_groups
-        stats = [s.float().repeat_interleave(per_group, dim=1).flatten()
-                 for s in _global_moments(x, norm.num_groups, bands)]
-        affine = [None if p is None else p.float().repeat(n) for p in (norm.weight, norm.bias)]
-        out = F.batch_norm(x.reshape(1, n * c, -1), *stats, *affine, training=False, eps=norm.eps)
-        return out.reshape(x.shape)
-
-    return global_forward
-
-
-def _attention_forward(attn: Attention, bands: Bands) -> Any:
-    """Self-attention from the band's queries to the whole image's keys and values.
-
-    The processor normalizes and projects its own band (the GroupNorm is patched to global statistics); the
-    whole image goes in as `encoder_hidden_states`, normalized here by the unpatched GroupNorm on all of it.
-    """
-    forward = attn.forward
-
-    def gathered_forward(hidden_states: Tensor, encoder_hidden_states: Tensor | None = None, **kwargs: Any) -> Tensor:
-        if hidden_states.ndim != 4 or encoder_hidden_states is not None or attn.spatial_norm is not None:
-            raise ValueError("the patch-parallel VAE decode supports spatial self-attention only; "
-                             "use the tile split (streamfusion_diffusers.diffusers.vae.tiles.split_vae_decode)")
-        whole = bands.gather_rows(hidden_states).flatten(2)
-        if attn.group_norm is not None:
-            whole = nn.GroupNorm.forward(attn.group_norm, whole)
-        return forward(hidden_states, encoder_hidden_states=whole.transpose(1, 2), **kwargs)
-
-    return gathered_forward
-
-
 def unsupported(vae: Any) -> str | None:
     """Why this VAE cannot be decoded patch-parallel, or None when it can."""
     if not isinstance(vae, SUPPORTED):
-        return f"{type(vae).__name__} is not AutoencoderKL or AutoencoderKLCogVideoX"
-    for name, m in vae.decoder.named_modules():
-        if isinstance(m, (nn.Conv2d, nn.Conv3d)) and m.kernel_size[-2] > 1 and (
-                isinstance(m.padding, str) or m.padding_mode != "zeros" or m.stride[-2] != 1
-                or m.dilation[-2] != 1 or 2 * m.padding[-2] + 1 != m.kernel_size[-2]):
-            return f"its convolution {name} is not a stride-1, zero-padded, centred one"
-        if isinstance(m, nn.ConvTranspose2d) or (isinstance(m, Attention) and m.is_cross_attention):
-            return f"its layer {name} ({type(m).__name__}) has no band rule"
-    return None
+        return f"{type(vae).__name__} is none of {', '.join(c.__name__ for c in SUPPORTED)}"
+    return next(filter(None, (no_band_rule(name, m) for name, m in vae.decoder.named_modules())), None)
 
 
 def _check(vae: Any) -> None:
     reason = unsupported(vae)
     if reason is not None:
-        raise ValueError(f"the patch-parallel VAE decode cannot take this VAE: {reason}; "
-                         f"use the tile split (streamfusion_diffusers.diffusers.vae.tiles.split_vae_decode)")
+        raise ValueError(f"the patch-parallel VAE decode cannot take this VAE: {reason}; use decode_over_ranks "
+                         f"(streamfusion_diffusers.diffusers.vae), which falls back to the tile split or one rank")
 
 
 @contextlib.contextmanager
 def banded(decoder: nn.Module, bands: Bands) -> Iterator[None]:
-    """Patch the decoder's convolutions, GroupNorms and attentions for band decoding; restore them on exit."""
+    """Patch the decoder's layers that look across rows for band decoding; restore them on exit."""
     patched: list[tuple[nn.Module, Any]] = []  # with the instance forward it had (e.g. an offload hook's)
     try:
         for m in decoder.modules():
-            if isinstance(m, (nn.Conv2d, nn.Conv3d)) and m.kernel_size[-2] > 1:
-                forward = _conv_forward(m, bands)
-            elif isinstance(m, nn.GroupNorm):
-                forward = _group_norm_forward(m, bands)
-            elif isinstance(m, Attention):
-                forward = _attention_forward(m, bands)
-            else:
+            forward = band_forward(m, bands)
+            if forward is None:
                 continue
             patched.append((m, m.__dict__.get("forward")))
             m.forward = forward

@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from diffusers import AutoencoderKL, AutoencoderKLCogVideoX
+from diffusers import AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor
 
 logger = logging.getLogger(__name__)
+
+TILED = (AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLCogVideoX)  # the tiled_decode geometries TileGrid reads
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,16 @@ class TileGrid:
             tile = (vae.tile_latent_min_height, vae.tile_latent_min_width)
             sample = (vae.tile_sample_min_height, vae.tile_sample_min_width)
             factor = (vae.tile_overlap_factor_height, vae.tile_overlap_factor_width)
-        elif isinstance(vae, AutoencoderKL):
+        elif isinstance(vae, (AutoencoderKL, AutoencoderKLFlux2)):  # the same tiled_decode
             size = vae.tile_sample_min_size
             if isinstance(size, (list, tuple)):
                 raise ValueError("split VAE decode needs a square tile: set vae.tile_sample_min_size to an int")
             tile, sample = (vae.tile_latent_min_size,) * 2, (size, size)
             factor = (vae.tile_overlap_factor,) * 2
         else:
-            raise ValueError(f"{type(vae).__name__} is not supported; the split decode takes AutoencoderKL (Flux) "
-                             f"or AutoencoderKLCogVideoX; pass vae=False to parallelize to leave it alone")
+            raise ValueError(f"{type(vae).__name__} is not supported; the split decode takes AutoencoderKL (Flux), "
+                             f"AutoencoderKLFlux2 or AutoencoderKLCogVideoX; pass vae=False to parallelize to leave "
+                             f"it alone")
         step = tuple(int(t * (1 - f)) for t, f in zip(tile, factor))
         blend = tuple(int(s * f) for s, f in zip(sample, factor))
         keep = tuple(s - b for s, b in zip(sample, blend))
@@ -166,4 +169,4 @@ def unsplit_vae_decode(vae: torch.nn.Module) -> None:
     del vae._decode
 
 
-__all__ = ["TileGrid", "gather_tiles", "share", "split_decode", "split_vae_decode", "unsplit_vae_decode"]
+__all__ = ["TILED", "TileGrid", "gather_tiles", "share", "split_decode", "split_vae_decode", "unsplit_vae_decode"]

@@ -1,0 +1,193 @@
+"""The band rules of the patch-parallel VAE decode, one per kind of layer that mixes rows of the image.
+
+A decoder run on one band of latent rows behaves as part of the whole image when every layer that looks across
+rows sees what it would see in the whole image; layers that work per position (activations, RMS norms over the
+channels as Wan's and Qwen-Image's, 1x1 convolutions, nearest and pixel-shuffle upsampling) need nothing. The
+kinds, recognized by structure rather than by model:
+
+- a convolution wider than one row (Conv2d, Conv3d; CogVideoX's pads the height inside its Conv3d; Wan's and
+  Qwen-Image's causal Conv3d pads inside its forward from `_padding` and is handed the last frames before this
+  one as a temporal cache) gets its halo rows from the neighbouring bands, of the cache frames too;
+- a GroupNorm normalizes with the whole image's moments;
+- a spatial self-attention attends from its band's queries to the whole image's keys and values: diffusers'
+  `Attention` (AutoencoderKL's and Flux.2's mid block) and the per-frame single-head block of Wan and Qwen-Image.
+
+`band_forward` gives a layer's band forward, `no_band_rule` names a layer that would be wrong on a band.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention_processor import Attention
+from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageAttentionBlock
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from .bands import Bands
+
+FRAME_ATTENTION = (WanAttentionBlock, QwenImageAttentionBlock)  # the same block: norm, to_qkv, one head, proj
+
+
+def stacked(x: Tensor, before: Tensor | None, rows: slice) -> Tensor:
+    """Those rows of x, after those of the frames `before` it (dim 2) when there are such frames."""
+    return x[..., rows, :] if before is None else torch.cat([before[..., rows, :], x[..., rows, :]], dim=2)
+
+
+def _pads_in_forward(conv: nn.Module) -> bool:
+    """A causal Conv3d of Wan's kind: zero `padding`, its (w, w, h, h, t, 0) padding applied by F.pad in forward."""
+    return isinstance(conv, nn.Conv3d) and len(getattr(conv, "_padding", ())) == 6 and not any(conv.padding)
+
+
+def _height_pad(conv: nn.Conv2d | nn.Conv3d) -> int:
+    return conv._padding[2] if _pads_in_forward(conv) else conv.padding[-2]
+
+
+def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Callable[..., Tensor]:
+    """The conv's own forward (CogVideoX's safe Conv3d chunking, Wan's causal padding and cache included), its
+    band-edge rows redone with halos.
+
+    The band is convolved as it is (zero padding at its edges: right at the image's edges) while the halos
+    travel, then the `pad` rows at an inner edge are recomputed from a thin strip (halo + 2 * pad rows of the
+    band) convolved without height padding. That spares a haloed copy of the whole band per convolution. A
+    temporal cache (the frames before x) travels with x, stacked before it in time, and is cut to the strip too.
+    """
+    forward, pad, inside = conv.forward, _height_pad(conv), _pads_in_forward(conv)
+
+    def unpadded(x: Tensor, *cache: Tensor) -> Tensor:
+        attr = "_padding" if inside else "padding"
+        padding = getattr(conv, attr)
+        setattr(conv, attr, (*padding[:2], 0, 0, *padding[4:]) if inside else (*padding[:-2], 0, padding[-1]))
+        try:
+            return forward(x, *cache)
+        finally:
+            setattr(conv, attr, padding)
+
+    def halo_forward(x: Tensor, cache: Tensor | None = None) -> Tensor:
+        cache = None if cache is None else cache.to(x.device)
+        frames = 0 if cache is None else cache.shape[2]
+
+        def convolved(rows: Tensor) -> Tensor:  # rows stacked as `stacked` stacks them, halos included
+            return unpadded(rows) if cache is None else unpadded(rows[:, :, frames:], rows[:, :, :frames])
+
+        arrived = bands.neighbours(x, pad, cache)
+        if x.shape[-2] < 2 * pad:  # too thin for strips: the whole band with its halos
+            above, below = arrived()
+            band = stacked(x, cache, slice(None))
+            zeros = torch.zeros_like(band[..., :pad, :])
+            return convolved(torch.cat([zeros if above is None else above, band,
+                                        zeros if below is None else below], dim=-2))
+        out = forward(x) if cache is None else forward(x, cache)
+        above, below = arrived()
+        if above is not None:
+            out[..., :pad, :] = convolved(torch.cat([above, stacked(x, cache, slice(None, 2 * pad))], dim=-2))
+        if below is not None:
+            out[..., -pad:, :] = convolved(torch.cat([stacked(x, cache, slice(-2 * pad, None)), below], dim=-2))
+        return out
+
+    return halo_forward
+
+
+def _local_moments(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and variance over the last dim, in float32. A float32 band gets torch's stable var_mean; a bf16 /
+    fp16 one (memory-bound at the decoder's top resolution) gets float32 sums of x and x^2 (each one pass that
+    casts while it reads, on CUDA) instead of a float32 copy of the band and two more passes over it."""
+    if x.dtype in (torch.float32, torch.float64):
+        var, mean = torch.var_mean(x, dim=-1, correction=0)
+        return mean.float(), var.float()
+    mean = x.sum(-1, dtype=torch.float32) / x.shape[-1]
+    squares = torch.linalg.vector_norm(x, 2, dim=-1, dtype=torch.float32) ** 2 / x.shape[-1]
+    return mean, (squares - mean**2).clamp_(min=0)
+
+
+def _global_moments(x: Tensor, groups: int, bands: Bands) -> tuple[Tensor, Tensor]:
+    """Mean and variance per (sample, group) over every band: moments per band, combined in float64 by Chan's
+    parallel formula."""
+    mean, var = _local_moments(x.reshape(x.shape[0], groups, -1))
+    count = torch.full_like(mean, x[0].numel() // groups, dtype=torch.float64)
+    moments = torch.stack([count, mean.double(), var.double() * count])
+    counts, means, m2s = torch.stack(bands.all_gather(moments)).unbind(1)  # each [world, samples, groups]
+    total = counts.sum(0)
+    mean = (counts * means).sum(0) / total
+    return mean, (m2s + counts * (means - mean) ** 2).sum(0) / total
+
+
+def _group_norm_forward(norm: nn.GroupNorm, bands: Bands) -> Callable[[Tensor], Tensor]:
+    """GroupNorm with the whole image's statistics, applied (with the affine) by batch_norm in one kernel."""
+
+    def global_forward(x: Tensor) -> Tensor:
+        n, c = x.shape[:2]
+        per_group = c // norm.num_groups
+        stats = [s.float().repeat_interleave(per_group, dim=1).flatten()
+                 for s in _global_moments(x, norm.num_groups, bands)]
+        affine = [None if p is None else p.float().repeat(n) for p in (norm.weight, norm.bias)]
+        out = F.batch_norm(x.reshape(1, n * c, -1), *stats, *affine, training=False, eps=norm.eps)
+        return out.reshape(x.shape)
+
+    return global_forward
+
+
+def _attention_forward(attn: Attention, bands: Bands) -> Callable[..., Tensor]:
+    """diffusers' Attention from the band's queries to the whole image's keys and values.
+
+    The processor normalizes and projects its own band (the GroupNorm is patched to global statistics); the
+    whole image goes in as `encoder_hidden_states`, normalized here by the unpatched GroupNorm on all of it.
+    """
+    forward = attn.forward
+
+    def gathered_forward(hidden_states: Tensor, encoder_hidden_states: Tensor | None = None, **kwargs: Any) -> Tensor:
+        if hidden_states.ndim != 4 or encoder_hidden_states is not None or attn.spatial_norm is not None:
+            raise ValueError("the patch-parallel VAE decode supports spatial self-attention only; "
+                             "use the tile split (streamfusion_diffusers.diffusers.vae.tiles.split_vae_decode)")
+        whole = bands.gather_rows(hidden_states).flatten(2)
+        if attn.group_norm is not None:
+            whole = nn.GroupNorm.forward(attn.group_norm, whole)
+        return forward(hidden_states, encoder_hidden_states=whole.transpose(1, 2), **kwargs)
+
+    return gathered_forward
+
+
+def _frame_attention_forward(block: nn.Module, bands: Bands) -> Callable[[Tensor], Tensor]:
+    """Wan's / Qwen-Image's block (per frame, one head, RMS norm per position) from the band's queries to the
+    whole frame's keys and values: the band's q, k, v by the block's own layers, then k and v gathered once."""
+
+    def gathered_forward(x: Tensor) -> Tensor:
+        b, c, t, h, w = x.shape
+        qkv = block.to_qkv(block.norm(x.transpose(1, 2).reshape(b * t, c, h, w)))
+        q, kv = qkv[:, :c], bands.gather_rows(qkv[:, c:])
+        q, k, v = (y.flatten(2).transpose(1, 2).unsqueeze(1) for y in (q, *kv.chunk(2, dim=1)))
+        out = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
+        return block.proj(out).view(b, t, c, h, w).transpose(1, 2) + x
+
+    return gathered_forward
+
+
+def band_forward(m: nn.Module, bands: Bands) -> Callable[..., Tensor] | None:
+    """The band forward for a layer of a kind that looks across rows, or None for one that works per row."""
+    if isinstance(m, (nn.Conv2d, nn.Conv3d)) and m.kernel_size[-2] > 1:
+        return _conv_forward(m, bands)
+    if isinstance(m, nn.GroupNorm):
+        return _group_norm_forward(m, bands)
+    if isinstance(m, Attention):
+        return _attention_forward(m, bands)
+    if isinstance(m, FRAME_ATTENTION):
+        return _frame_attention_forward(m, bands)
+    return None
+
+
+def no_band_rule(name: str, m: nn.Module) -> str | None:
+    """Why this layer would be wrong on a band (an edge no halo rule covers), or None when a rule covers it."""
+    if isinstance(m, (nn.Conv2d, nn.Conv3d)) and m.kernel_size[-2] > 1:
+        pad = _height_pad(m)
+        if (isinstance(m.padding, str) or m.padding_mode != "zeros" or m.stride[-2] != 1
+                or m.dilation[-2] != 1 or 2 * pad + 1 != m.kernel_size[-2]):
+            return f"its convolution {name} is not a stride-1, zero-padded, centred one"
+    if isinstance(m, nn.ConvTranspose2d) or (isinstance(m, Attention) and m.is_cross_attention):
+        return f"its layer {name} ({type(m).__name__}) has no band rule"
+    return None
+
+
+__all__ = ["FRAME_ATTENTION", "band_forward", "no_band_rule", "stacked"]
