@@ -17,7 +17,7 @@ kinds, recognized by structure rather than by model:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,15 +26,9 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageAtte
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from .bands import Bands
+from .band_split import Bands, stacked
 
 FRAME_ATTENTION = (WanAttentionBlock, QwenImageAttentionBlock)  # the same block: norm, to_qkv, one head, proj
-
-
-def stacked(x: Tensor, before: Tensor | None, rows: slice) -> Tensor:
-    """Those rows of x, after those of the frames `before` it (dim 2) when there are such frames."""
-    return x[..., rows, :] if before is None else torch.cat([before[..., rows, :], x[..., rows, :]], dim=2)
 
 
 def _pads_in_forward(conv: nn.Module) -> bool:
@@ -190,4 +184,4 @@ def no_band_rule(name: str, m: nn.Module) -> str | None:
     return None
 
 
-__all__ = ["FRAME_ATTENTION", "band_forward", "no_band_rule", "stacked"]
+__all__ = ["FRAME_ATTENTION", "band_forward", "no_band_rule"]
