@@ -19,7 +19,6 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLQwenImage,
                        AutoencoderKLWan)
