@@ -39,11 +39,6 @@ class TileConfig:
     num_warps: int = 8
     num_stages: int = 2
     use_tma: bool = False
-    fast_exp: bool = False
-    heads_fast: bool = False
-    warp_specialize: bool = False
-    lookahead: bool = False
-    unroll: int = 1
 
 
 # The fastest of benchmarks/kernels_bench.py's sweep on an H100 (see BENCHMARKS.md).
@@ -65,39 +60,13 @@ def _address(base, entry, b, h):
 
 
 @triton.jit
-def _exp2_fma(x):
-    """2**x on the FMA units instead of the special-function unit (Cody-Waite split into an integer power of 2
-    and a cubic of the rest, relative error 1.4e-4: FlashAttention-4's way of easing the MUFU bottleneck)."""
-    x = tl.maximum(x, -126.0)
-    t = x + 12582912.0  # 1.5 * 2**23: round(x) lands in t's low mantissa bits
-    f = x - (t - 12582912.0)
-    p = ((0.05502926645151829 * f + 0.24225698192661116) * f + 0.6932530549963498) * f + 0.9999513386570446
-    return (p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _softmax_pv(acc, m_i, l_i, qk, v, qk_scale, DTYPE: tl.constexpr):
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(DTYPE), v, acc * alpha[:, None])
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _softmax_step(acc, m_i, l_i, q, k, v, offs_n, kv_len, qk_scale, DTYPE: tl.constexpr, MASK: tl.constexpr,
-                  FAST_EXP: tl.constexpr):
+def _softmax_step(acc, m_i, l_i, q, k, v, offs_n, kv_len, qk_scale, DTYPE: tl.constexpr, MASK: tl.constexpr):
     """One key/value tile: online softmax update of (acc, m, l) in base 2 (Algorithm 2, lines 20-25)."""
     qk = tl.dot(q, tl.trans(k))
     if MASK:
         qk = tl.where((offs_n < kv_len)[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    if FAST_EXP and not MASK:  # odd columns on the FMA units, even ones on the special-function unit
-        x0, x1 = tl.split(tl.reshape(qk * qk_scale - m_new[:, None], [qk.shape[0], qk.shape[1] // 2, 2]))
-        p = tl.reshape(tl.join(tl.math.exp2(x0), _exp2_fma(x1)), [qk.shape[0], qk.shape[1]])
-    else:
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(DTYPE), v, acc * alpha[:, None])
@@ -108,12 +77,11 @@ def _softmax_step(acc, m_i, l_i, q, k, v, offs_n, kv_len, qk_scale, DTYPE: tl.co
 def _multi_chunk_attention(
     x_base, f_base, q_table, kv_table, n_q, n_kv, heads, qk_scale,
     DTYPE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LOAD_STATE: tl.constexpr, FINALIZE: tl.constexpr, USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr,
-    HEADS_FAST: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, LOOKAHEAD: tl.constexpr, UNROLL: tl.constexpr,
+    LOAD_STATE: tl.constexpr, FINALIZE: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    tile = tl.program_id(1 if HEADS_FAST else 0)
-    b = tl.program_id(0 if HEADS_FAST else 1) // heads
-    h = tl.program_id(0 if HEADS_FAST else 1) % heads
+    tile = tl.program_id(0)
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
 
     # Algorithm 2 line 7: the query chunk whose tile range holds this program.
     chunk = 0
@@ -155,35 +123,25 @@ def _multi_chunk_attention(
         if USE_TMA:  # Hopper's bulk tensor copies; rows past the chunk's end read as zeros
             k_desc = tl.make_tensor_descriptor(k_base, [kv_len, HEAD_DIM], [k_row, 1], [BLOCK_N, HEAD_DIM])
             v_desc = tl.make_tensor_descriptor(v_base, [kv_len, HEAD_DIM], [v_row, 1], [BLOCK_N, HEAD_DIM])
-            if LOOKAHEAD:
-                if full > 0:
-                    qk = tl.dot(q, tl.trans(k_desc.load([0, 0])))
-                    for start in tl.range(BLOCK_N, full, BLOCK_N, loop_unroll_factor=UNROLL):
-                        qk_next = tl.dot(q, tl.trans(k_desc.load([start, 0])))
-                        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, qk, v_desc.load([start - BLOCK_N, 0]), qk_scale,
-                                                    DTYPE)
-                        qk = qk_next
-                    acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, qk, v_desc.load([full - BLOCK_N, 0]), qk_scale, DTYPE)
-            else:
-                for start in tl.range(0, full, BLOCK_N, warp_specialize=WARP_SPECIALIZE, loop_unroll_factor=UNROLL):
-                    acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([start, 0]), v_desc.load([start, 0]),
-                                                  offs_n, kv_len, qk_scale, DTYPE, False, FAST_EXP)
+            for start in range(0, full, BLOCK_N):
+                acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([start, 0]), v_desc.load([start, 0]),
+                                              offs_n, kv_len, qk_scale, DTYPE, False)
             if full < kv_len:
                 acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([full, 0]), v_desc.load([full, 0]),
-                                              offs_n + full, kv_len, qk_scale, DTYPE, True, FAST_EXP)
+                                              offs_n + full, kv_len, qk_scale, DTYPE, True)
         else:
             k_ptrs = k_base + offs_n[:, None] * k_row + offs_d[None, :]
             v_ptrs = v_base + offs_n[:, None] * v_row + offs_d[None, :]
             for start in range(0, full, BLOCK_N):
                 acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, tl.load(k_ptrs), tl.load(v_ptrs),
-                                              offs_n, kv_len, qk_scale, DTYPE, False, FAST_EXP)
+                                              offs_n, kv_len, qk_scale, DTYPE, False)
                 k_ptrs += BLOCK_N * k_row
                 v_ptrs += BLOCK_N * v_row
             if full < kv_len:
                 tail = (offs_n + full < kv_len)[:, None]
                 acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, tl.load(k_ptrs, mask=tail, other=0.0),
                                               tl.load(v_ptrs, mask=tail, other=0.0), offs_n + full, kv_len,
-                                              qk_scale, DTYPE, True, FAST_EXP)
+                                              qk_scale, DTYPE, True)
 
     # Lines 27-32, normalised: one division per row, lse back to natural log; finalize writes the query dtype.
     acc = acc / l_i[:, None]
@@ -234,11 +192,10 @@ def multi_chunk_attention(
         _set_tma_allocator()
     table = _device_table(q_rows + kv_rows, q0.device)  # both 9 wide: one host tensor, one copy per call
     q_table, kv_table = table[:len(q_rows)], table[len(q_rows):]
-    _multi_chunk_attention[(batch * heads, tiles) if cfg.heads_fast else (tiles, batch * heads)](
+    _multi_chunk_attention[(tiles, batch * heads)](
         x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
         DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma, FAST_EXP=cfg.fast_exp,
-        HEADS_FAST=cfg.heads_fast, WARP_SPECIALIZE=cfg.warp_specialize, LOOKAHEAD=cfg.lookahead, UNROLL=cfg.unroll,
+        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
