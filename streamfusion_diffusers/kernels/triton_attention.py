@@ -39,8 +39,6 @@ class TileConfig:
     num_warps: int = 8
     num_stages: int = 2
     use_tma: bool = False
-    v_late: bool = False
-    no_acc_mb: bool = False
 
 
 # The fastest of benchmarks/kernels_bench.py's sweep on an H100 (see BENCHMARKS.md).
@@ -76,25 +74,10 @@ def _softmax_step(acc, m_i, l_i, q, k, v, offs_n, kv_len, qk_scale, DTYPE: tl.co
 
 
 @triton.jit
-def _softmax_step_late(acc, m_i, l_i, q, k_desc, v_desc, start, qk_scale, DTYPE: tl.constexpr):
-    qk = tl.dot(q, tl.trans(k_desc.load([start, 0])))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    l_ij = tl.sum(p, 1)
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + l_ij
-    acc = acc * alpha[:, None]
-    v = v_desc.load([start, 0])
-    acc = tl.dot(p.to(DTYPE), v, acc)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _multi_chunk_attention(
     x_base, f_base, q_table, kv_table, n_q, n_kv, heads, qk_scale,
     DTYPE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LOAD_STATE: tl.constexpr, FINALIZE: tl.constexpr, USE_TMA: tl.constexpr, V_LATE: tl.constexpr,
-    NO_ACC_MB: tl.constexpr,
+    LOAD_STATE: tl.constexpr, FINALIZE: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     tile = tl.program_id(0)
     b = tl.program_id(1) // heads
@@ -140,12 +123,9 @@ def _multi_chunk_attention(
         if USE_TMA:  # Hopper's bulk tensor copies; rows past the chunk's end read as zeros
             k_desc = tl.make_tensor_descriptor(k_base, [kv_len, HEAD_DIM], [k_row, 1], [BLOCK_N, HEAD_DIM])
             v_desc = tl.make_tensor_descriptor(v_base, [kv_len, HEAD_DIM], [v_row, 1], [BLOCK_N, HEAD_DIM])
-            for start in tl.range(0, full, BLOCK_N, disallow_acc_multi_buffer=NO_ACC_MB):
-                if V_LATE:
-                    acc, m_i, l_i = _softmax_step_late(acc, m_i, l_i, q, k_desc, v_desc, start, qk_scale, DTYPE)
-                else:
-                    acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([start, 0]), v_desc.load([start, 0]),
-                                                  offs_n, kv_len, qk_scale, DTYPE, False)
+            for start in range(0, full, BLOCK_N):
+                acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([start, 0]), v_desc.load([start, 0]),
+                                              offs_n, kv_len, qk_scale, DTYPE, False)
             if full < kv_len:
                 acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k_desc.load([full, 0]), v_desc.load([full, 0]),
                                               offs_n + full, kv_len, qk_scale, DTYPE, True)
@@ -215,7 +195,7 @@ def multi_chunk_attention(
     _multi_chunk_attention[(tiles, batch * heads)](
         x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
         DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma, V_LATE=cfg.v_late, NO_ACC_MB=cfg.no_acc_mb,
+        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
