@@ -13,11 +13,10 @@ import torch
 import torch.distributed as dist
 
 import streamfusion_diffusers.diffusers.processors.base as processors_base
-from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
 from streamfusion_diffusers.core.sequence import split_sizes
 from streamfusion_diffusers.models import TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
 from streamfusion_diffusers.models.inputs import JOINT, build, inputs
-from streamfusion_diffusers import parallelize, unparallelize
 
 TOL = 1e-4
 TINY_LTX = {"in_channels": 8, "out_channels": 8, "num_attention_heads": 8, "attention_head_dim": 16,
