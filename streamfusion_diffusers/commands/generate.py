@@ -81,7 +81,7 @@ def run_rank(job: Job) -> dict | None:
     from diffusers.utils import logging as diffusers_logging  # diffusers is an extra: imported only to run
 
     from ..models.build import build_pipeline, load_pipeline
-    from ..models.full import build_full_pipeline
+    from ..models.full import build_full_pipeline, encode_first
     from ..diffusers.parallel_pipeline import parallelize
     family = family_of(job.model)
 
@@ -92,15 +92,20 @@ def run_rank(job: Job) -> dict | None:
     dtype = DTYPES[job.dtype]
     ctx = init_parallel(job.parallel)
     started = time.perf_counter()
+    prompt: dict[str, Any] = {"prompt": job.prompt}
     if job.weights:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
+    elif real_size(job.model) and family.encode_first:  # encoder and transformer do not fit one GPU together
+        pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.seed, dtype=dtype,
+                                    device=device)
+        prompt = {"prompt_embeds": embeds}
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
-    kwargs: dict[str, Any] = dict(prompt=job.prompt, height=job.height, width=job.width,
+    kwargs: dict[str, Any] = dict(**prompt, height=job.height, width=job.width,
                                   num_inference_steps=job.steps,
                                   generator=torch.Generator("cpu").manual_seed(job.seed),
                                   output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent",
@@ -123,6 +128,7 @@ def run_rank(job: Job) -> dict | None:
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
         "vae_decode": transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded over the ranks
+        "encoded_first": "prompt_embeds" in prompt,  # encoder freed before the transformer was built (in build_s)
         "cuda_graph": job.cuda_graph,
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
@@ -130,6 +136,7 @@ def run_rank(job: Job) -> dict | None:
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
         "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if job.gpu else None,  # rank 0's
     }
     record["outputs"] = _write_output(job, result)
     (Path(job.output) / "run.json").write_text(json.dumps(record, indent=2) + "\n")

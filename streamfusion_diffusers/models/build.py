@@ -53,14 +53,16 @@ def build_transformers(name: str, *, seed: int = 0, dtype: torch.dtype = torch.f
 
 
 def build_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                   device: torch.device | str = "cpu") -> DiffusionPipeline:
+                   device: torch.device | str = "cpu", transformer_device: torch.device | str | None = None
+                   ) -> DiffusionPipeline:
     """MODELS[name]'s whole pipeline around its transformer(s), all weights random (seeded).
 
     Text encoders are small, of the width the transformer takes; the VAE has the real latent channels and
     the spec's compression (the real one for real-size models), so token counts match a real run at that size.
+    transformer_device "meta": the transformers hold no memory (`full.encode_first` builds them later).
     """
     spec = MODELS[name]
-    transformers = build_transformers(name, seed=seed, dtype=dtype, device=device)
+    transformers = build_transformers(name, seed=seed, dtype=dtype, device=transformer_device or device)
     torch.manual_seed(seed + len(transformers))  # the seed after the transformers'
     with _default_dtype_and_device(dtype, device):
         pipe = family_of(name).tiny(spec, transformers)

@@ -8,21 +8,24 @@ device in the target dtype.
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 from diffusers import DiffusionPipeline
 
-from .build import _default_dtype_and_device, build_pipeline
+from .build import _default_dtype_and_device, build_pipeline, build_transformers
 from .configs import MODELS
 from .pipelines import family_of
 
 
 def build_full_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu") -> DiffusionPipeline:
+                        device: torch.device | str = "cpu", transformer_device: torch.device | str | None = None
+                        ) -> DiffusionPipeline:
     """MODELS[name]'s pipeline with real-size text encoders and VAE (random weights, seeded); the word-level
     tokenizers of `build_pipeline` stay (their ids are a subset of the real vocabularies)."""
     if name.startswith("tiny-"):
         raise ValueError(f"{name} has no real-size encoders or VAE; use build_pipeline for tiny models")
-    pipe = build_pipeline(name, seed=seed, dtype=dtype, device=device)
+    pipe = build_pipeline(name, seed=seed, dtype=dtype, device=device, transformer_device=transformer_device)
     torch.manual_seed(seed + 2)
     with _default_dtype_and_device(dtype, device):
         parts = family_of(name).full(MODELS[name], pipe)
@@ -31,4 +34,23 @@ def build_full_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.
     return type(pipe)(**{**pipe.components, **parts}, **family_of(name).pipeline_kwargs(MODELS[name]))
 
 
-__all__ = ["build_full_pipeline"]
+def encode_first(name: str, prompt: str, max_sequence_length: int, *, seed: int = 0,
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> tuple[DiffusionPipeline,
+                                                                                            torch.Tensor]:
+    """The real-size pipeline of a family whose text encoder and transformer do not fit one GPU together
+    (`PipelineFamily.encode_first`, Flux.2-dev): the prompt encoded, the encoder freed, then the transformer built
+    (the same weights as `build_full_pipeline`'s). Returns the pipeline, without its text encoder, and the
+    prompt embeddings to call it with (`prompt_embeds=`)."""
+    pipe = build_full_pipeline(name, seed=seed, dtype=dtype, device=device, transformer_device="meta")
+    with torch.inference_mode():
+        embeds = pipe.encode_prompt(prompt=prompt, device=torch.device(device),
+                                    max_sequence_length=max_sequence_length)[0]
+    pipe.register_modules(text_encoder=None)
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    pipe.register_modules(**build_transformers(name, seed=seed, dtype=dtype, device=device))
+    return pipe, embeds
+
+
+__all__ = ["build_full_pipeline", "encode_first"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..configs import ModelSpec
@@ -82,8 +83,9 @@ class Wan(PipelineFamily):
         """The Wan repositories' scheduler: UniPC over flow-matching sigmas, shifted by flow_shift."""
         from diffusers import UniPCMultistepScheduler
 
-        return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                       flow_shift=spec.extras.get("flow_shift", 5.0), num_train_timesteps=1000)
+        with torch.device("cpu"):  # it keeps its sigmas on the CPU (copied there, which a meta build cannot)
+            return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                           flow_shift=spec.extras.get("flow_shift", 5.0), num_train_timesteps=1000)
 
 
 FAMILY = Wan()
