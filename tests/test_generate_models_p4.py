@@ -1,0 +1,65 @@
+"""`streamfusion generate --model` for the newer pipelines on 4 gloo processes: tiny Wan 2.2 (TI2V-style and
+A14B-style two experts), Qwen-Image and Flux.2 each write their image or frames and a run.json that says what
+ran (size, layout, CFG split, how the VAE decoded); options a model's pipeline does not take fail before any
+process starts."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from streamfusion_diffusers.commands import generate
+from streamfusion_diffusers.commands.spawn import ProcessPool
+
+WORLD = 4
+VAE_DECODES = ("patch-parallel", "tiles", "whole")  # what decode_over_ranks returns
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(WORLD) as p:
+        yield p
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("model", "video", "cfg"), [("tiny-wan", True, "2"), ("tiny-wan-a14b", True, "1"),
+                                                     ("tiny-qwen-image", False, "2"), ("tiny-flux2", False, "1")])
+def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, model, video, cfg):
+    guidance = ("--true-cfg-scale", "4") if model == "tiny-qwen-image" else ()
+    job = generate.make_job(_args("--model", model, "--steps", "2", "--height", "64", "--width", "96",
+                                  "--cfg-parallel", cfg, *guidance, "--output", str(tmp_path)))
+    records = pool.run(generate.run_rank, job)
+    assert records[1:] == [None] * (WORLD - 1)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run == records[0] and run["model"] == model and run["world_size"] == WORLD
+    assert run["cfg"] == int(cfg) and len(run["step_latency_s"]) == 2 and not run["encoded_first"]
+    assert run["vae_decode"] in VAE_DECODES, run
+    size = {"height": 64, "width": 96, **({"frames": 9} if video else {})}
+    assert run["output_size"] == size and run["frames"] == (9 if video else None), run
+    outputs = [Path(p) for p in run["outputs"]]
+    assert all(p.is_file() and p.stat().st_size > 0 for p in outputs)
+    assert [p.name for p in outputs][:1] == (["video.mp4"] if len(outputs) == 1 else ["000.png"]) if video else \
+        ["image.png"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--model", "tiny-qwen-image", "--frames", "9"), "--frames is for video models"),
+    (("--model", "tiny-qwen-image", "--guidance-scale", "4"), "use --true-cfg-scale"),
+    (("--model", "tiny-wan", "--true-cfg-scale", "4"), "drop --true-cfg-scale"),
+    (("--model", "tiny-flux2", "--cfg-parallel"), "Flux.2 has none"),
+    (("--model", "tiny-wan", "--height", "48"), "--height 48: must be a multiple of 32"),
+    (("--model", "tiny-wan", "--frames", "8"), "must be 4k \\+ 1"),
+    pytest.param(("--model", "qwen-image"), "no GPU is visible.*--model tiny-qwen-image",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where no GPU is visible")),
+])
+def test_generate_refuses_what_the_model_does_not_take(argv, message):
+    with pytest.raises(ValueError, match=message):
+        generate.make_job(_args(*argv))
