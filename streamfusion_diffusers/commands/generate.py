@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 def _write_output(job: Job, result: Any) -> list[str]:
     out = Path(job.output)
     out.mkdir(parents=True, exist_ok=True)
-    if not family_of(job.model).video:
+    if not job.spec.video:
         path = out / "image.png"
         result.images[0].save(path)
         return [str(path)]
@@ -68,7 +68,7 @@ def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
 
 def _output_size(job: Job, result: Any) -> dict:
     """The size the pipeline produced (what ran), as run.json records it."""
-    if not family_of(job.model).video:
+    if not job.spec.video:
         width, height = result.images[0].size
         return {"height": height, "width": width}
     frames = result.frames[0]
@@ -121,7 +121,7 @@ def run_rank(job: Job) -> dict | None:
     heads = transformer.config.num_attention_heads
     record = {
         "model": job.model, "weights": job.weights or "random", "prompt": job.prompt,
-        "height": job.height, "width": job.width, "frames": job.frames if family.video else None,
+        "height": job.height, "width": job.width, "frames": job.frames if job.spec.video else None,
         "output_size": _output_size(job, result),
         "steps": job.steps, "guidance_scale": job.guidance_scale, "true_cfg_scale": job.true_cfg_scale,
         "seed": job.seed, "dtype": job.dtype,

@@ -19,7 +19,7 @@ from ..choice.recipe import load_recipes
 from ..core.config import METHODS, cfg_shape, resolve_layout
 from ..core.extras import missing
 from ..core.join import launched
-from ..models import MODELS, ModelSpec
+from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import FAMILIES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -139,10 +139,9 @@ def cluster(args: argparse.Namespace) -> tuple[int, int, bool]:
     model without a GPU only with --cpu."""
     visible = 0 if args.cpu else torch.cuda.device_count()
     if visible == 0 and real_size(args.model) and not args.cpu:
-        tiny = f"tiny-{MODELS[args.model].family}"
         raise ValueError(f"{args.model} is a real-size model and no GPU is visible: run the same command where GPUs "
                          f"are (one process per GPU), or here `streamfusion generate --model "
-                         f"{tiny if tiny in MODELS else 'tiny-flux'}`, or add --cpu to run {args.model} on the CPU "
+                         f"{TINY[args.model]}`, or add --cpu to run {args.model} on the CPU "
                          f"anyway (slow, tens of GB of memory per process)")
     if launched():
         world = int(os.environ["WORLD_SIZE"])
@@ -171,7 +170,7 @@ def check_size(spec: ModelSpec, height: int, width: int, frames: int | None) -> 
                              f"(e.g. {max(step, value // step * step)})")
     if frames is None:
         return
-    if not FAMILIES[spec.family].video:
+    if not spec.video:
         raise ValueError("--frames is for video models (CogVideoX, Wan); drop it")
     ratio = spec.temporal
     if (frames - 1) % ratio:

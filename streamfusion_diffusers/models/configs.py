@@ -175,6 +175,9 @@ QWEN_IMAGE: dict[str, Any] = {  # Qwen/Qwen-Image, 20B
 }
 
 
+JOINT = ("flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
+
+
 @dataclass(frozen=True)
 class TransformerSpec:
     """A model run as its transformer alone (tests, `benchmarks/models_gpu.py`): its family (`inputs.FAMILIES`),
@@ -224,6 +227,11 @@ class ModelSpec:
         return (latent_frames // p_t) * (height // side) * (width // side)
 
     @property
+    def video(self) -> bool:
+        """Frames out (a video VAE), else one image."""
+        return self.temporal > 1
+
+    @property
     def size_step(self) -> int:
         """Pixels a side must be a multiple of, so that the pipeline runs the size as given."""
         return self.vae_scale * self.patch
@@ -249,3 +257,6 @@ MODELS: dict[str, ModelSpec] = {
     "tiny-flux2": ModelSpec("flux2", {**TINY_FLUX2, "joint_attention_dim": 48}, 64, 64, 1, 4, 16, 4.0, vae_scale=4),
     "flux2-dev": ModelSpec("flux2", FLUX2_DEV, 1024, 1024, 1, 50, 512, 4.0, vae_scale=8),
 }
+# The tiny counterpart of each real-size model (the CPU's stand-in for it in bench and in generate's hints).
+TINY: dict[str, str] = {"flux-dev": "tiny-flux", "cogvideox-5b": "tiny-cogvideox", "flux2-dev": "tiny-flux2",
+                        "wan2.2-ti2v-5b": "tiny-wan", "wan2.2-t2v-a14b": "tiny-wan-a14b", "qwen-image": "tiny-qwen-image"}

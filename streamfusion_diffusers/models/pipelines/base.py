@@ -1,10 +1,10 @@
 """What `streamfusion generate`, `bench --level e2e` and the builders need to know of one pipeline family.
 
-A family is one diffusers pipeline class and the models run through it (models/configs.py MODELS names its
-family). Each family's module says how to build its pipeline offline around seeded random transformers (small
-text encoders and VAE for the CPU, real-size ones from their real configs for timing), whether it makes images
-or videos, how it is guided, and what its call takes. Nothing else in the package branches on the family.
-These modules import diffusers and transformers only where they build, so the CLI checks a job without them.
+A family is one diffusers pipeline class and the models run through it (models/configs.py MODELS names each
+model's family, its sizes and token count). Each family's module says how to build its pipeline offline around
+seeded random transformers (small text encoders and VAE for the CPU, real-size ones from their real configs for
+timing), how it is guided, and what its call takes. Nothing else in the package branches on the family. These
+modules import diffusers and transformers only where they build, so the CLI checks a job without them.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ class PipelineFamily(ABC):
     name: str
     pipeline_class: str  # diffusers' pipeline class: loads real weights (`--weights`)
     transformer_class: str  # diffusers' transformer class
-    video: bool = False  # frames out (video.mp4), else one image (image.png)
     # the call argument whose value > 1 makes two transformer calls (or one of batch 2) per step; None: never
     # (guidance-distilled only)
     cfg_by: str | None = "guidance_scale"
@@ -68,11 +67,24 @@ class PipelineFamily(ABC):
         kwargs: dict[str, Any] = {"max_sequence_length": max_sequence_length}
         if guidance_scale is not None:
             kwargs["guidance_scale"] = guidance_scale
-        if self.video:
+        if spec.video:
             kwargs["num_frames"] = frames
         if true_cfg_scale is not None:
             kwargs.update(true_cfg_scale=true_cfg_scale, negative_prompt="")
         return kwargs
+
+
+    def joint_text(self, spec: ModelSpec, max_sequence_length: int) -> int | None:
+        """Text tokens the self-attention takes besides the image (what a context-parallel plan splits with it):
+        the prompt padded to max_sequence_length by default; 0 where the text enters by cross-attention only;
+        None where it is the prompt's own length."""
+        return max_sequence_length
+
+    def postprocess(self, spec: ModelSpec, pipe: Any, sample: Any) -> Any:
+        """A VAE decode's sample as the pipeline's output_type "pt" makes it (what bench compares outputs by)."""
+        if spec.video:
+            return pipe.video_processor.postprocess_video(video=sample, output_type="pt")
+        return pipe.image_processor.postprocess(sample, output_type="pt")
 
 
 def small_t5(hidden: int, tokenizer: Any) -> nn.Module:

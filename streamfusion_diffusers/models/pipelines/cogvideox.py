@@ -16,7 +16,6 @@ SCHEDULER: dict[str, Any] = {"beta_end": 0.012, "beta_schedule": "scaled_linear"
 
 class CogVideoX(PipelineFamily):
     name, pipeline_class, transformer_class = "cogvideox", "CogVideoXPipeline", "CogVideoXTransformer3DModel"
-    video = True
 
     def tiny(self, spec: ModelSpec, transformers: dict[str, nn.Module]) -> Any:
         from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline

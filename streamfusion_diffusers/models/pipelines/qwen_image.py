@@ -69,5 +69,11 @@ class QwenImage(PipelineFamily):
 
         return {"text_encoder": _qwen25_vl(pipe.tokenizer, QWEN25_VL_7B), "vae": AutoencoderKLQwenImage()}
 
+    def joint_text(self, spec: ModelSpec, max_sequence_length: int) -> None:
+        return None  # the prompt's tokens after the template's prefix, unpadded
+
+    def postprocess(self, spec: ModelSpec, pipe: Any, sample: Any) -> Any:
+        return super().postprocess(spec, pipe, sample[:, :, 0])  # its VAE decodes a one-frame video
+
 
 FAMILY = QwenImage()

@@ -45,7 +45,6 @@ def _umt5(tokenizer: Any, **config: Any) -> nn.Module:
 
 class Wan(PipelineFamily):
     name, pipeline_class, transformer_class = "wan", "WanPipeline", "WanTransformer3DModel"
-    video = True
 
     def tiny(self, spec: ModelSpec, transformers: dict[str, nn.Module]) -> Any:
         from diffusers import AutoencoderKLWan, WanPipeline
@@ -71,6 +70,9 @@ class Wan(PipelineFamily):
 
         vae = WAN22_VAE if spec.extras.get("expand_timesteps") else {}
         return {"text_encoder": _umt5(pipe.tokenizer, **UMT5_XXL), "vae": AutoencoderKLWan(**vae)}
+
+    def joint_text(self, spec: ModelSpec, max_sequence_length: int) -> int:
+        return 0  # the text enters by cross-attention
 
     def transformer_names(self, spec: ModelSpec) -> tuple[str, ...]:
         return ("transformer", "transformer_2") if "boundary_ratio" in spec.extras else ("transformer",)
