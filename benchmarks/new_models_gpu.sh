@@ -1,36 +1,39 @@
 #!/usr/bin/env bash
-# The new models' whole pipelines, real size with random weights, `streamfusion generate --steps 2` on one GPU:
-# one line per model (wall, build, mean step, peak memory, VAE decode) to stdout and $OUT/new_models.txt, each
-# run's run.json under $OUT/<model>/. Sizes below the defaults where a whole default video takes minutes:
-# Wan 2.2 TI2V-5B at its 704x1280 with 17 frames, A14B at 480x832 with 17 frames (said in each line).
-# Usage (device): bash benchmarks/new_models_gpu.sh   (about 6 minutes on one H200)
+# The new models' whole pipelines, real size with random weights: `streamfusion generate --steps 2` on one GPU,
+# one line per model (wall, build, mean step, peak memory, how the VAE decoded) to stdout and
+# $OUT/new_models.txt, each run's run.json and log under $OUT/<model>/. Sizes below the defaults where a whole
+# default video takes minutes (said in each line): Wan 2.2 TI2V-5B at its 704x1280 with 17 frames instead of
+# 121, A14B at 480x832 with 17 frames instead of 720x1280x81. Flux.2-dev encodes its prompt first (24B Mistral),
+# frees the encoder, then builds the 32B transformer (encoded_first).
+# Usage (one GPU): bash benchmarks/new_models_gpu.sh [model ...]   (about 6 minutes on one H200 for all four)
 set -u
 OUT=${OUT:-outputs/new-models}
 mkdir -p "$OUT"
-run() {  # model, then generate's size options
-  local model=$1; shift
-  local start=$(date +%s.%N)
-  python -m streamfusion_diffusers generate --model "$model" --steps 2 --output "$OUT/$model" "$@" \
-    > "$OUT/$model.log" 2>&1
-  local rc=$? wall=$(echo "$(date +%s.%N) - $start" | bc)
-  python - "$OUT/$model/run.json" "$model" "$rc" "$wall" "$*" <<'PY' | tee -a "$OUT/new_models.txt"
-import json, sys
-path, model, rc, wall, size = sys.argv[1:]
+models=("$@")
+[ ${#models[@]} -eq 0 ] && models=(qwen-image wan2.2-ti2v-5b wan2.2-t2v-a14b flux2-dev)
+declare -A SIZE=([wan2.2-ti2v-5b]="--frames 17" [wan2.2-t2v-a14b]="--height 480 --width 832 --frames 17")
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$OUT/new_models.txt"
+for model in "${models[@]}"; do
+  mkdir -p "$OUT/$model"
+  start=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  python -m streamfusion_diffusers generate --model "$model" --steps 2 --output "$OUT/$model" ${SIZE[$model]:-} \
+    > "$OUT/$model/log.txt" 2>&1
+  rc=$?
+  python - "$OUT/$model" "$model" "$rc" "$start" <<'PY' | tee -a "$OUT/new_models.txt"
+import json, sys, time
+folder, model, rc, start = sys.argv[1:]
+wall = time.time() - float(start)
 if rc != "0":
-    print(f"{model}: FAILED (exit {rc}), see {path.rsplit('/', 2)[0]}/{model}.log")
+    tail = open(f"{folder}/log.txt").read().strip().splitlines()[-1:]
+    print(f"{model}: FAILED (exit {rc}) after {wall:.0f} s: {tail}")
     sys.exit()
-r = json.load(open(path))
-steps = r["step_latency_s"]
-frames = f"x{r['frames']}f" if r["frames"] else ""
-print(f"{model} {r['height']}x{r['width']}{frames}: wall {float(wall):.1f} s (build {r['build_s']:.1f} s), "
-      f"step {1e3 * sum(steps) / len(steps):.0f} ms (cfg calls/step: {'2' if r['guidance_scale'] and "
-      f"r['guidance_scale'] > 1 and model.startswith('wan') else '1'}), peak {r['peak_memory_gib']:.1f} GiB, "
-      f"vae_decode {r['vae_decode']}, encoded_first {r['encoded_first']}, phases "
+r = json.load(open(f"{folder}/run.json"))
+steps, peak = r["step_latency_s"], r["peak_memory_gib"]
+size = f"{r['height']}x{r['width']}" + (f"x{r['frames']}f" if r["frames"] else "")
+print(f"{model} {size}: wall {wall:.1f} s (build {r['build_s']:.1f} s, generate {r['generate_s']:.1f} s), "
+      f"step {1e3 * sum(steps) / len(steps):.0f} ms (mean of {len(steps)}), peak {'-' if peak is None else f'{peak:.1f}'} GiB, "
+      f"vae_decode {r['vae_decode']}, encoded_first {r['encoded_first']}; phases "
       + ", ".join(f"{k} {v:.2f} s" for k, v in r["phases_s"].items()))
 PY
-}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/new_models.txt"
-run qwen-image
-run wan2.2-ti2v-5b --frames 17
-run wan2.2-t2v-a14b --height 480 --width 832 --frames 17
-run flux2-dev
+done

@@ -1,18 +1,21 @@
 """`streamfusion generate --model` for the newer pipelines on 4 gloo processes: tiny Wan 2.2 (TI2V-style and
 A14B-style two experts), Qwen-Image and Flux.2 each write their image or frames and a run.json that says what
 ran (size, layout, CFG split, how the VAE decoded); options a model's pipeline does not take fail before any
-process starts."""
+process starts; Flux.2's encode-first path gives the image the whole pipeline gives."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.models.build import build_pipeline
+from streamfusion_diffusers.models.full import encode_first
 
 WORLD = 4
 VAE_DECODES = ("patch-parallel", "tiles", "whole")  # what decode_over_ranks returns
@@ -63,3 +66,15 @@ def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, mod
 def test_generate_refuses_what_the_model_does_not_take(argv, message):
     with pytest.raises(ValueError, match=message):
         generate.make_job(_args(*argv))
+
+
+def test_encoding_first_gives_the_same_image():
+    """Flux.2-dev's real-size path (its encoder freed before the transformer is built), on tiny Flux.2: the same
+    image as the pipeline holding both."""
+    pipe, embeds = encode_first("tiny-flux2", "a red cat", 16, dtype=torch.float32)
+    assert pipe.text_encoder is None and pipe.transformer.device.type == "cpu"
+    call = dict(height=64, width=64, num_inference_steps=2, output_type="np")
+    got = pipe(prompt_embeds=embeds, generator=torch.Generator().manual_seed(0), **call).images
+    want = build_pipeline("tiny-flux2")(prompt="a red cat", max_sequence_length=16,
+                                        generator=torch.Generator().manual_seed(0), **call).images
+    assert np.array_equal(got, want)

@@ -39,9 +39,10 @@ def encode_first(name: str, prompt: str, max_sequence_length: int, *, seed: int 
                                                                                             torch.Tensor]:
     """The real-size pipeline of a family whose text encoder and transformer do not fit one GPU together
     (`PipelineFamily.encode_first`, Flux.2-dev): the prompt encoded, the encoder freed, then the transformer built
-    (the same weights as `build_full_pipeline`'s). Returns the pipeline, without its text encoder, and the
-    prompt embeddings to call it with (`prompt_embeds=`)."""
-    pipe = build_full_pipeline(name, seed=seed, dtype=dtype, device=device, transformer_device="meta")
+    (the same weights as `build_full_pipeline`'s; a tiny model's as `build_pipeline`'s). Returns the pipeline,
+    without its text encoder, and the prompt embeddings to call it with (`prompt_embeds=`)."""
+    build = build_pipeline if name.startswith("tiny-") else build_full_pipeline
+    pipe = build(name, seed=seed, dtype=dtype, device=device, transformer_device="meta")
     with torch.inference_mode():
         embeds = pipe.encode_prompt(prompt=prompt, device=torch.device(device),
                                     max_sequence_length=max_sequence_length)[0]
