@@ -46,7 +46,8 @@ def _transformer(target: Any) -> torch.nn.Module:
 
 def _transformers(target: Any) -> list[torch.nn.Module]:
     """Every transformer the target runs: a pipeline's (Wan 2.2 A14B's two experts), or the bare one."""
-    return [t for t in (_transformer(target), getattr(target, "transformer_2", None)) if t is not None]
+    second = getattr(target, "transformer_2", None)
+    return [_transformer(target), *([second] if second is not None else [])]
 
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
@@ -74,6 +75,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         if waves != "auto" and (not isinstance(waves, int) or waves < 1):
             raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
     transformers = _transformers(target)
+    plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
     if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
@@ -81,21 +83,20 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         ctx.layout(transformers[0].config.get("num_attention_heads"))
     if cuda_graph:
         check_graphable(ctx)
-    for transformer in transformers:
-        transformer._streamfusion = _install(target, transformer, ctx, cuda_graph, waves)
+    for transformer, plan in zip(transformers, plans):
+        transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph, waves)
     transformer = transformers[0]
     if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
         transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
     say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
              type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg,
-             plan_for(transformer).source)
+             plans[0].source)
     return transformer
 
 
-def _install(target: Any, transformer: torch.nn.Module, ctx: ParallelContext, cuda_graph: bool,
+def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, cuda_graph: bool,
              waves: int | str | None) -> _Installed:
     """One transformer's hooks and attention routing, as its plan says."""
-    plan = plan_for(transformer)
     state = PlanState()
     hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []  # innermost first
     if waves not in (None, 1):  # inside a block's split hook, which publishes the layout the waves read
