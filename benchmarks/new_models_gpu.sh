@@ -32,7 +32,8 @@ r = json.load(open(f"{folder}/run.json"))
 steps, peak = r["step_latency_s"], r["peak_memory_gib"]
 size = f"{r['height']}x{r['width']}" + (f"x{r['frames']}f" if r["frames"] else "")
 print(f"{model} {size}: wall {wall:.1f} s (build {r['build_s']:.1f} s, generate {r['generate_s']:.1f} s), "
-      f"step {1e3 * sum(steps) / len(steps):.0f} ms (mean of {len(steps)}), peak {'-' if peak is None else f'{peak:.1f}'} GiB, "
+      f"step {1e3 * sum(steps) / len(steps):.0f} ms (mean of {len(steps)}), "
+      f"peak {'-' if peak is None else f'{peak:.1f}'} GiB, "
       f"vae_decode {r['vae_decode']}, encoded_first {r['encoded_first']}; phases "
       + ", ".join(f"{k} {v:.2f} s" for k, v in r["phases_s"].items()))
 PY

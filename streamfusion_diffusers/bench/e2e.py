@@ -1,9 +1,9 @@
 """Whole generations timed per phase: text encoding, every denoising step and the VAE decode, for each system.
 
 What a user waits for. Every rank builds the same pipeline (on GPUs the real-size transformer, text encoders and
-VAE with seeded random weights, `models/full.py`; tiny ones on the CPU) and every system generates with the same prompt, seed
-and steps: one warm-up generation, then `iters` timed ones, each phase CUDA-synchronized (`PhaseTimer`), the
-slowest rank's time per repetition. The systems:
+VAE with seeded random weights, `models/full.py`; tiny ones on the CPU) and every system generates with the same
+prompt, seed and steps: one warm-up generation, then `iters` timed ones, each phase CUDA-synchronized
+(`PhaseTimer`), the slowest rank's time per repetition. The systems:
 
 - one-gpu: the plain diffusers pipeline on rank 0 alone while the other ranks wait at a barrier. Its output is
   the reference of every other system; its final latents decoded by diffusers' tiled decode are the reference

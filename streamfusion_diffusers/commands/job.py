@@ -29,14 +29,15 @@ SPAWN_SHAPE = (2, 2)  # machines x processes per machine of a CPU job not under 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-flux",
-                        help="tiny-* build small random models for the CPU; the others are real size (random weights unless "
-                             "--weights)")
+                        help="tiny-* build small random models for the CPU; the others are real size (random "
+                             "weights unless --weights)")
     parser.add_argument("--weights", default=None,
                         help="hub id or local folder of a diffusers pipeline (default: random weights)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
     parser.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
-    parser.add_argument("--frames", type=int, default=None, help="video frames, video models only (default: the model's)")
+    parser.add_argument("--frames", type=int, default=None,
+                        help="video frames, video models only (default: the model's)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
     parser.add_argument("--guidance-scale", type=float, default=None,
                         help="CogVideoX, Wan: CFG (two branches when > 1); Flux.1, Flux.2: distilled guidance "

@@ -259,4 +259,5 @@ MODELS: dict[str, ModelSpec] = {
 }
 # The tiny counterpart of each real-size model (the CPU's stand-in for it in bench and in generate's hints).
 TINY: dict[str, str] = {"flux-dev": "tiny-flux", "cogvideox-5b": "tiny-cogvideox", "flux2-dev": "tiny-flux2",
-                        "wan2.2-ti2v-5b": "tiny-wan", "wan2.2-t2v-a14b": "tiny-wan-a14b", "qwen-image": "tiny-qwen-image"}
+                        "wan2.2-ti2v-5b": "tiny-wan", "wan2.2-t2v-a14b": "tiny-wan-a14b",
+                        "qwen-image": "tiny-qwen-image"}

@@ -55,7 +55,8 @@ class QwenImage(PipelineFamily):
         hidden = cfg["joint_attention_dim"]
         encoder = _qwen25_vl(tok, {
             "text_config": {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 1,
-                            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": len(tok), "bos_token_id": None,
+                            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": len(tok),
+                            "bos_token_id": None,
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                 "mrope_section": [2, 3, 3]}},  # head dim 16: 8 rotary pairs
             "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
