@@ -254,6 +254,7 @@ MODELS: dict[str, ModelSpec] = {
                                  extras={"boundary_ratio": 0.875, "flow_shift": 3.0}),
     "tiny-qwen-image": ModelSpec("qwen-image", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None, vae_scale=8),
     "qwen-image": ModelSpec("qwen-image", QWEN_IMAGE, 1328, 1328, 1, 50, 512, None, vae_scale=8),
+    # Flux.2 stacks three hidden layers of its text encoder: a text width divisible by 3
     "tiny-flux2": ModelSpec("flux2", {**TINY_FLUX2, "joint_attention_dim": 48}, 64, 64, 1, 4, 16, 4.0, vae_scale=4),
     "flux2-dev": ModelSpec("flux2", FLUX2_DEV, 1024, 1024, 1, 50, 512, 4.0, vae_scale=8),
 }

@@ -73,7 +73,6 @@ class PipelineFamily(ABC):
             kwargs.update(true_cfg_scale=true_cfg_scale, negative_prompt="")
         return kwargs
 
-
     def joint_text(self, spec: ModelSpec, max_sequence_length: int) -> int | None:
         """Text tokens the self-attention takes besides the image (what a context-parallel plan splits with it):
         the prompt padded to max_sequence_length by default; 0 where the text enters by cross-attention only;

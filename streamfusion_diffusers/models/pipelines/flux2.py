@@ -19,10 +19,10 @@ MISTRAL_SMALL_31: dict[str, Any] = {  # black-forest-labs/FLUX.2-dev text_encode
     "text_config": {"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 32768,
                     "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                     "vocab_size": 131072, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-                    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000000.0}, "sliding_window": None},
+                    "rope_theta": 1000000000.0, "sliding_window": None},
     "vision_config": {"model_type": "pixtral", "hidden_size": 1024, "intermediate_size": 4096,
                       "num_hidden_layers": 24, "num_attention_heads": 16, "head_dim": 64, "image_size": 1540,
-                      "patch_size": 14, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+                      "patch_size": 14, "rope_theta": 10000.0},
     "spatial_merge_size": 2, "image_token_index": 10, "multimodal_projector_bias": False,
     "projector_hidden_act": "gelu", "vision_feature_layer": -1,
 }

@@ -19,8 +19,7 @@ QWEN25_VL_7B: dict[str, Any] = {  # Qwen/Qwen-Image text_encoder/config.json (Qw
     "text_config": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
                     "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
                     "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-                    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                                        "mrope_section": [16, 24, 24]},
+                    "rope_theta": 1000000.0, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
                     "tie_word_embeddings": False},
     "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
                       "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
@@ -57,8 +56,7 @@ class QwenImage(PipelineFamily):
             "text_config": {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 1,
                             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": len(tok),
                             "bos_token_id": None,
-                            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                                "mrope_section": [2, 3, 3]}},  # head dim 16: 8 rotary pairs
+                            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},  # head dim 16
             "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
                               "out_hidden_size": hidden, "fullatt_block_indexes": [0]},
             "image_token_id": len(tok), "video_token_id": len(tok) + 1, "vision_start_token_id": len(tok) + 2})
