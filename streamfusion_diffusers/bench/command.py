@@ -32,7 +32,7 @@ from ..core.config import METHODS, ParallelConfig, resolve_layout
 from ..core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD, threshold
 from ..core.links import parse_link
 from ..core.mesh import GroupCache
-from ..models import MODELS as SPECS
+from ..models.pipelines import family_of
 from . import e2e_command, report, variants, xdit
 from .layer import Case, Setup, bench_layer, padded_length
 
@@ -148,7 +148,7 @@ def _runs_at(method: str, level: str, w: Workload, config: dict[str, Any] | None
         why = f"{method} skipped at {level} level: it runs at {' and '.join(BASELINES[method])} level only"
     elif method == "diffusers-cp" and not gpu:
         why = DIFFUSERS_CP_ON_CPU
-    elif method == "diffusers-cp" and w.model and SPECS[w.model].family == "cogvideox":
+    elif method == "diffusers-cp" and w.model and not family_of(w.model).diffusers_cp:
         why = (f"diffusers-cp skipped for {w.name}: diffusers has no context-parallel plan for CogVideoX (and its "
                f"attention processor does not go through the dispatcher that runs it)")
     elif method == "diffusers-cp" and (w.tokens % world or w.text_tokens % world):

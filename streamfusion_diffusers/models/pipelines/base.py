@@ -29,6 +29,7 @@ class PipelineFamily(ABC):
     # real size: the text encoder and the transformer do not fit one GPU together, so the prompt is encoded
     # first, the encoder freed, and only then the transformer built
     encode_first: bool = False
+    diffusers_cp: bool = True  # its transformer has diffusers' own `_cp_plan` (bench's diffusers-cp baseline)
 
     @property
     def pipeline(self) -> type:

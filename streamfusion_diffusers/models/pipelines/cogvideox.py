@@ -16,6 +16,7 @@ SCHEDULER: dict[str, Any] = {"beta_end": 0.012, "beta_schedule": "scaled_linear"
 
 class CogVideoX(PipelineFamily):
     name, pipeline_class, transformer_class = "cogvideox", "CogVideoXPipeline", "CogVideoXTransformer3DModel"
+    diffusers_cp = False  # the plan is ours (diffusers/plans/cogvideox.py)
 
     def tiny(self, spec: ModelSpec, transformers: dict[str, nn.Module]) -> Any:
         from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
