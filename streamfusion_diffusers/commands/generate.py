@@ -83,8 +83,8 @@ def run_rank(job: Job) -> dict | None:
     from ..models.build import build_pipeline, load_pipeline
     from ..models.full import build_full_pipeline, encode_first
     from ..diffusers.parallel_pipeline import parallelize
-    family = family_of(job.model)
 
+    family = family_of(job.model)
     rank = dist.get_rank()
     if rank != 0:  # progress (loading, denoising) on rank 0 only
         diffusers_logging.disable_progress_bar()
