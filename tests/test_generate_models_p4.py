@@ -1,7 +1,8 @@
 """`streamfusion generate --model` for the newer pipelines on 4 gloo processes: tiny Wan 2.2 (TI2V-style and
 A14B-style two experts), Qwen-Image and Flux.2 each write their image or frames and a run.json that says what
 ran (size, layout, CFG split, how the VAE decoded); options a model's pipeline does not take fail before any
-process starts; Flux.2's encode-first path gives the image the whole pipeline gives."""
+process starts; Flux.2's encode-first path gives the image the whole pipeline gives; the offline tokenizers
+answer the calls the pipelines make."""
 from __future__ import annotations
 
 import argparse
@@ -78,3 +79,15 @@ def test_encoding_first_gives_the_same_image():
     want = build_pipeline("tiny-flux2")(prompt="a red cat", max_sequence_length=16,
                                         generator=torch.Generator().manual_seed(0), **call).images
     assert np.array_equal(got, want)
+
+
+def test_offline_tokenizers_answer_the_pipelines_calls():
+    """Qwen-Image drops its chat template's system prefix by count: exactly the prefix goes; Flux.2 formats a
+    batch of conversations through `apply_chat_template`, padded to max_sequence_length."""
+    qwen = build_pipeline("tiny-qwen-image")
+    ids = qwen.tokenizer(qwen.prompt_template_encode.format("a red cat")).input_ids
+    kept = qwen.tokenizer.convert_ids_to_tokens(ids[qwen.prompt_template_encode_start_idx:])
+    assert kept[:3] == ["a", "red", "cat"], kept
+    flux2 = build_pipeline("tiny-flux2")
+    embeds = flux2.encode_prompt(prompt=["a red cat", "a dog"], device=torch.device("cpu"), max_sequence_length=16)[0]
+    assert embeds.shape == (2, 16, 48)
