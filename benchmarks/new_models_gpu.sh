@@ -17,10 +17,10 @@ for model in "${models[@]}"; do
   mkdir -p "$OUT/$model"
   start=$(date +%s.%N)
   # shellcheck disable=SC2086
-  python -m streamfusion_diffusers generate --model "$model" --steps 2 --output "$OUT/$model" ${SIZE[$model]:-} \
+  python3 -m streamfusion_diffusers generate --model "$model" --steps 2 --output "$OUT/$model" ${SIZE[$model]:-} \
     > "$OUT/$model/log.txt" 2>&1
   rc=$?
-  python - "$OUT/$model" "$model" "$rc" "$start" <<'PY' | tee -a "$OUT/new_models.txt"
+  python3 - "$OUT/$model" "$model" "$rc" "$start" <<'PY' | tee -a "$OUT/new_models.txt"
 import json, sys, time
 folder, model, rc, start = sys.argv[1:]
 wall = time.time() - float(start)
