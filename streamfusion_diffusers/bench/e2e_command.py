@@ -89,7 +89,7 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
     spec = MODELS[setup.model]
     heads, family = spec.transformer["num_attention_heads"], spec.family
     tokens = spec.image_tokens(setup.height, setup.width, setup.frames)
-    text = family_of(setup.model).joint_text(spec, setup.max_sequence_length) or 0  # what diffusers' plan splits
+    text = family_of(setup.model).joint_text(spec, setup.max_sequence_length)  # what diffusers' plan splits
     is_guided = guided(spec, setup.guidance_scale, setup.true_cfg_scale)
     wanted = _baseline_layouts(layouts)
     cases: list[E2ECase] = []
@@ -111,7 +111,10 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
             skip(NO_GPU.format("diffusers-cp", "enable_parallelism places rank r on accelerator r"))
         elif system == "diffusers-cp" and not family_of(setup.model).diffusers_cp:
             skip(f"diffusers-cp skipped for {setup.name}: diffusers 0.42 has no context-parallel plan for CogVideoX")
-        elif system == "diffusers-cp" and (tokens % world or text % world):
+        elif system == "diffusers-cp" and text is None and world > 1:
+            skip(f"diffusers-cp skipped for {setup.name}: its text is as long as the prompt's tokens, which "
+                 f"diffusers' equal split must divide by the {world} ranks (--level step times it on a fixed text)")
+        elif system == "diffusers-cp" and (tokens % world or (text or 0) % world):
             skip(f"diffusers-cp skipped for {setup.name}: it needs the {tokens} image and "
                  f"{text} text tokens each divisible by the {world} ranks")
         elif system == "xfuser" and not gpu:
