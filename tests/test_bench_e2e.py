@@ -126,6 +126,13 @@ def test_gpu_cases_are_planned_per_baseline():
     assert labels == ["one-gpu", "ours", "ours-cfg", *xfuser]
     assert any("ours-cfg skipped for flux-dev 2048x2048" in n for n in notes)
     assert any("no context-parallel plan for CogVideoX" in n for n in notes)
+    wan = _setup("wan2.2-t2v-a14b:17:480:832", args, "real", torch.bfloat16, 2)  # CFG by guidance_scale
+    labels = [c.label for c in e2e_cases(systems, wan, 2, True, "U2R1", notes)]
+    assert (wan.model, wan.guidance_scale) == ("wan2.2-t2v-a14b", 4.0) and labels == [
+        "one-gpu", "ours", "ours-cfg", "diffusers-cp U2R1"]
+    qwen = _setup("qwen-image:1024", args, "real", torch.bfloat16, 2)
+    assert [c.label for c in e2e_cases(systems, qwen, 2, True, "U2R1", notes)] == ["one-gpu", "ours"]
+    assert any("diffusers-cp skipped for qwen-image 1024x1024: its text is as long" in n for n in notes)
 
 
 @pytest.mark.parametrize(("name", "sizes"), [

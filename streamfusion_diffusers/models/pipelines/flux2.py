@@ -24,7 +24,7 @@ MISTRAL_SMALL_31: dict[str, Any] = {  # black-forest-labs/FLUX.2-dev text_encode
                       "num_hidden_layers": 24, "num_attention_heads": 16, "head_dim": 64, "image_size": 1540,
                       "patch_size": 14, "rope_theta": 10000.0},
     "spatial_merge_size": 2, "image_token_index": 10, "multimodal_projector_bias": False,
-    "projector_hidden_act": "gelu", "vision_feature_layer": -1,
+    "projector_hidden_act": "gelu", "vision_feature_layer": -1, "tie_word_embeddings": False,
 }
 
 
