@@ -5,7 +5,7 @@
 # default video takes minutes (said in each line): Wan 2.2 TI2V-5B at its 704x1280 with 17 frames instead of
 # 121, A14B at 480x832 with 17 frames instead of 720x1280x81. Flux.2-dev encodes its prompt first (24B Mistral),
 # frees the encoder, then builds the 32B transformer (encoded_first).
-# Usage (one GPU): bash benchmarks/new_models_gpu.sh [model ...]   (about 6 minutes on one H200 for all four)
+# Usage (one GPU): bash benchmarks/new_models_gpu.sh [model ...]   (about 2 minutes on one H200 for all four)
 set -u
 OUT=${OUT:-outputs/new-models}
 mkdir -p "$OUT"
