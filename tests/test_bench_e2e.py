@@ -44,6 +44,25 @@ def test_e2e_times_every_phase_and_matches_one_process(tmp_path, capsys):
     assert any(line.startswith("cogvideox-5b 9f 64x64: ") and "vs one-gpu" in line for line in result["summary"])
 
 
+def test_e2e_rows_of_the_newer_pipelines(tmp_path, capsys):
+    """Tiny Wan 2.2 (TI2V-style: its CFG as two calls per step, paired over the branches) and Qwen-Image (true
+    CFG) on 2 processes: ours and ours-cfg exact against one process, with how the VAE decoded."""
+    out = tmp_path / "new"
+    rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "wan2.2-ti2v-5b:9:64:64,qwen-image:64",
+               "--model-size", "tiny", "--machines", "1", "--gpus-per-machine", "2", "--methods", "ours,ours-cfg",
+               "--steps", "2", "--true-cfg-scale", "2.0", "--iters", "1", "--warmup", "0", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(r["workload"], r["system"]) for r in rows} == {
+        (w, s) for w in ("wan2.2-ti2v-5b 9f 64x64", "qwen-image 64x64") for s in ("ours", "ours-cfg")}, rows
+    for r in rows:
+        assert r["ok"] and r["rel_err"] <= MODEL_THRESHOLD[torch.float32], r
+        assert r["vae_decode"] in ("patch-parallel", "tiles", "whole"), r
+        assert r["reference"] == f"one-gpu, {'tiled' if r['vae_decode'] == 'tiles' else 'untiled'} decode", r
+    assert all(r["layout"].startswith("cfg 2 x ") for r in rows if r["system"] == "ours-cfg"), rows
+
+
 def test_e2e_on_two_emulated_machines_with_fp8_transfers(tmp_path, capsys):
     """2 x 1 over an emulated p4de link: ours with fp8 inter-machine transfers (checked loosely) and ours-cfg, whose
     guidance branches sit one per machine; the baselines, whose transfers cannot be slowed, are skipped."""
@@ -107,6 +126,13 @@ def test_gpu_cases_are_planned_per_baseline():
     assert labels == ["one-gpu", "ours", "ours-cfg", *xfuser]
     assert any("ours-cfg skipped for flux-dev 2048x2048" in n for n in notes)
     assert any("no context-parallel plan for CogVideoX" in n for n in notes)
+    wan = _setup("wan2.2-t2v-a14b:17:480:832", args, "real", torch.bfloat16, 2)  # CFG by guidance_scale
+    labels = [c.label for c in e2e_cases(systems, wan, 2, True, "U2R1", notes)]
+    assert (wan.model, wan.guidance_scale) == ("wan2.2-t2v-a14b", 4.0) and labels == [
+        "one-gpu", "ours", "ours-cfg", "diffusers-cp U2R1"]
+    qwen = _setup("qwen-image:1024", args, "real", torch.bfloat16, 2)
+    assert [c.label for c in e2e_cases(systems, qwen, 2, True, "U2R1", notes)] == ["one-gpu", "ours"]
+    assert any("diffusers-cp skipped for qwen-image 1024x1024: its text is as long" in n for n in notes)
 
 
 @pytest.mark.parametrize(("name", "sizes"), [

@@ -36,6 +36,25 @@ def test_block_and_step_levels_time_and_check_every_method(tmp_path, capsys):
     assert (out / "table.md").read_text().count("| flux-dev 128x128 | block |") == len(rows) // 4
 
 
+def test_step_level_of_the_newer_models(tmp_path, capsys):
+    """Tiny Wan 2.2 and Qwen-Image steps through their plans on 2 processes, exact; no bound (it runs through the
+    Flux and CogVideoX processors), and no block level for them."""
+    out = tmp_path / "newer"
+    rc = main(["bench", "--cpu", "--level", "step", "--workloads", "wan2.2-ti2v-5b:9:64:96,qwen-image:64",
+               "--model-size", "tiny", "--machines", "1", "--gpus-per-machine", "2", "--methods", "ulysses,ring",
+               "--iters", "2", "--warmup", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(r["workload"], r["method"]) for r in rows} == {
+        (w, m) for w in ("wan2.2-ti2v-5b 9f 96x64", "qwen-image 64x64") for m in ("ulysses", "ring")}, rows
+    assert all(r["ok"] and r["rel_err"] <= MODEL_THRESHOLD[torch.float32] for r in rows), rows
+    assert "bound skipped for qwen-image 64x64" in captured.err
+    with pytest.raises(SystemExit):
+        main(["bench", "--cpu", "--level", "block", "--workloads", "qwen-image:64", "--model-size", "tiny"])
+    assert "run the newer models at --level step" in capsys.readouterr().err
+
+
 def test_bad_level_fails_naming_the_choices(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--cpu", "--level", "block,steps", "--workloads", "flux-dev:256"])
@@ -48,5 +67,9 @@ def test_model_shapes_of_workloads():
     assert cog.grid == (3, 16, 16) and cog.tokens == 3 * 8 * 8
     assert transformer_config(cog, "real")["num_attention_heads"] == 48
     assert transformer_config(cog, "tiny")["num_attention_heads"] == 8
+    wan = parse_workload("wan2.2-t2v-a14b:17:480:832")  # Wan 2.1's VAE: 8x, 2 x 2 patches; text by cross-attention
+    assert wan.grid == (5, 30, 52) and wan.tokens == 5 * 30 * 52 and wan.text_tokens == 0 and wan.heads == 40
+    qwen = parse_workload("qwen-image")  # generate's default size, 1328 x 1328
+    assert qwen.tokens == 83 * 83 and transformer_config(qwen, "tiny")["num_attention_heads"] == 8
     custom = transformer_config(parse_workload("custom:250:6:12:64"), "real")
     assert custom["num_attention_heads"] == 12 and sum(custom["axes_dims_rope"]) == 64

@@ -102,6 +102,58 @@ def test_flux_pipeline_with_cfg_parallel_is_exact(pool, guided):
         assert res["error"] <= TOL, res
 
 
+# Pipelines guided by two transformer calls of batch 1 per step, which the CFG split pairs: Wan (A14B: on each
+# of its two experts in turn), Qwen-Image with a negative prompt of another length than the prompt.
+PAIRED = {"tiny-wan": dict(num_frames=9, guidance_scale=5.0),
+          "tiny-wan-a14b": dict(num_frames=9, guidance_scale=4.0),
+          "tiny-qwen-image": dict(true_cfg_scale=4.0, negative_prompt="blurry")}
+
+
+def _paired_latents(config: ParallelConfig, name: str) -> dict:
+    """On every rank: the final latents of a guided tiny pipeline unparallelized and with cfg 2 x SP 2, the
+    calls each transformer made per generation, and the tokens one of its attention layers held."""
+    pipe = build_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    experts = [t for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
+    calls = [0] * len(experts)
+    seen: list[int] = []
+    for i, expert in enumerate(experts):
+        expert.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    attention = pipe.transformer.transformer_blocks[0].attn if name == "tiny-qwen-image" else \
+        pipe.transformer.blocks[0].attn1
+    attention.register_forward_pre_hook(
+        lambda _m, a, kw: seen.append((a[0] if a else kw["hidden_states"]).shape[1]), with_kwargs=True)
+
+    def run() -> torch.Tensor:
+        return pipe(prompt="a red cat under a blue sky", height=64, width=64, num_inference_steps=2,
+                    generator=torch.Generator().manual_seed(0), output_type="latent", **PAIRED[name])[0]
+
+    reference, full, attended = run(), seen[-1], len(seen)
+    before = list(calls)
+    ctx = init_parallel(config)
+    parallelize(pipe, ctx, vae=False)
+    out = run()
+    unparallelize(pipe)
+    return {"error": ((out - reference).norm() / reference.norm()).item(), "cfg": ctx.cfg.degree,
+            "calls": (before, [c - b for c, b in zip(calls, before)]), "full": full, "held": seen[-1],
+            "attended": (attended, len(seen) - attended),
+            "restored": type(pipe.scheduler).step is pipe.scheduler.step.__func__}
+
+
+@pytest.mark.parametrize("name", sorted(PAIRED))
+def test_paired_guidance_calls_with_cfg_parallel_are_exact(pool, name):
+    """cfg 2 x SP 2 on 4 ranks: each branch computes one of the step's two calls, its tokens split in two; the
+    final latents are the unparallelized pipeline's."""
+    config = ParallelConfig(machines=1, gpus_per_machine=4, method="ulysses", cfg=2)
+    for res in pool.run(_paired_latents, config, name):
+        assert res["cfg"] == 2 and res["restored"], res
+        want = [2, 2] if name == "tiny-wan-a14b" else [4]  # A14B: one step on each expert, 2 calls each
+        assert res["calls"] == (want, want), res  # every call reaches the transformer, paired in the hook
+        assert res["attended"] == (want[0], want[0] // 2), res  # each branch attends for one call of the two
+        assert res["held"] < res["full"], res  # the tokens really split inside the branch
+        assert res["error"] <= TOL, res
+
+
 def _transformer(config: ParallelConfig, case: Case) -> dict:
     """On every rank: a batch-2 transformer forward with cfg parallelism against the unparallelized one."""
     model = build_transformer(case.config, seed=3)

@@ -28,6 +28,8 @@ LEFT_OUT = {  # how a command starts -> why it is not run here
     "streamfusion generate --model flux-dev": "real size: GPUs (without them it is refused; test_first_contact.py)",
     "streamfusion verify": "8 processes for 80 s on 2 cores; tests/test_cli.py runs verify end to end on 4",
     "streamfusion generate --model tiny-cogvideox": "tests/test_pipeline.py runs this job (tiny CogVideoX, usp)",
+    "streamfusion generate --model tiny-wan": "tests/test_generate_models_p4.py runs this job (cfg 2)",
+    "streamfusion generate --model tiny-qwen-image": "tests/test_generate_models_p4.py runs this job (true CFG)",
     "streamfusion bench --cpu --machines 2 --gpus-per-machine 2 --workloads custom:250:6:8:16":
         "tests/test_bench.py runs this layer-level job on 2 x 2",
     "streamfusion bench --cpu --level block,step": "tests/test_bench_levels.py runs this on 2 x 2, at half the tokens",

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..choice.costmodel import candidate_layouts
-from ..choice.workloads import MODELS, Workload, is_flux, parse_workload, transformer_config, workload_specs
+from ..choice.workloads import MODELS, Workload, parse_workload, transformer_config, workload_specs
 from ..commands.spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..commands.timing import ITERS, SAMPLE_MS, WARMUP
 from ..commands.verify import DTYPES
@@ -32,6 +32,7 @@ from ..core.config import METHODS, ParallelConfig, resolve_layout
 from ..core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD, threshold
 from ..core.links import parse_link
 from ..core.mesh import GroupCache
+from ..models.pipelines import family_of
 from . import e2e_command, report, variants, xdit
 from .layer import Case, Setup, bench_layer, padded_length
 
@@ -147,7 +148,7 @@ def _runs_at(method: str, level: str, w: Workload, config: dict[str, Any] | None
         why = f"{method} skipped at {level} level: it runs at {' and '.join(BASELINES[method])} level only"
     elif method == "diffusers-cp" and not gpu:
         why = DIFFUSERS_CP_ON_CPU
-    elif method == "diffusers-cp" and not is_flux(config):
+    elif method == "diffusers-cp" and w.model and not family_of(w.model).diffusers_cp:
         why = (f"diffusers-cp skipped for {w.name}: diffusers has no context-parallel plan for CogVideoX (and its "
                f"attention processor does not go through the dispatcher that runs it)")
     elif method == "diffusers-cp" and (w.tokens % world or w.text_tokens % world):
@@ -216,15 +217,22 @@ def main(args: argparse.Namespace) -> int:
                 c for meth in methods if _runs_at(meth, "layer", w, None, world, gpu, notes)
                 for c in _cases(meth, args.layouts, args.machines, m, w.heads, gpu, dtype)], ways, ("layer",))))
         if model_levels:
-            from .model import ModelSetup, bench_model  # imports diffusers: only when a model level runs
+            from .model import PROCESSOR_FAMILIES, ModelSetup, bench_model, family  # imports diffusers
 
+            bound = [Case("bound")] if family(w) in PROCESSOR_FAMILIES else []
+            if not bound and "block" in model_levels:
+                raise ValueError(f"{w.name}: the block level times Flux.1 and CogVideoX blocks; run the newer models "
+                                 f"at --level step")
+            if not bound and (why := f"bound skipped for {w.name}: it runs through the Flux and CogVideoX "
+                                     f"processors") not in notes:
+                notes.append(why)
             config = transformer_config(w, size)
             heads = config["num_attention_heads"]
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, heads)
             ours = [c for meth in methods if _runs_at(meth, model_levels[0], w, config, world, gpu, notes)
                     for c in _cases(meth, args.layouts, args.machines, m, heads, gpu, dtype)]
             tasks.append((bench_model, ModelSetup(setup, config, model_levels),
-                          variants.with_variants([Case("bound")] + ours, ways, model_levels)))
+                          variants.with_variants(bound + ours, ways, model_levels)))
     rank0 = int(os.environ.get("RANK", 0)) == 0
     for note in notes if rank0 else ():
         print(f"streamfusion bench: {note}", file=sys.stderr)

@@ -1,16 +1,18 @@
 """Whole generations timed per phase: text encoding, every denoising step and the VAE decode, for each system.
 
-What a user waits for. Every rank builds the same pipeline (on GPUs the real-size transformer, T5-XXL / CLIP-L
-and VAE with seeded random weights; tiny ones on the CPU) and every system generates with the same prompt, seed
-and steps: one warm-up generation, then `iters` timed ones, each phase CUDA-synchronized (`PhaseTimer`), the
-slowest rank's time per repetition. The systems:
+What a user waits for. Every rank builds the same pipeline (on GPUs the real-size transformer, text encoders and
+VAE with seeded random weights, `models/full.py`; tiny ones on the CPU) and every system generates with the same
+prompt, seed and steps: one warm-up generation, then `iters` timed ones, each phase CUDA-synchronized
+(`PhaseTimer`), the slowest rank's time per repetition. The systems:
 
 - one-gpu: the plain diffusers pipeline on rank 0 alone while the other ranks wait at a barrier. Its output is
   the reference of every other system; its final latents decoded by diffusers' tiled decode are the reference
   of the systems that split the VAE decode by diffusers' tiles (VAEs the exact patch-parallel decode cannot take);
+  our rows record how the VAE decoded (`vae_decode`);
 - ours: `parallelize` with method "auto" (the recipe's or the cost model's layout) and the VAE decode split;
   ours-no-vae-split (rank 0 decodes alone); ours-cfg (the guidance branches on halves of the ranks);
-- diffusers-cp (Flux, GPUs): diffusers' own context parallelism at one Ulysses x Ring layout;
+- diffusers-cp (every model but CogVideoX, which has no diffusers plan; GPUs): diffusers' own context parallelism
+  at one Ulysses x Ring layout;
 - xfuser (CogVideoX, GPUs): xFuserCogVideoXPipeline at one layout, CFG parallel included (xfuser has no
   parallel VAE for CogVideoX: every rank decodes the whole video);
 - cache-dit, cache-dit-fp8, cache-dit-async (GPUs): Cache-DiT's parallelism at one layout, caching off
@@ -35,9 +37,9 @@ from ..commands.phases import PHASES, PhaseTimer
 from ..commands.timing import deadline
 from ..core.config import degrees_label
 from ..diffusers.parallel_pipeline import parallelize, unparallelize
-from ..diffusers.vae.bands import unsupported
 from ..models import MODELS
-from ..models.build import build_pipeline, build_transformer
+from ..models.build import build_pipeline, build_transformers
+from ..models.pipelines import family_of
 from ..models.full import build_full_pipeline
 from . import cachedit
 from .layer import device_of_job
@@ -89,19 +91,12 @@ class E2ESetup:
     warmup: int = 1
     timeout_s: float = 300.0
 
-    @property
-    def flux(self) -> bool:
-        return MODELS[self.model].family == "flux"
-
     def call(self, output_type: str) -> dict[str, Any]:
-        kwargs = dict(prompt=self.prompt, height=self.height, width=self.width, num_inference_steps=self.steps,
-                      guidance_scale=self.guidance_scale, max_sequence_length=self.max_sequence_length,
-                      generator=torch.Generator("cpu").manual_seed(self.seed), output_type=output_type)
-        if not self.flux:
-            kwargs["num_frames"] = self.frames
-        if self.true_cfg_scale is not None:
-            kwargs.update(true_cfg_scale=self.true_cfg_scale, negative_prompt="")
-        return kwargs
+        spec = MODELS[self.model]
+        return dict(prompt=self.prompt, height=self.height, width=self.width, num_inference_steps=self.steps,
+                    generator=torch.Generator("cpu").manual_seed(self.seed), output_type=output_type,
+                    **family_of(self.model).call_kwargs(spec, self.frames, self.guidance_scale, self.true_cfg_scale,
+                                                        self.max_sequence_length))
 
 
 def _output(result: Any, output_type: str) -> Tensor | None:
@@ -136,7 +131,7 @@ def _slowest(runs: list[dict[str, float]], iters: int, device: torch.device) -> 
             for p, col in zip(PHASES, times.T.tolist())}
 
 
-def _tiled_decode(pipe: Any, z: Tensor, flux: bool) -> Tensor:
+def _tiled_decode(pipe: Any, z: Tensor, model: str) -> Tensor:
     """z decoded by diffusers' tiled decode and post-processed as the pipeline does ("pt")."""
     pipe.vae.enable_tiling()
     try:
@@ -144,9 +139,7 @@ def _tiled_decode(pipe: Any, z: Tensor, flux: bool) -> Tensor:
             sample = pipe.vae.decode(z, return_dict=False)[0]
     finally:
         pipe.vae.disable_tiling()
-    if flux:
-        return pipe.image_processor.postprocess(sample, output_type="pt")
-    return pipe.video_processor.postprocess_video(video=sample, output_type="pt")
+    return family_of(model).postprocess(MODELS[model], pipe, sample)
 
 
 def _one_gpu(pipe: Any, setup: E2ESetup, device: torch.device,
@@ -162,30 +155,34 @@ def _one_gpu(pipe: Any, setup: E2ESetup, device: torch.device,
             runs, out = _repeat(pipe, once, "pt", device, together=False)
         finally:
             del pipe.vae.decode
-        refs = {"untiled": out, "tiled": _tiled_decode(pipe, seen[-1], setup.flux)}
+        refs = {"untiled": out, "tiled": _tiled_decode(pipe, seen[-1], setup.model)}
     dist.barrier()
     return (_slowest(runs, setup.iters, device) if timed else None), refs
 
 
-def _ours(pipe: Any, setup: E2ESetup, case: E2ECase, device: torch.device) -> tuple[dict, Tensor | None, str]:
+def _ours(pipe: Any, setup: E2ESetup, case: E2ECase,
+          device: torch.device) -> tuple[dict, Tensor | None, str, str | None]:
+    """Our rows; the last value is how the VAE decoded over the ranks (None: rank 0 alone)."""
     config = ParallelConfig(machines=setup.machines, gpus_per_machine=setup.gpus_per_machine, method="auto",
                             backend=setup.backend, recipe=setup.recipe, comm_dtype=setup.comm_dtype,
                             emulate_link=setup.emulate_link, cfg=2 if case.system == "ours-cfg" else 1)
     ctx = init_parallel(config)
     split = case.system != "ours-no-vae-split"
-    parallelize(pipe, ctx, vae=split)
+    vae_decode = parallelize(pipe, ctx, vae=split)._streamfusion.vae_decode
     try:
         runs, out = _repeat(pipe, setup, "pt" if split or dist.get_rank() == 0 else "latent", device)
         layout = str(ctx.layout(pipe.transformer.config.num_attention_heads))
     finally:
         unparallelize(pipe)
-    return _slowest(runs, setup.iters, device), out, (f"cfg 2 x {layout}" if config.cfg == 2 else layout)
+    return (_slowest(runs, setup.iters, device), out, (f"cfg 2 x {layout}" if config.cfg == 2 else layout),
+            vae_decode)
 
 
 def _fresh(pipe: Any, setup: E2ESetup, device: torch.device) -> Any:
-    """The same pipeline around a new transformer with the same weights."""
-    transformer = build_transformer(setup.model, seed=setup.seed, dtype=setup.dtype, device=device)
-    fresh = type(pipe)(**{**pipe.components, "transformer": transformer})
+    """The same pipeline around new transformers with the same weights."""
+    transformers = build_transformers(setup.model, seed=setup.seed, dtype=setup.dtype, device=device)
+    fresh = type(pipe)(**{**pipe.components, **transformers}, **family_of(setup.model).pipeline_kwargs(
+        MODELS[setup.model]))
     fresh.set_progress_bar_config(disable=True)
     return fresh
 
@@ -259,14 +256,13 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with deadline(setup.timeout_s * (setup.warmup + setup.iters + 1)):
-            out, ref_kind, layout = None, "untiled", case.label
+            out, ref_kind, layout, vae_decode = None, "untiled", case.label, None
             if case.system == "one-gpu":
                 phases, refs = _one_gpu(pipe, setup, device, timed)
                 layout = "1 GPU, the others idle"
             elif case.system in OURS:
-                phases, out, layout = _ours(pipe, setup, case, device)
-                exact = case.system == "ours-no-vae-split" or unsupported(pipe.vae) is None  # patch-parallel
-                ref_kind = "untiled" if exact else "tiled"
+                phases, out, layout, vae_decode = _ours(pipe, setup, case, device)
+                ref_kind = "tiled" if vae_decode == "tiles" else "untiled"  # patch-parallel and whole: exact
             elif case.system in cachedit.SYSTEMS:
                 phases, out, layout = _cache_dit(pipe, setup, case, device)
             elif case.system == "diffusers-cp":
@@ -290,6 +286,7 @@ def bench_e2e(setup: E2ESetup, cases: list[E2ECase]) -> list[dict]:
         rel = _relative(out, refs[ref_kind]) if refs is not None and case.system != "one-gpu" else None
         rows.append(dict(workload=setup.name, system=case.system, case=case.label, layout=layout, phases=phases,
                          rel_err=rel, reference=None if case.system == "one-gpu" else f"one-gpu, {ref_kind} decode",
+                         vae_decode=vae_decode,
                          peak_gib=peak.item() if device.type == "cuda" else None, steps=setup.steps,
                          iters=setup.iters))
     return rows

@@ -1,6 +1,7 @@
-"""`streamfusion bench --level e2e`: whole generations of Flux / CogVideoX, ours against one GPU, diffusers' context
-parallelism (Flux), xfuser's pipeline (CogVideoX) and Cache-DiT's parallelism (`bench/cachedit.py`), in one job;
-see `bench/e2e.py` for what each system runs.
+"""`streamfusion bench --level e2e`: whole generations of every `generate --model` (Flux.1, Flux.2, Qwen-Image,
+Wan 2.2, CogVideoX), ours against one GPU, diffusers' context parallelism (all but CogVideoX), xfuser's pipeline
+(CogVideoX) and Cache-DiT's parallelism (`bench/cachedit.py`), in one job; see `bench/e2e.py` for what each
+system runs.
 
 Which systems run where is settled here, before any process starts, and every skip is said once: the baselines
 need GPUs (diffusers places rank r on accelerator r, xfuser refuses to import without one), diffusers has no
@@ -26,7 +27,8 @@ from ..commands.spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..commands.verify import DTYPES
 from ..core.extras import install_hint
 from ..core.links import parse_link
-from ..models import MODELS
+from ..models import MODELS, TINY
+from ..models.pipelines import family_of
 from . import cachedit, e2e_report
 
 BASELINES = ("diffusers-cp", "xfuser", *cachedit.SYSTEMS)
@@ -38,9 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options only the e2e level reads (the others are bench's: --workloads, --methods, --layouts, ...)."""
     parser.add_argument("--steps", type=int, default=5, help="e2e: denoising steps per generation (default 5)")
     parser.add_argument("--true-cfg-scale", type=float, default=None,
-                        help="e2e, Flux workloads: true classifier-free guidance with an empty negative prompt when "
-                             "> 1 (two branches per step, which ours-cfg splits over the ranks); CogVideoX guides "
-                             "with its own guidance scale")
+                        help="e2e, Flux and Qwen-Image workloads: true classifier-free guidance with an empty "
+                             "negative prompt when > 1 (two branches per step, which ours-cfg splits over the "
+                             "ranks); CogVideoX and Wan guide with their own guidance scale")
 
 
 def _baseline_layouts(spec: str) -> set[tuple[str | None, int, int, int]] | None:
@@ -87,6 +89,7 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
     spec = MODELS[setup.model]
     heads, family = spec.transformer["num_attention_heads"], spec.family
     tokens = spec.image_tokens(setup.height, setup.width, setup.frames)
+    text = family_of(setup.model).joint_text(spec, setup.max_sequence_length)  # what diffusers' plan splits
     is_guided = guided(spec, setup.guidance_scale, setup.true_cfg_scale)
     wanted = _baseline_layouts(layouts)
     cases: list[E2ECase] = []
@@ -100,21 +103,25 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
             skip(f"{system} skipped: --emulate-link slows our transfers only, the baselines' would cross the real "
                  f"link; time them without it")
         elif system == "ours-cfg" and not is_guided:
-            skip(f"ours-cfg skipped for {setup.name}: no guidance branches (CogVideoX with guidance > 1, Flux with "
-                 f"--true-cfg-scale > 1)")
+            skip(f"ours-cfg skipped for {setup.name}: no guidance branches (CogVideoX and Wan with guidance > 1, "
+                 f"Flux and Qwen-Image with --true-cfg-scale > 1; Flux.2 has none)")
         elif system == "ours-cfg" and world % 2:
             skip(f"ours-cfg skipped: {world} ranks do not split into two guidance branches")
         elif system == "diffusers-cp" and not gpu:
             skip(NO_GPU.format("diffusers-cp", "enable_parallelism places rank r on accelerator r"))
-        elif system == "diffusers-cp" and family != "flux":
+        elif system == "diffusers-cp" and not family_of(setup.model).diffusers_cp:
             skip(f"diffusers-cp skipped for {setup.name}: diffusers 0.42 has no context-parallel plan for CogVideoX")
-        elif system == "diffusers-cp" and (tokens % world or setup.max_sequence_length % world):
+        elif system == "diffusers-cp" and text is None and world > 1:
+            skip(f"diffusers-cp skipped for {setup.name}: its text is as long as the prompt's tokens, which "
+                 f"diffusers' equal split must divide by the {world} ranks (--level step times it on a fixed text)")
+        elif system == "diffusers-cp" and (tokens % world or (text or 0) % world):
             skip(f"diffusers-cp skipped for {setup.name}: it needs the {tokens} image and "
-                 f"{setup.max_sequence_length} text tokens each divisible by the {world} ranks")
+                 f"{text} text tokens each divisible by the {world} ranks")
         elif system == "xfuser" and not gpu:
             skip(NO_GPU.format("xfuser", "xfuser 0.7.0 raises 'No Accelerators available' on import without one"))
         elif system == "xfuser" and family != "cogvideox":
-            skip(f"xfuser skipped for {setup.name}: the e2e level compares xfuser on CogVideoX, diffusers-cp on Flux")
+            skip(f"xfuser skipped for {setup.name}: the e2e level compares xfuser on CogVideoX, diffusers-cp on the "
+                 f"others")
         elif system == "xfuser" and (broken := _xfuser_missing()):
             skip(f"xfuser skipped: {broken}")
         elif system in cachedit.SYSTEMS and not gpu:
@@ -146,12 +153,13 @@ def _setup(spec: str, args: argparse.Namespace, size: str, dtype: torch.dtype, m
 
     w = parse_workload(spec)
     if w.model is None:
-        raise ValueError(f"--level e2e runs whole pipelines: use flux-dev:WIDTH[:HEIGHT] or "
-                         f"cogvideox-5b:FRAMES[:HEIGHT:WIDTH], not {spec!r}")
-    model = w.model if size == "real" else "tiny-" + MODELS[w.model].family
+        raise ValueError(f"--level e2e runs whole pipelines: use MODEL:WIDTH[:HEIGHT] (flux-dev, flux2-dev, "
+                         f"qwen-image) or MODEL:FRAMES[:HEIGHT:WIDTH] (cogvideox-5b, wan2.2-ti2v-5b, "
+                         f"wan2.2-t2v-a14b), not {spec!r}")
+    model = w.model if size == "real" else TINY[w.model]
     frames, height, width = w.size
     model_spec = MODELS[model]
-    true_cfg = args.true_cfg_scale if model_spec.family == "flux" else None
+    true_cfg = args.true_cfg_scale if family_of(model).cfg_by == "true_cfg_scale" else None  # the others: ignored
     return E2ESetup(w.name, model, size == "real", height, width, frames, args.steps, model_spec.guidance_scale,
                     true_cfg, model_spec.max_sequence_length, DEFAULT_PROMPT, args.seed, dtype, args.machines, m,
                     args.backend, args.recipe, args.comm_dtype, args.emulate_link, args.iters, args.warmup,

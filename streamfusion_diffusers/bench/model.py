@@ -11,6 +11,9 @@ inputs of the timed blocks, which the block level then replays on this rank's to
   them); CogVideoX's first block;
 - step: the whole `transformer(...)` call, inputs whole, cut and gathered as `parallelize` does.
 
+The newer models (Flux.2, Qwen-Image, Wan; `models/inputs.py` builds them and their inputs) run the step level
+only, without the bound: both go through the Flux and CogVideoX processors (PROCESSOR_FAMILIES).
+
 Both are checked against the reference by relative error (the bound, which attends random keys, is not).
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from diffusers import ContextParallelConfig, FluxPipeline, FluxTransformer2DModel
+from diffusers import CogVideoXTransformer3DModel, ContextParallelConfig, FluxPipeline, FluxTransformer2DModel
 from diffusers.hooks import HookRegistry
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 from torch import Tensor
@@ -38,12 +41,20 @@ from ..diffusers.parallel_pipeline import parallelize, unparallelize
 from ..diffusers.plans import plan_for
 from ..diffusers.processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 from ..diffusers.sharding import GATHER_HOOK
+from ..models import MODELS, TRANSFORMERS
 from ..models.build import build_transformer
+from ..models.inputs import build as plan_build, inputs as plan_inputs
 from .bound import local_attention
 from .layer import Case, Setup, device_of_job, parallel_config
 from .variants import LEVELS as VARIANT_LEVELS, compiled, parallelize_options
 
 LEVELS = ("block", "step")
+PROCESSOR_FAMILIES = ("flux", "cogvideox")  # block level and bound: through our processors of these families
+
+
+def family(w: Workload) -> str:
+    """The workload's model family (custom workloads: a tiny Flux)."""
+    return MODELS[w.model].family if w.model else "flux"
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,9 @@ def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dt
                  device: torch.device) -> dict[str, Any]:
     """The transformer's keyword arguments for one step, shaped as diffusers' pipelines pass them (with
     return_dict=False, which diffusers' context-parallel hooks need)."""
+    if family(w) not in PROCESSOR_FAMILIES:  # the newer models: their cross-attention text as long as the spec's
+        return {**plan_inputs(family(w), config, w.grid, TRANSFORMERS[w.model].text, batch=w.batch, seed=seed,
+                              dtype=dtype, device=device), "return_dict": False}
     g = torch.Generator(device=device).manual_seed(seed)
     b = w.batch
 
@@ -119,7 +133,9 @@ class _Forward:
 def _timed_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     if isinstance(model, FluxTransformer2DModel):
         return [model.transformer_blocks[0], model.single_transformer_blocks[0]]
-    return [model.transformer_blocks[0]]
+    if isinstance(model, CogVideoXTransformer3DModel):
+        return [model.transformer_blocks[0]]
+    return []  # the newer models: step level only
 
 
 def _forward(model: torch.nn.Module, inputs: dict[str, Any], state: ShardState | None) -> _Forward:
@@ -137,7 +153,7 @@ def _forward(model: torch.nn.Module, inputs: dict[str, Any], state: ShardState |
     finally:
         for handle in handles:
             handle.remove()
-    return _Forward(sample, calls, layouts[0])
+    return _Forward(sample, calls, layouts[0] if layouts else None)
 
 
 def _run_blocks(run: _Forward, state: ShardState | None) -> list[tuple[Tensor, Tensor]]:
@@ -197,7 +213,10 @@ class _Reference:
 
 
 def _build(setup: ModelSetup, device: torch.device) -> torch.nn.Module:
-    return build_transformer(setup.config, seed=setup.setup.seed, dtype=setup.setup.dtype, device=device)
+    base = setup.setup
+    if family(base.workload) not in PROCESSOR_FAMILIES:
+        return plan_build(family(base.workload), setup.config, seed=base.seed, dtype=base.dtype, device=device)
+    return build_transformer(setup.config, seed=base.seed, dtype=base.dtype, device=device)
 
 
 def _reference(model: torch.nn.Module, setup: ModelSetup, device: torch.device) -> _Reference:
@@ -219,7 +238,7 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
         outs = _run_blocks(run, state)
         errors = [0.0, 0.0]
         if case.method != "bound":
-            errors = [_block_error(outs, ref.blocks, run.layout or ref.even, is_flux(setup.config)),
+            errors = [_block_error(outs, ref.blocks, run.layout or ref.even, is_flux(setup.config)) if outs else 0.0,
                       _relative(run.sample, ref.sample)]
         del outs
         calls = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**ref.inputs)}

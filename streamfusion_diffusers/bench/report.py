@@ -112,7 +112,8 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
     width = 0.8 / max(1, len(methods))
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
     for i, method in enumerate(methods):
-        values = {(r["workload"], r["level"]): r["vs_bound"] for r in best if r["method"] == method}
+        values = {(r["workload"], r["level"]): r["vs_bound"] for r in best  # None: a workload run without a bound
+                  if r["method"] == method and r["vs_bound"] is not None}
         xs = [j + i * width for j, g in enumerate(groups) if g in values]
         ax.bar(xs, [values[g] for g in groups if g in values], width, label=method)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")

@@ -3,12 +3,14 @@ the block and step levels build for each.
 
 Shapes follow the models' real diffusers configs: Flux.1-dev (19 joint + 38 single blocks, 24 heads of 128,
 512 text tokens, 2x2-patched latents at 1/8 of the pixels) and CogVideoX-5b (42 blocks, 48 heads of 64,
-226 text tokens, latents at 1/8 of the pixels and (frames - 1) / 4 + 1 latent frames, 2x2 patches).
+226 text tokens, latents at 1/8 of the pixels and (frames - 1) / 4 + 1 latent frames, 2x2 patches); the newer
+models (Flux.2-dev, Qwen-Image, Wan 2.2 TI2V-5B and T2V-A14B) from their specs in models/configs.py.
 """
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..models import configs
@@ -27,7 +29,9 @@ class Workload:
     batch: int = 1
     mlp_ratio: float = 4.0
     model: str | None = None  # its real-size transformer in models.MODELS (None: an attention shape only)
-    grid: tuple[int, ...] = ()  # Flux: (token rows, token cols); CogVideoX: (latent frames, latent H, latent W)
+    # Flux, Flux.2, Qwen-Image: (token rows, token cols); CogVideoX: (latent frames, latent H, latent W); Wan:
+    # (latent frames, token rows, token cols)
+    grid: tuple[int, ...] = ()
     size: tuple[int, int, int] = ()  # its model's (frames, height, width) in pixels
 
     @property
@@ -65,7 +69,45 @@ def cogvideox(frames: int = 49, height: int = COGVIDEOX_PLAN_HEIGHT, width: int 
                     model="cogvideox-5b", grid=(latent_frames, height // 8, width // 8), size=(frames, height, width))
 
 
-MODELS = {"flux-dev": flux, "cogvideox-5b": cogvideox}
+def image_workload(model: str, width: int | None = None, height: int | None = None) -> Workload:
+    """One step of a newer real-size image model (flux2-dev, qwen-image) at WIDTH[xHEIGHT] (square when only
+    WIDTH is given), else at `streamfusion generate`'s default size."""
+    spec = configs.MODELS[model]
+    return _pipeline_workload(model, 1, height or width or spec.height, width or spec.width)
+
+
+def video_workload(model: str, frames: int | None = None, height: int | None = None,
+                   width: int | None = None) -> Workload:
+    """One step of a Wan 2.2 model at FRAMES[, HEIGHT, WIDTH], else at `streamfusion generate`'s default."""
+    spec = configs.MODELS[model]
+    return _pipeline_workload(model, frames or spec.frames, height or spec.height, width or spec.width)
+
+
+def _pipeline_workload(model: str, frames: int, height: int, width: int) -> Workload:
+    """Joint text tokens: the ones the model's self-attention takes (none for Wan: its text enters by
+    cross-attention), as many as models.configs TRANSFORMERS says."""
+    spec, t = configs.MODELS[model], configs.TRANSFORMERS[model]
+    step = spec.size_step
+    if height % step or width % step or (frames - 1) % spec.temporal:
+        raise ValueError(f"{model} needs sides divisible by {step} pixels"
+                         f"{f' and frames = {spec.temporal}k + 1' if spec.video else ''}, got "
+                         f"{f'{frames} frames at ' if spec.video else ''}{height}x{width}")
+    cfg = spec.transformer
+    side, hidden = spec.vae_scale * spec.patch, cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    grid = (height // side, width // side)
+    return Workload(f"{model} {f'{frames}f ' if spec.video else ''}{width}x{height}",
+                    spec.image_tokens(height, width, frames), t.text if t.family in configs.JOINT else 0,
+                    cfg["num_attention_heads"], cfg["attention_head_dim"],
+                    cfg["num_layers"] + cfg.get("num_single_layers", 0),
+                    mlp_ratio=cfg.get("mlp_ratio", cfg.get("ffn_dim", 4 * hidden) / hidden), model=model,
+                    grid=((frames - 1) // spec.temporal + 1, *grid) if spec.video else grid,
+                    size=(frames, height, width))
+
+
+MODELS = {"flux-dev": flux, "cogvideox-5b": cogvideox, "flux2-dev": partial(image_workload, "flux2-dev"),
+          "qwen-image": partial(image_workload, "qwen-image"),
+          "wan2.2-ti2v-5b": partial(video_workload, "wan2.2-ti2v-5b"),
+          "wan2.2-t2v-a14b": partial(video_workload, "wan2.2-t2v-a14b")}
 
 
 def parse_workload(spec: str) -> Workload:
@@ -79,7 +121,8 @@ def parse_workload(spec: str) -> Workload:
         return Workload(f"custom {tokens}+{text}", tokens, text, heads, head_dim, blocks=1)
     if name in MODELS and len(values) <= len(inspect.signature(MODELS[name]).parameters):
         return MODELS[name](*values)
-    raise ValueError(f"workload {spec!r}: use flux-dev:WIDTH[:HEIGHT], cogvideox-5b:FRAMES[:HEIGHT:WIDTH] or "
+    raise ValueError(f"workload {spec!r}: use flux-dev:WIDTH[:HEIGHT] (also flux2-dev, qwen-image), "
+                     f"cogvideox-5b:FRAMES[:HEIGHT:WIDTH] (also wan2.2-ti2v-5b, wan2.2-t2v-a14b) or "
                      f"custom:TOKENS:TEXT_TOKENS:HEADS:HEAD_DIM")
 
 
@@ -96,8 +139,7 @@ def transformer_config(w: Workload, size: str) -> dict[str, Any]:
     """The real or tiny ("real", "tiny") diffusers config of the workload's model; for custom workloads
     (attention shapes only) a tiny Flux with the workload's heads and head size, whatever the size."""
     if w.model is not None:
-        spec = configs.MODELS[w.model]
-        return spec.transformer if size == "real" else configs.MODELS["tiny-" + spec.family].transformer
+        return configs.MODELS[w.model if size == "real" else configs.TINY[w.model]].transformer
     side = 2 * (3 * w.head_dim // 16)  # Flux's rotary split of a head over (text, row, col) positions
     if w.head_dim % 2 or side == 0:
         raise ValueError(f"custom workloads at block/step level need an even head dim of at least 6, "

@@ -1,12 +1,13 @@
-"""`streamfusion generate`: run a Flux or CogVideoX pipeline sequence-parallel and write its output and run.json
-(the options and their checks: job.py).
+"""`streamfusion generate`: run a diffusers pipeline (Flux.1, Flux.2, Wan 2.2, Qwen-Image, CogVideoX)
+sequence-parallel and write its output and run.json (the options and their checks: job.py; the models and
+their pipelines: models/configs.py MODELS, models/pipelines/).
 
 With no arguments: a tiny Flux pipeline (random weights) with method "auto" (the recipe entry for the shape and
 cluster, else the cost model's choice), in one NCCL process per visible GPU or, with no GPU (or --cpu), in 4 gloo
-processes on the CPU as 2 machines x 2; under torchrun, in the launcher's processes. `--model flux-dev` or
-`--model cogvideox-5b` builds the real-size pipeline from its real configs (random weights unless `--weights`
-names a hub id or local folder); without a GPU those are refused unless --cpu asks for them. Everything is
-checked before any process starts or any model is built.
+processes on the CPU as 2 machines x 2; under torchrun, in the launcher's processes. A real-size `--model`
+(flux-dev, cogvideox-5b, flux2-dev, wan2.2-ti2v-5b, wan2.2-t2v-a14b, qwen-image) builds the pipeline from its
+real configs (random weights unless `--weights` names a hub id or local folder); without a GPU those are refused
+unless --cpu asks for them. Everything is checked before any process starts or any model is built.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .. import init_parallel
 from ..core.context import ParallelContext
 from ..core.extras import install_hint
 from ..core.join import launched
+from ..models.pipelines import family_of
 from .job import DTYPES, Job, add_arguments, make_job, real_size
 from .phases import PhaseTimer
 from .spawn import run_job
@@ -38,7 +40,7 @@ logger = logging.getLogger(__name__)
 def _write_output(job: Job, result: Any) -> list[str]:
     out = Path(job.output)
     out.mkdir(parents=True, exist_ok=True)
-    if job.spec.family == "flux":
+    if not job.spec.video:
         path = out / "image.png"
         result.images[0].save(path)
         return [str(path)]
@@ -66,7 +68,7 @@ def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
 
 def _output_size(job: Job, result: Any) -> dict:
     """The size the pipeline produced (what ran), as run.json records it."""
-    if job.spec.family == "flux":
+    if not job.spec.video:
         width, height = result.images[0].size
         return {"height": height, "width": width}
     frames = result.frames[0]
@@ -79,9 +81,10 @@ def run_rank(job: Job) -> dict | None:
     from diffusers.utils import logging as diffusers_logging  # diffusers is an extra: imported only to run
 
     from ..models.build import build_pipeline, load_pipeline
-    from ..models.full import build_full_pipeline
+    from ..models.full import build_full_pipeline, encode_first
     from ..diffusers.parallel_pipeline import parallelize
 
+    family = family_of(job.model)
     rank = dist.get_rank()
     if rank != 0:  # progress (loading, denoising) on rank 0 only
         diffusers_logging.disable_progress_bar()
@@ -89,23 +92,25 @@ def run_rank(job: Job) -> dict | None:
     dtype = DTYPES[job.dtype]
     ctx = init_parallel(job.parallel)
     started = time.perf_counter()
+    prompt: dict[str, Any] = {"prompt": job.prompt}
     if job.weights:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
+    elif real_size(job.model) and family.encode_first:  # encoder and transformer do not fit one GPU together
+        pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.seed, dtype=dtype,
+                                    device=device)
+        prompt = {"prompt_embeds": embeds}
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
-    kwargs: dict[str, Any] = dict(prompt=job.prompt, height=job.height, width=job.width,
-                                  num_inference_steps=job.steps, guidance_scale=job.guidance_scale,
-                                  max_sequence_length=job.max_sequence_length,
+    kwargs: dict[str, Any] = dict(**prompt, height=job.height, width=job.width,
+                                  num_inference_steps=job.steps,
                                   generator=torch.Generator("cpu").manual_seed(job.seed),
-                                  output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent")
-    if job.spec.family == "cogvideox":
-        kwargs["num_frames"] = job.frames
-    if job.true_cfg_scale is not None:
-        kwargs.update(true_cfg_scale=job.true_cfg_scale, negative_prompt="")
+                                  output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent",
+                                  **family.call_kwargs(job.spec, job.frames, job.guidance_scale, job.true_cfg_scale,
+                                                       job.max_sequence_length))
     built = time.perf_counter()
     phases = PhaseTimer(device)
     with torch.inference_mode():
@@ -116,11 +121,14 @@ def run_rank(job: Job) -> dict | None:
     heads = transformer.config.num_attention_heads
     record = {
         "model": job.model, "weights": job.weights or "random", "prompt": job.prompt,
-        "height": job.height, "width": job.width, "frames": job.frames if job.spec.family == "cogvideox" else None,
+        "height": job.height, "width": job.width, "frames": job.frames if job.spec.video else None,
         "output_size": _output_size(job, result),
-        "steps": job.steps, "guidance_scale": job.guidance_scale, "seed": job.seed, "dtype": job.dtype,
+        "steps": job.steps, "guidance_scale": job.guidance_scale, "true_cfg_scale": job.true_cfg_scale,
+        "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
+        "vae_decode": transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded over the ranks
+        "encoded_first": "prompt_embeds" in prompt,  # encoder freed before the transformer was built (in build_s)
         "cuda_graph": job.cuda_graph,
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
@@ -128,6 +136,7 @@ def run_rank(job: Job) -> dict | None:
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
         "generate_s": finished - built, "build_s": built - started,
         "total_s": finished - started,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if job.gpu else None,  # rank 0's
     }
     record["outputs"] = _write_output(job, result)
     (Path(job.output) / "run.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -19,7 +19,8 @@ from ..choice.recipe import load_recipes
 from ..core.config import METHODS, cfg_shape, resolve_layout
 from ..core.extras import missing
 from ..core.join import launched
-from ..models import MODELS, ModelSpec
+from ..models import MODELS, TINY, ModelSpec
+from ..models.pipelines import FAMILIES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_PROMPT = "a photo of a red cat on a quiet street at sunset"
@@ -28,15 +29,19 @@ SPAWN_SHAPE = (2, 2)  # machines x processes per machine of a CPU job not under 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-flux",
-                        help="tiny-* build small random models for the CPU; flux-dev / cogvideox-5b are real size")
+                        help="tiny-* build small random models for the CPU; the others are real size (random "
+                             "weights unless --weights)")
     parser.add_argument("--weights", default=None,
                         help="hub id or local folder of a diffusers pipeline (default: random weights)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
     parser.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
-    parser.add_argument("--frames", type=int, default=None, help="video frames, CogVideoX only (default: the model's)")
+    parser.add_argument("--frames", type=int, default=None,
+                        help="video frames, video models only (default: the model's)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    parser.add_argument("--guidance-scale", type=float, default=None)
+    parser.add_argument("--guidance-scale", type=float, default=None,
+                        help="CogVideoX, Wan: CFG (two branches when > 1); Flux.1, Flux.2: distilled guidance "
+                             "(default: the model's; Qwen-Image has none)")
     parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the model's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--method", choices=METHODS + ("auto",), default="auto",
@@ -67,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(one branch per half of the machines when the machine count is even); "
                              "'auto': when guidance is on")
     parser.add_argument("--true-cfg-scale", type=float, default=None,
-                        help="Flux: true classifier-free guidance with an empty negative prompt when > 1")
+                        help="Flux.1, Qwen-Image: true classifier-free guidance with an empty negative prompt "
+                             "when > 1")
     parser.add_argument("--comm-dtype", choices=("int8", "fp8"), default=None,
                         help="send every attention chunk that crosses machines (Torus Pull Q, Pull KV, Push O; ring "
                              "passes) as 1-byte values with per-token-and-head scales: int8 (about 0.65 %% rms per "
@@ -91,7 +97,7 @@ class Job:
     width: int
     frames: int
     steps: int
-    guidance_scale: float
+    guidance_scale: float | None
     true_cfg_scale: float | None
     max_sequence_length: int
     seed: int
@@ -108,12 +114,10 @@ class Job:
         return MODELS[self.model]
 
 
-def guided(spec: ModelSpec, guidance_scale: float, true_cfg_scale: float | None) -> bool:
-    """Whether the pipeline runs two guidance branches: CogVideoX with guidance > 1, Flux with true CFG > 1
-    (Flux's guidance_scale is distilled guidance, one branch)."""
-    if spec.family == "flux":
-        return true_cfg_scale is not None and true_cfg_scale > 1
-    return guidance_scale > 1
+def guided(spec: ModelSpec, guidance_scale: float | None, true_cfg_scale: float | None) -> bool:
+    """Whether the pipeline runs two guidance branches: CogVideoX and Wan with guidance > 1, Flux and
+    Qwen-Image with true CFG > 1 (Flux's guidance_scale is distilled guidance, one branch; Flux.2 has only that)."""
+    return FAMILIES[spec.family].guided(guidance_scale, true_cfg_scale)
 
 
 def cfg_degree(option: str, is_guided: bool) -> int:
@@ -121,8 +125,8 @@ def cfg_degree(option: str, is_guided: bool) -> int:
     if option == "auto":
         return 2 if is_guided else 1
     if option == "2" and not is_guided:
-        raise ValueError("--cfg-parallel needs two guidance branches: CogVideoX with --guidance-scale > 1, Flux with "
-                         "--true-cfg-scale > 1; or drop --cfg-parallel")
+        raise ValueError("--cfg-parallel needs two guidance branches: CogVideoX or Wan with --guidance-scale > 1, "
+                         "Flux or Qwen-Image with --true-cfg-scale > 1 (Flux.2 has none); or drop --cfg-parallel")
     return int(option)
 
 
@@ -136,10 +140,9 @@ def cluster(args: argparse.Namespace) -> tuple[int, int, bool]:
     model without a GPU only with --cpu."""
     visible = 0 if args.cpu else torch.cuda.device_count()
     if visible == 0 and real_size(args.model) and not args.cpu:
-        tiny = f"tiny-{MODELS[args.model].family}"
         raise ValueError(f"{args.model} is a real-size model and no GPU is visible: run the same command where GPUs "
                          f"are (one process per GPU), or here `streamfusion generate --model "
-                         f"{tiny if tiny in MODELS else 'tiny-flux'}`, or add --cpu to run {args.model} on the CPU "
+                         f"{TINY[args.model]}`, or add --cpu to run {args.model} on the CPU "
                          f"anyway (slow, tens of GB of memory per process)")
     if launched():
         world = int(os.environ["WORLD_SIZE"])
@@ -161,18 +164,28 @@ def cluster(args: argparse.Namespace) -> tuple[int, int, bool]:
 
 def check_size(spec: ModelSpec, height: int, width: int, frames: int | None) -> None:
     """Sizes the pipeline runs as given (it would round others silently)."""
-    step = spec.vae_scale * (spec.transformer.get("patch_size") or 1) * (2 if spec.family == "flux" else 1)
+    step = spec.size_step
     for name, value in (("--height", height), ("--width", width)):
         if value % step:
             raise ValueError(f"{name} {value}: must be a multiple of {step} for this model "
                              f"(e.g. {max(step, value // step * step)})")
     if frames is None:
         return
-    if spec.family != "cogvideox":
-        raise ValueError("--frames is for video models (CogVideoX); drop it")
-    ratio = spec.transformer["temporal_compression_ratio"]
+    if not spec.video:
+        raise ValueError("--frames is for video models (CogVideoX, Wan); drop it")
+    ratio = spec.temporal
     if (frames - 1) % ratio:
         raise ValueError(f"--frames {frames}: must be {ratio}k + 1 (e.g. {(frames - 1) // ratio * ratio + 1})")
+
+
+def check_guidance(model: str, guidance_scale: float | None, true_cfg_scale: float | None) -> None:
+    """Guidance options the model's pipeline takes (it would fail on the others, or ignore them)."""
+    spec = MODELS[model]
+    if guidance_scale is not None and spec.guidance_scale is None:
+        raise ValueError(f"{model} has no --guidance-scale (it guides by true CFG): use --true-cfg-scale")
+    if true_cfg_scale is not None and FAMILIES[spec.family].cfg_by != "true_cfg_scale":
+        raise ValueError(f"--true-cfg-scale is for Flux.1 and Qwen-Image; {model} guides by --guidance-scale, "
+                         f"drop --true-cfg-scale")
 
 
 def given(value: Any, default: Any) -> Any:
@@ -199,6 +212,7 @@ def make_job(args: argparse.Namespace) -> Job:
     if args.comm_dtype:
         parallel = dataclasses.replace(parallel, comm_dtype=args.comm_dtype)
     guidance_scale = given(args.guidance_scale, spec.guidance_scale)
+    check_guidance(args.model, args.guidance_scale, args.true_cfg_scale)
     cfg = cfg_degree(args.cfg_parallel, guided(spec, guidance_scale, args.true_cfg_scale))
     parallel = dataclasses.replace(parallel, cfg=cfg)
     branch_machines, branch_gpus = cfg_shape(machines, gpus_per_machine, cfg)

@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(WORKLOADS), default=None,
                         help="the model the script runs: sizes the NVSHMEM symmetric heap for it")
     parser.add_argument("--recipe", default=None, help=argparse.SUPPRESS)  # deprecated: was the model
-    parser.add_argument("--resolution", type=int, default=None, help="image side in pixels (Flux)")
+    parser.add_argument("--resolution", type=int, default=None, help="image side in pixels (image models)")
     parser.add_argument("--height", type=int, default=None, help="frame height in pixels (default: the model's)")
     parser.add_argument("--width", type=int, default=None, help="frame width in pixels (default: the model's)")
-    parser.add_argument("--frames", type=int, default=None, help="video frames (CogVideoX)")
+    parser.add_argument("--frames", type=int, default=None, help="video frames (video models)")
     parser.add_argument("--print-env", action="store_true",
                         help="print the environment it would set (export lines) and exit; for accelerate launch")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
@@ -59,8 +59,7 @@ def sequence_tokens(model: str, height: int | None = None, width: int | None = N
         raise ValueError(f"no shape known for model {model!r}; known: {', '.join(sorted(WORKLOADS))}")
     spec = MODELS[model]
     height, width = height or spec.height, width or spec.width
-    w = WORKLOADS[model](width, height) if spec.family == "flux" else WORKLOADS[model](frames or spec.frames,
-                                                                                       height, width)
+    w = WORKLOADS[model](frames or spec.frames, height, width) if spec.video else WORKLOADS[model](width, height)
     return w.tokens, w.text_tokens, w.heads, w.head_dim
 
 

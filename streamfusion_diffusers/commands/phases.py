@@ -1,7 +1,7 @@
 """Where a generation's time goes: text encoding, denoising, VAE decode and the whole call, per pipeline call.
 
 A user waits for all of it, not for one layer. `PhaseTimer.attach(pipe)` wraps the pipeline's `encode_prompt`
-and `vae.decode` and hooks the transformer; on GPUs every mark synchronizes the device first, so a phase is the
+and `vae.decode` and hooks the transformer(s); on GPUs every mark synchronizes the device first, so a phase is the
 time its kernels took, not the time to queue them.
 """
 from __future__ import annotations
@@ -61,8 +61,9 @@ class PhaseTimer:
         saved = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in wrapped]
         for obj, name, phase in wrapped:
             setattr(obj, name, self._timed(phase, getattr(obj, name)))
-        handles = [pipe.transformer.register_forward_pre_hook(self._transformer_start),
-                   pipe.transformer.register_forward_hook(self._transformer_end)]
+        transformers = [t for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
+        handles = [h for t in transformers for h in (t.register_forward_pre_hook(self._transformer_start),
+                                                      t.register_forward_hook(self._transformer_end))]
         try:
             yield self
         finally:

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 import torch
-from diffusers import FluxTransformer2DModel
+from diffusers import FluxPipeline, QwenImagePipeline, WanPipeline
 from diffusers.hooks import ModelHook
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from torch import Tensor
@@ -27,18 +27,23 @@ logger = logging.getLogger(__name__)
 CFG_HOOK = "streamfusion_cfg"
 # forward arguments that carry the guidance batch on dim 0 (Flux and CogVideoX); ids, rotary tables are shared
 BATCHED = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance", "ofs")
+# pipelines whose guidance is two transformer calls per step, neither output read before the second call nor
+# touched before the scheduler step (read in their source): their calls can be paired. A pipeline that casts
+# or slices the output in between (CogVideoX's `.float()`) must not defer it.
+PAIRED = (FluxPipeline, QwenImagePipeline, WanPipeline)
 
 
 class CfgSplitHook(ModelHook):
     """Runs this branch's part of each guidance batch and all-gathers the branches' outputs.
 
     One call with the batch [uncond ; cond] (CogVideoX): branch b computes the b-th half. Two calls of batch 1
-    per step (Flux with true_cfg_scale > 1, after `pair_calls`): the first call is deferred and returns an empty
-    tensor, the second runs the first call's inputs on branch 0 and its own on branch 1 at once, fills the first
-    call's tensor in place and returns its own. The pipeline reads neither before the second call; a step with
-    only one call (true CFG off) is flushed before the scheduler step reads it. A deferred call pairs only with
-    a call of its own timestep: one left over by an error (the pipeline raised between the two calls) is
-    dropped, not paired with the next generation's first call, and its tensor holds NaN, never stale values.
+    per step (Flux and Qwen-Image with true_cfg_scale > 1, Wan with guidance_scale > 1; after `pair_calls`):
+    the first call is deferred and returns an empty tensor, the second runs the first call's inputs on branch 0
+    and its own on branch 1 at once, fills the first call's tensor in place (resized to the output's shape, so
+    any transformer's output fits) and returns its own. The pipeline reads neither before the second call; a
+    step with only one call (guidance off) is flushed before the scheduler step reads it. A deferred call pairs
+    only with a call of its own timestep: one left over by an error (the pipeline raised between the two calls)
+    is dropped, not paired with the next generation's first call, and its tensor stays empty, never stale.
     """
 
     def __init__(self, ctx: ParallelContext):
@@ -47,6 +52,7 @@ class CfgSplitHook(ModelHook):
         self.signature: inspect.Signature | None = None
         self.pending: tuple[inspect.BoundArguments, Tensor] | None = None
         self.scheduler: Any = None
+        self.previous_step: Any = None  # the scheduler's own step attribute before ours (another hook's), if any
         self.warned = False
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -54,14 +60,18 @@ class CfgSplitHook(ModelHook):
         return module
 
     def deinitalize_hook(self, module: torch.nn.Module) -> torch.nn.Module:  # diffusers' spelling
-        if self.scheduler is not None:
-            del self.scheduler.step  # the instance attribute set by pair_calls; the class method shows again
+        if self.scheduler is not None:  # undone in reverse order of pairing: the step before ours comes back
+            if self.previous_step is None:
+                del self.scheduler.step  # the instance attribute set by pair_calls; the class method shows again
+            else:
+                self.scheduler.step = self.previous_step
             self.scheduler = None
         return module
 
     def pair_calls(self, scheduler: Any) -> None:
-        """Pair a pipeline's cond and uncond calls (Flux); a pending call is flushed before each scheduler step."""
-        step = scheduler.step
+        """Pair a pipeline's two guidance calls per step; a pending call is flushed before each scheduler step.
+        Several transformers of one pipeline (Wan 2.2 A14B's experts) each pair their own calls."""
+        step, self.previous_step = scheduler.step, scheduler.__dict__.get("step")
 
         def flushed_step(*args: Any, **kwargs: Any) -> Any:
             self.flush()
@@ -83,9 +93,8 @@ class CfgSplitHook(ModelHook):
                            "calls?); it is dropped")
             self.pending = None
         if self.scheduler is not None and self.pending is None:
-            placeholder = torch.full((*bound.arguments["hidden_states"].shape[:-1], module.proj_out.out_features),
-                                     float("nan"), dtype=module.proj_out.weight.dtype,
-                                     device=module.proj_out.weight.device)
+            weight = module.proj_out.weight
+            placeholder = torch.empty(0, dtype=weight.dtype, device=weight.device)
             self.pending = bound, placeholder
             return _output(bound, placeholder)
         if self.pending is not None:
@@ -93,7 +102,7 @@ class CfgSplitHook(ModelHook):
             self.pending = None
             out = self._forward(first if self.ctx.cfg.cfg.index == 0 else bound)
             both = gather(_sample(out), [batch] * degree, self.ctx.cfg.cfg.pg, dim=0)
-            placeholder.copy_(both[:batch])
+            placeholder.resize_(both[:batch].shape).copy_(both[:batch])
             return _with_sample(out, both[batch:])
         self._warn_unguided(batch)
         return self.fn_ref.original_forward(*args, **kwargs)
@@ -104,8 +113,9 @@ class CfgSplitHook(ModelHook):
             return
         first, placeholder = self.pending
         self.pending = None
-        self._warn_unguided(placeholder.shape[0])
-        placeholder.copy_(_sample(self._forward(first)))
+        sample = _sample(self._forward(first))
+        self._warn_unguided(sample.shape[0])
+        placeholder.resize_(sample.shape).copy_(sample)
 
     def _forward(self, bound: inspect.BoundArguments) -> Any:
         return self.fn_ref.original_forward(*bound.args, **bound.kwargs)
@@ -126,10 +136,11 @@ class CfgSplitHook(ModelHook):
         self.warned = True
 
 
-def cfg_hook(target: Any, transformer: torch.nn.Module, ctx: ParallelContext) -> CfgSplitHook:
-    """The CFG hook for `parallelize(target, ctx)`; for a Flux pipeline, pairing its cond and uncond calls."""
+def cfg_hook(target: Any, ctx: ParallelContext) -> CfgSplitHook:
+    """The CFG hook for `parallelize(target, ctx)`; for a pipeline of PAIRED, pairing its two guidance calls per
+    step (others, such as CogVideoX's one call of batch 2, are split as they come)."""
     hook = CfgSplitHook(ctx)
-    if isinstance(transformer, FluxTransformer2DModel) and hasattr(target, "scheduler"):
+    if isinstance(target, PAIRED):
         hook.pair_calls(target.scheduler)
     return hook
 

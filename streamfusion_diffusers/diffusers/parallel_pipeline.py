@@ -44,6 +44,12 @@ def _transformer(target: Any) -> torch.nn.Module:
     return target.transformer if hasattr(target, "transformer") else target
 
 
+def _transformers(target: Any) -> list[torch.nn.Module]:
+    """Every transformer the target runs: a pipeline's (Wan 2.2 A14B's two experts), or the bare one."""
+    second = getattr(target, "transformer_2", None)
+    return [_transformer(target), *([second] if second is not None else [])]
+
+
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
                 waves: int | str | None = None) -> torch.nn.Module:
     """Run a pipeline's (or a bare) transformer sequence-parallel over ctx's ranks, as its plan splits it.
@@ -59,7 +65,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
     (`streamfusion_diffusers.diffusers.vae.bands`), else diffusers' tiles shared out (`streamfusion_diffusers.diffusers.vae.tiles`),
     else (VAEs of neither kind) on rank 0, broadcast; `transformer._streamfusion.vae_decode` says which. Every
-    rank must then decode (no output_type="latent" on some ranks only). Returns the transformer.
+    rank must then decode (no output_type="latent" on some ranks only). A pipeline with two transformers (Wan 2.2
+    A14B's experts) gets both parallelized. Returns the (first) transformer.
     """
     if waves is not None:
         warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
@@ -67,15 +74,29 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
                       DeprecationWarning, stacklevel=2)
         if waves != "auto" and (not isinstance(waves, int) or waves < 1):
             raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
-    transformer = _transformer(target)
-    plan = plan_for(transformer)
-    if getattr(transformer, "_streamfusion", None) is not None:
+    transformers = _transformers(target)
+    plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
+    if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
     if ctx.config.method != "auto" and ctx.config.cfg != "auto":
-        ctx.layout(transformer.config.get("num_attention_heads"))
+        ctx.layout(transformers[0].config.get("num_attention_heads"))
     if cuda_graph:
         check_graphable(ctx)
+    for transformer, plan in zip(transformers, plans):
+        transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph, waves)
+    transformer = transformers[0]
+    if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
+        transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
+    say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
+             type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg,
+             plans[0].source)
+    return transformer
+
+
+def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, cuda_graph: bool,
+             waves: int | str | None) -> _Installed:
+    """One transformer's hooks and attention routing, as its plan says."""
     state = PlanState()
     hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []  # innermost first
     if waves not in (None, 1):  # inside a block's split hook, which publishes the layout the waves read
@@ -86,29 +107,25 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
     hooks.append((transformer, ForwardHook(ctx, state, plan.key_masks), FORWARD_HOOK))  # masks checked eagerly
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
-        hooks.append((transformer, cfg_hook(target, transformer, ctx), CFG_HOOK))
+        hooks.append((transformer, cfg_hook(target, ctx), CFG_HOOK))
     install(hooks)
-    transformer._streamfusion = installed = _Installed(original, [(m, name) for m, _, name in hooks], state)
-    if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
-        installed.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
-    say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
-             type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg, plan.source)
-    return transformer
+    return _Installed(original, [(m, name) for m, _, name in hooks], state)
 
 
 def unparallelize(target: Any) -> torch.nn.Module:
     """Undo `parallelize`: the original processors back, the hooks removed. Returns the transformer."""
-    transformer = _transformer(target)
-    installed: _Installed | None = getattr(transformer, "_streamfusion", None)
-    if installed is None:
+    transformers = _transformers(target)
+    if getattr(transformers[0], "_streamfusion", None) is None:
         raise ValueError("this transformer is not parallelized")
-    for module, name in reversed(installed.hooks):
-        module._diffusers_hook.remove_hook(name, recurse=False)
-    transformer.set_attn_processor(dict(installed.processors))
-    transformer._streamfusion = None
+    for transformer in reversed(transformers):  # the reverse of parallelize: a scheduler's step comes back whole
+        installed: _Installed = transformer._streamfusion
+        for module, name in reversed(installed.hooks):
+            module._diffusers_hook.remove_hook(name, recurse=False)
+        transformer.set_attn_processor(dict(installed.processors))
+        transformer._streamfusion = None
     if is_split(getattr(target, "vae", None)):
         unsplit_vae_decode(target.vae)
-    return transformer
+    return transformers[0]
 
 
 __all__ = ["ModelPlan", "parallelize", "plan_for", "unparallelize"]

@@ -1,11 +1,12 @@
-"""Transformer configs: the real FLUX.1-dev and CogVideoX-5b ones, and tiny ones for tests and the CPU demo.
+"""Transformer configs: the real ones (FLUX.1-dev, CogVideoX-5b, FLUX.2-dev, Wan 2.2, Qwen-Image), tiny ones
+for tests and the CPU demo, and the named models `streamfusion generate` runs.
 
-The real dicts are the `transformer/config.json` of black-forest-labs/FLUX.1-dev and THUDM/CogVideoX-5b,
-written out so that a real-size model can be built (with random weights) where no model hub is reachable.
+The real dicts are the `transformer/config.json` of each model's diffusers repository, written out so that a
+real-size model can be built (with random weights) where no model hub is reachable.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 FLUX_DEV: dict[str, Any] = {
@@ -174,6 +175,9 @@ QWEN_IMAGE: dict[str, Any] = {  # Qwen/Qwen-Image, 20B
 }
 
 
+JOINT = ("flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
+
+
 @dataclass(frozen=True)
 class TransformerSpec:
     """A model run as its transformer alone (tests, `benchmarks/models_gpu.py`): its family (`inputs.FAMILIES`),
@@ -198,32 +202,63 @@ TRANSFORMERS: dict[str, TransformerSpec] = {
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A named model: its family, transformer config, and the defaults `streamfusion generate` runs it with."""
+    """A named model: its pipeline family (`models.pipelines`), transformer config, and the defaults
+    `streamfusion generate` runs it with."""
 
-    family: str  # "flux" or "cogvideox"
+    family: str  # "flux", "cogvideox", "wan", "qwen-image" or "flux2"
     transformer: dict[str, Any]
     height: int
     width: int
-    frames: int
+    frames: int  # 1 for image models
     steps: int
     max_sequence_length: int
-    guidance_scale: float
+    guidance_scale: float | None  # None: the model has no guidance_scale (Qwen-Image guides by true CFG only)
     vae_scale: int  # pixels per latent pixel, each side
+    patch: int = 2  # latent pixels per token, each side (Flux's pipelines pack 2 x 2 latent pixels)
+    temporal: int = 1  # frames per latent frame after the first (video VAEs: 4)
+    extras: dict[str, Any] = field(default_factory=dict)  # the family's own settings (Wan: boundary_ratio, ...)
 
     def image_tokens(self, height: int, width: int, frames: int = 1) -> int:
-        """Image/video tokens the transformer sees at this size (the one formula): latent pixels over the patch
-        size (Flux's pipeline packs 2 x 2 latent patches), CogVideoX's frames compressed by its VAE."""
-        cfg = self.transformer
-        if self.family == "flux":
-            return (height // self.vae_scale // 2) * (width // self.vae_scale // 2)
-        p, p_t = cfg["patch_size"], cfg.get("patch_size_t") or 1
-        latent_frames = (frames - 1) // cfg["temporal_compression_ratio"] + 1
-        return (latent_frames // p_t) * (height // self.vae_scale // p) * (width // self.vae_scale // p)
+        """Image/video tokens the transformer sees at this size (the one formula): latent frames, over
+        CogVideoX 1.5's temporal patch, times latent pixels over the patch size, each side."""
+        latent_frames = (frames - 1) // self.temporal + 1
+        p_t = self.transformer.get("patch_size_t") or 1
+        side = self.vae_scale * self.patch
+        return (latent_frames // p_t) * (height // side) * (width // side)
+
+    @property
+    def video(self) -> bool:
+        """Frames out (a video VAE), else one image."""
+        return self.temporal > 1
+
+    @property
+    def size_step(self) -> int:
+        """Pixels a side must be a multiple of, so that the pipeline runs the size as given."""
+        return self.vae_scale * self.patch
 
 
 MODELS: dict[str, ModelSpec] = {
     "tiny-flux": ModelSpec("flux", TINY_FLUX, 64, 64, 1, 4, 16, 3.5, vae_scale=2),
     "flux-dev": ModelSpec("flux", FLUX_DEV, 1024, 1024, 1, 28, 512, 3.5, vae_scale=8),
-    "tiny-cogvideox": ModelSpec("cogvideox", TINY_COGVIDEOX, 64, 64, 9, 4, 10, 6.0, vae_scale=8),
-    "cogvideox-5b": ModelSpec("cogvideox", COGVIDEOX_5B, 480, 720, 49, 50, 226, 6.0, vae_scale=8),
+    "tiny-cogvideox": ModelSpec("cogvideox", TINY_COGVIDEOX, 64, 64, 9, 4, 10, 6.0, vae_scale=8, temporal=4),
+    "cogvideox-5b": ModelSpec("cogvideox", COGVIDEOX_5B, 480, 720, 49, 50, 226, 6.0, vae_scale=8, temporal=4),
+    # Wan 2.2: TI2V-5B's own VAE compresses 16x (z_dim 48) and its timesteps are per token; A14B runs a
+    # high-noise expert down to boundary_ratio x 1000, then a low-noise one, on Wan 2.1's 8x VAE.
+    "tiny-wan": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 5.0, vae_scale=16, temporal=4,
+                          extras={"expand_timesteps": True}),
+    "wan2.2-ti2v-5b": ModelSpec("wan", WAN22_TI2V_5B, 704, 1280, 121, 50, 512, 5.0, vae_scale=16, temporal=4,
+                                extras={"expand_timesteps": True, "flow_shift": 5.0}),
+    "tiny-wan-a14b": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 4.0, vae_scale=8, temporal=4,
+                               extras={"boundary_ratio": 0.875}),
+    "wan2.2-t2v-a14b": ModelSpec("wan", WAN22_T2V_A14B, 720, 1280, 81, 40, 512, 4.0, vae_scale=8, temporal=4,
+                                 extras={"boundary_ratio": 0.875, "flow_shift": 3.0}),
+    "tiny-qwen-image": ModelSpec("qwen-image", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None, vae_scale=8),
+    "qwen-image": ModelSpec("qwen-image", QWEN_IMAGE, 1328, 1328, 1, 50, 512, None, vae_scale=8),
+    # Flux.2 stacks three hidden layers of its text encoder: a text width divisible by 3
+    "tiny-flux2": ModelSpec("flux2", {**TINY_FLUX2, "joint_attention_dim": 48}, 64, 64, 1, 4, 16, 4.0, vae_scale=4),
+    "flux2-dev": ModelSpec("flux2", FLUX2_DEV, 1024, 1024, 1, 50, 512, 4.0, vae_scale=8),
 }
+# The tiny counterpart of each real-size model (the CPU's stand-in for it in bench and in generate's hints).
+TINY: dict[str, str] = {"flux-dev": "tiny-flux", "cogvideox-5b": "tiny-cogvideox", "flux2-dev": "tiny-flux2",
+                        "wan2.2-ti2v-5b": "tiny-wan", "wan2.2-t2v-a14b": "tiny-wan-a14b",
+                        "qwen-image": "tiny-qwen-image"}

@@ -1,58 +1,57 @@
-"""Whole real-size pipelines with random weights: the real transformer, text encoders and VAE, for timing whole
+"""Whole real-size pipelines with random weights: the real transformer(s), text encoders and VAE, for timing whole
 generations.
 
-`build_pipeline` gives real-size models one-layer text encoders and a narrow VAE (enough to check token counts
-and to run the transformer at size); a user waiting for an image also waits for T5-XXL, CLIP-L and the real VAE.
-Here they are built from their real configs (the `config.json` of google/t5-v1_1-xxl, openai/clip-vit-large-patch14's
-text model, and the models' VAEs), seeded, directly on the device in the target dtype.
+`build_pipeline` gives real-size models small text encoders (enough to check token counts and to run the
+transformer at size); a user waiting for an image also waits for T5-XXL, UMT5-XXL, Qwen2.5-VL or Mistral Small
+and the real VAE. Here each family's module builds them from their real configs, seeded, directly on the
+device in the target dtype.
 """
 from __future__ import annotations
 
-from typing import Any
+import gc
 
 import torch
-from diffusers import AutoencoderKL, AutoencoderKLCogVideoX, DiffusionPipeline
-from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+from diffusers import DiffusionPipeline
 
-from .build import _default_dtype_and_device, build_pipeline
-from .configs import COGVIDEOX_5B_VAE, FLUX_DEV_VAE, MODELS
-
-T5_XXL: dict[str, Any] = {  # the encoder of google/t5-v1_1-xxl (Flux.1-dev's text_encoder_2, CogVideoX's text_encoder)
-    "vocab_size": 32128, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24, "num_heads": 64,
-    "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-    "layer_norm_epsilon": 1e-6, "tie_word_embeddings": False, "decoder_start_token_id": 0,
-}
-CLIP_L: dict[str, Any] = {  # the text model of openai/clip-vit-large-patch14 (Flux.1-dev's text_encoder)
-    "vocab_size": 49408, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-    "num_attention_heads": 12, "max_position_embeddings": 77, "hidden_act": "quick_gelu", "projection_dim": 768,
-}
-
-
-def _t5(tokenizer: Any) -> T5EncoderModel:
-    return T5EncoderModel(T5Config(**T5_XXL, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
+from .build import _default_dtype_and_device, build_pipeline, build_transformers
+from .configs import MODELS
+from .pipelines import family_of
 
 
 def build_full_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu") -> DiffusionPipeline:
+                        device: torch.device | str = "cpu", transformer_device: torch.device | str | None = None
+                        ) -> DiffusionPipeline:
     """MODELS[name]'s pipeline with real-size text encoders and VAE (random weights, seeded); the word-level
     tokenizers of `build_pipeline` stay (their ids are a subset of the real vocabularies)."""
-    spec = MODELS[name]
     if name.startswith("tiny-"):
         raise ValueError(f"{name} has no real-size encoders or VAE; use build_pipeline for tiny models")
-    pipe = build_pipeline(name, seed=seed, dtype=dtype, device=device)
+    pipe = build_pipeline(name, seed=seed, dtype=dtype, device=device, transformer_device=transformer_device)
     torch.manual_seed(seed + 2)
     with _default_dtype_and_device(dtype, device):
-        if spec.family == "flux":
-            tok = pipe.tokenizer
-            parts = {"text_encoder": CLIPTextModel(CLIPTextConfig(
-                         **CLIP_L, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)),
-                     "text_encoder_2": _t5(pipe.tokenizer_2), "vae": AutoencoderKL(**FLUX_DEV_VAE)}
-        else:
-            parts = {"text_encoder": _t5(pipe.tokenizer), "vae": AutoencoderKLCogVideoX(**COGVIDEOX_5B_VAE)}
+        parts = family_of(name).full(MODELS[name], pipe)
     for part in parts.values():
         part.eval()
-    return type(pipe)(**{**pipe.components, **parts})
+    return type(pipe)(**{**pipe.components, **parts}, **family_of(name).pipeline_kwargs(MODELS[name]))
 
 
-__all__ = ["CLIP_L", "T5_XXL", "build_full_pipeline"]
+def encode_first(name: str, prompt: str, max_sequence_length: int, *, seed: int = 0,
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> tuple[DiffusionPipeline,
+                                                                                            torch.Tensor]:
+    """The real-size pipeline of a family whose text encoder and transformer do not fit one GPU together
+    (`PipelineFamily.encode_first`, Flux.2-dev): the prompt encoded, the encoder freed, then the transformer built
+    (the same weights as `build_full_pipeline`'s; a tiny model's as `build_pipeline`'s). Returns the pipeline,
+    without its text encoder, and the prompt embeddings to call it with (`prompt_embeds=`)."""
+    build = build_pipeline if name.startswith("tiny-") else build_full_pipeline
+    pipe = build(name, seed=seed, dtype=dtype, device=device, transformer_device="meta")
+    with torch.inference_mode():
+        embeds = pipe.encode_prompt(prompt=prompt, device=torch.device(device),
+                                    max_sequence_length=max_sequence_length)[0]
+    pipe.register_modules(text_encoder=None)
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    pipe.register_modules(**build_transformers(name, seed=seed, dtype=dtype, device=device))
+    return pipe, embeds
+
+
+__all__ = ["build_full_pipeline", "encode_first"]

@@ -13,12 +13,12 @@ from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, He
                        WanTransformer3DModel)
 
 from .build import _default_dtype_and_device
+from .configs import JOINT
 
 FAMILIES: dict[str, type] = {"flux2": Flux2Transformer2DModel, "wan": WanTransformer3DModel,
                              "qwen-image": QwenImageTransformer2DModel, "ltx": LTXVideoTransformer3DModel,
                              "hunyuan-video": HunyuanVideoTransformer3DModel,
                              "chronoedit": ChronoEditTransformer3DModel, "helios": HeliosTransformer3DModel}
-JOINT = ("flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
 
 
 def build(family: str, config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -1,0 +1,20 @@
+"""The pipeline families, one module each (`base.PipelineFamily` says what a family knows)."""
+from __future__ import annotations
+
+from ..configs import MODELS
+from .base import PipelineFamily
+from .cogvideox import FAMILY as COGVIDEOX
+from .flux import FAMILY as FLUX
+from .flux2 import FAMILY as FLUX2
+from .qwen_image import FAMILY as QWEN_IMAGE
+from .wan import FAMILY as WAN
+
+FAMILIES: dict[str, PipelineFamily] = {f.name: f for f in (FLUX, COGVIDEOX, WAN, QWEN_IMAGE, FLUX2)}
+
+
+def family_of(model: str) -> PipelineFamily:
+    """The family of a MODELS name."""
+    return FAMILIES[MODELS[model].family]
+
+
+__all__ = ["FAMILIES", "PipelineFamily", "family_of"]

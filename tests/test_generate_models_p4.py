@@ -1,0 +1,93 @@
+"""`streamfusion generate --model` for the newer pipelines on 4 gloo processes: tiny Wan 2.2 (TI2V-style and
+A14B-style two experts), Qwen-Image and Flux.2 each write their image or frames and a run.json that says what
+ran (size, layout, CFG split, how the VAE decoded); options a model's pipeline does not take fail before any
+process starts; Flux.2's encode-first path gives the image the whole pipeline gives; the offline tokenizers
+answer the calls the pipelines make."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from streamfusion_diffusers.commands import generate
+from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.models.build import build_pipeline
+from streamfusion_diffusers.models.full import encode_first
+
+WORLD = 4
+VAE_DECODES = ("patch-parallel", "tiles", "whole")  # what decode_over_ranks returns
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(WORLD) as p:
+        yield p
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("model", "video", "cfg"), [("tiny-wan", True, "2"), ("tiny-wan-a14b", True, "1"),
+                                                     ("tiny-qwen-image", False, "2"), ("tiny-flux2", False, "1")])
+def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, model, video, cfg):
+    guidance = ("--true-cfg-scale", "4") if model == "tiny-qwen-image" else ()
+    job = generate.make_job(_args("--model", model, "--steps", "2", "--height", "64", "--width", "96",
+                                  "--cfg-parallel", cfg, *guidance, "--output", str(tmp_path)))
+    records = pool.run(generate.run_rank, job)
+    assert records[1:] == [None] * (WORLD - 1)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run == records[0] and run["model"] == model and run["world_size"] == WORLD
+    assert run["cfg"] == int(cfg) and len(run["step_latency_s"]) == 2 and not run["encoded_first"]
+    assert run["vae_decode"] in VAE_DECODES, run
+    size = {"height": 64, "width": 96, **({"frames": 9} if video else {})}
+    assert run["output_size"] == size and run["frames"] == (9 if video else None), run
+    outputs = [Path(p) for p in run["outputs"]]
+    assert all(p.is_file() and p.stat().st_size > 0 for p in outputs)
+    assert [p.name for p in outputs][:1] == (["video.mp4"] if len(outputs) == 1 else ["000.png"]) if video else \
+        ["image.png"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--model", "tiny-qwen-image", "--frames", "9"), "--frames is for video models"),
+    (("--model", "tiny-qwen-image", "--guidance-scale", "4"), "use --true-cfg-scale"),
+    (("--model", "tiny-wan", "--true-cfg-scale", "4"), "drop --true-cfg-scale"),
+    (("--model", "tiny-flux2", "--cfg-parallel"), "Flux.2 has none"),
+    (("--model", "tiny-wan", "--height", "48"), "--height 48: must be a multiple of 32"),
+    (("--model", "tiny-wan", "--frames", "8"), "must be 4k \\+ 1"),
+    pytest.param(("--model", "qwen-image"), "no GPU is visible.*--model tiny-qwen-image",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where no GPU is visible")),
+])
+def test_generate_refuses_what_the_model_does_not_take(argv, message):
+    with pytest.raises(ValueError, match=message):
+        generate.make_job(_args(*argv))
+
+
+def test_encoding_first_gives_the_same_image():
+    """Flux.2-dev's real-size path (its encoder freed before the transformer is built), on tiny Flux.2: the same
+    image as the pipeline holding both."""
+    pipe, embeds = encode_first("tiny-flux2", "a red cat", 16, dtype=torch.float32)
+    assert pipe.text_encoder is None and pipe.transformer.device.type == "cpu"
+    call = dict(height=64, width=64, num_inference_steps=2, output_type="np")
+    got = pipe(prompt_embeds=embeds, generator=torch.Generator().manual_seed(0), **call).images
+    want = build_pipeline("tiny-flux2")(prompt="a red cat", max_sequence_length=16,
+                                        generator=torch.Generator().manual_seed(0), **call).images
+    assert np.array_equal(got, want)
+
+
+def test_offline_tokenizers_answer_the_pipelines_calls():
+    """Qwen-Image drops its chat template's system prefix by count: exactly the prefix goes; Flux.2 formats a
+    batch of conversations through `apply_chat_template`, padded to max_sequence_length."""
+    qwen = build_pipeline("tiny-qwen-image")
+    ids = qwen.tokenizer(qwen.prompt_template_encode.format("a red cat")).input_ids
+    kept = qwen.tokenizer.convert_ids_to_tokens(ids[qwen.prompt_template_encode_start_idx:])
+    assert kept[:3] == ["a", "red", "cat"], kept
+    flux2 = build_pipeline("tiny-flux2")
+    embeds = flux2.encode_prompt(prompt=["a red cat", "a dog"], device=torch.device("cpu"), max_sequence_length=16)[0]
+    assert embeds.shape == (2, 16, 48)
