@@ -80,8 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "value) or fp8 (float8_e4m3fn, about 2.6 %%); intra-machine traffic is untouched")
     parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
                         help="split the VAE decode over the ranks (default): one band of latent rows per rank, "
-                             "exact (AutoencoderKL, CogVideoX), else diffusers' tiles shared out; "
-                             "--no-vae-split decodes untiled on rank 0")
+                             "exact (the VAEs of Flux.1, Flux.2, CogVideoX, Wan 2.x, Qwen-Image), else diffusers' "
+                             "tiles shared out, else rank 0 decodes for all (run.json's vae_decode says which); "
+                             "--no-vae-split decodes untiled on rank 0 only")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
 
