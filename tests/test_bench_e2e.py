@@ -133,6 +133,9 @@ def test_gpu_cases_are_planned_per_baseline():
     qwen = _setup("qwen-image:1024", args, "real", torch.bfloat16, 2)
     assert [c.label for c in e2e_cases(systems, qwen, 2, True, "U2R1", notes)] == ["one-gpu", "ours"]
     assert any("diffusers-cp skipped for qwen-image 1024x1024: its text is as long" in n for n in notes)
+    one = [c.label for c in e2e_cases(systems + ["cache-dit"], wan, 1, True, "best", notes)]
+    assert one == ["one-gpu", "ours"] and any("diffusers-cp skipped: its context parallelism needs 2+" in n
+                                               for n in notes)
 
 
 @pytest.mark.parametrize(("name", "sizes"), [

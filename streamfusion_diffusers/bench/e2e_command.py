@@ -109,6 +109,9 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
             skip(f"ours-cfg skipped: {world} ranks do not split into two guidance branches")
         elif system == "diffusers-cp" and not gpu:
             skip(NO_GPU.format("diffusers-cp", "enable_parallelism places rank r on accelerator r"))
+        elif (system == "diffusers-cp" or system in cachedit.SYSTEMS) and world == 1:
+            skip(f"{system} skipped: its context parallelism needs 2+ ranks (diffusers refuses a Ulysses and Ring "
+                 f"degree of 1); one-gpu is the one-rank row")
         elif system == "diffusers-cp" and not family_of(setup.model).diffusers_cp:
             skip(f"diffusers-cp skipped for {setup.name}: diffusers 0.42 has no context-parallel plan for CogVideoX")
         elif system == "diffusers-cp" and text is None and world > 1:
