@@ -45,17 +45,19 @@ def test_e2e_times_every_phase_and_matches_one_process(tmp_path, capsys):
 
 
 def test_e2e_rows_of_the_newer_pipelines(tmp_path, capsys):
-    """Tiny Wan 2.2 (TI2V-style: its CFG as two calls per step, paired over the branches) and Qwen-Image (true
-    CFG) on 2 processes: ours and ours-cfg exact against one process, with how the VAE decoded."""
+    """Tiny Wan 2.2 (TI2V-style: its CFG as two calls per step, paired over the branches), Qwen-Image (true
+    CFG) and Flux.2 (its prompt encoded first) on 2 processes: ours and ours-cfg exact against one process, with
+    how the VAE decoded."""
     out = tmp_path / "new"
-    rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "wan2.2-ti2v-5b:9:64:64,qwen-image:64",
+    rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "wan2.2-ti2v-5b:9:64:64,qwen-image:64,flux2-dev:64",
                "--model-size", "tiny", "--machines", "1", "--gpus-per-machine", "2", "--methods", "ours,ours-cfg",
                "--steps", "2", "--true-cfg-scale", "2.0", "--iters", "1", "--warmup", "0", "--out", str(out)])
     captured = capsys.readouterr()
     assert rc == 0, captured.out + captured.err
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {(r["workload"], r["system"]) for r in rows} == {
-        (w, s) for w in ("wan2.2-ti2v-5b 9f 64x64", "qwen-image 64x64") for s in ("ours", "ours-cfg")}, rows
+        (w, s) for w in ("wan2.2-ti2v-5b 9f 64x64", "qwen-image 64x64") for s in ("ours", "ours-cfg")} | {
+        ("flux2-dev 64x64", "ours")}, rows
     for r in rows:
         assert r["ok"] and r["rel_err"] <= MODEL_THRESHOLD[torch.float32], r
         assert r["vae_decode"] in ("patch-parallel", "tiles", "whole"), r
