@@ -237,6 +237,9 @@ def _build(setup: E2ESetup, device: torch.device) -> tuple[Any, E2ESetup]:
     """The workload's pipeline, and the setup to call it with: a family whose real-size encoder and transformer do
     not fit one GPU together (Flux.2) is encoded first, tiny or real, as `streamfusion generate` does at real size,
     and every generation takes the embeddings."""
+    gc.collect()  # the previous workload's pipeline: its hooks form reference cycles
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     if family_of(setup.model).encode_first:
         pipe, embeds = encode_first(setup.model, setup.prompt, setup.max_sequence_length, seed=setup.seed,
                                     dtype=setup.dtype, device=device)
