@@ -137,3 +137,18 @@ def test_inductor_whole_model_on_one_gpu(mode):
                                 torch.bfloat16, mode):
             assert res["graphs"] == [res["attention_layers"]], res
             assert max(res["vs_eager"]) <= 2e-2, res
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_inductor_reduce_overhead_over_two_gpus():
+    """Every method at P = 2 over NCCL compiled whole with inductor and CUDA graphs (mode="reduce-overhead")."""
+    configs = [ParallelConfig(method="ulysses"), ParallelConfig(method="ring"), ParallelConfig(method="tas"),
+               ParallelConfig(machines=2, method="torus"), ParallelConfig(method="auto"),
+               ParallelConfig(method="usp", cfg=2)]
+    with ProcessPool(2, backend="nccl") as gpu_pool:
+        for config in configs:
+            for res in gpu_pool.run(compiled_vs_eager, config, FLUX, 5, "whole", "inductor", "cuda",
+                                    torch.bfloat16, "reduce-overhead"):
+                assert res["graphs"] == [res["attention_layers"]], (config, res)
+                assert max(res["vs_eager"]) <= 2e-2, (config, res)
