@@ -37,18 +37,28 @@ def test_sdpa_backend_lse(backend: str) -> None:
     assert (lse - ref_lse).abs().max() < 2e-2  # a log: its absolute error is the sum's relative one
 
 
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# The fused kernels: the device's own (fused.kernel_for), and the portable Triton one forced, with and without TMA.
+FUSED = ["fused", "fused-triton", "fused-pointers"]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("kernel", ["fused", "fused-pointers", "sdpa", "auto"])
+@pytest.mark.parametrize("kernel", [*FUSED, "sdpa", "auto"])
 def test_chunks_match_float32_attention(dtype: torch.dtype, dim: int, kernel: str,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Uneven head-sliced query chunks over three calls (fresh state, loaded state, finalize)."""
-    from streamfusion_diffusers.kernels import triton_attention
+    from streamfusion_diffusers.kernels import fused, triton_attention
 
-    if kernel == "fused-pointers":  # the variant without TMA
+    if kernel in ("fused-triton", "fused-pointers"):
+        monkeypatch.setattr(fused, "kernel_for", lambda device: triton_attention.multi_chunk_attention)
+    if kernel == "fused-pointers":  # the Triton variant without TMA
         cfg = dataclasses.replace(triton_attention.DEFAULT_CONFIGS[dim], use_tma=False, num_stages=2)
         monkeypatch.setitem(triton_attention.DEFAULT_CONFIGS, dim, cfg)
-        kernel = "fused"
+    kernel = "fused" if kernel in FUSED else kernel
     dispatch.clear()
     b, h = 2, 6
     q_lens, kv_lens = _lengths(3, 1, 700), _lengths(5, 1, 900)
@@ -70,9 +80,25 @@ def test_chunks_match_float32_attention(dtype: torch.dtype, dim: int, kernel: st
         assert (p.lse - ref_lse).abs().max() < 1e-2  # a log: its absolute error is the sum's relative one
 
 
-def test_fused_kernel_writes_every_element() -> None:
-    from streamfusion_diffusers.kernels.triton_attention import multi_chunk_attention
+def _fused_kernel(name: str):
+    """A fused kernel module's launch function; the Gluon one only where it runs (Hopper)."""
+    if name == "gluon" and not _hopper():
+        pytest.skip("the Gluon kernel runs on Hopper (compute capability 9.0)")
+    from streamfusion_diffusers.kernels import gluon_attention, triton_attention
 
+    return {"gluon": gluon_attention, "triton": triton_attention}[name].multi_chunk_attention
+
+
+def test_hopper_takes_the_gluon_kernel() -> None:
+    from streamfusion_diffusers.kernels import fused, gluon_attention, triton_attention
+
+    want = gluon_attention if _hopper() else triton_attention
+    assert fused.kernel_for(torch.device("cuda", torch.cuda.current_device())) is want.multi_chunk_attention
+
+
+@pytest.mark.parametrize("name", ["triton", "gluon"])
+def test_fused_kernel_writes_every_element(name: str) -> None:
+    multi_chunk_attention = _fused_kernel(name)
     q_lens, kv_lens = _lengths(2, 1, 500), _lengths(2, 1, 500)
     qs = [torch.randn(1, n, 3, 128, device="cuda", dtype=torch.bfloat16) for n in q_lens]
     kvs = [tuple(torch.randn(1, n, 3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)) for n in kv_lens]
@@ -84,11 +110,11 @@ def test_fused_kernel_writes_every_element() -> None:
     assert all(_rel(o, reference_attention(q, k, v, 0.1)) <= threshold(torch.bfloat16) for o, q in zip(outs, qs))
 
 
-def test_fused_kernel_replays_in_a_cuda_graph() -> None:
+@pytest.mark.parametrize("name", ["triton", "gluon"])
+def test_fused_kernel_replays_in_a_cuda_graph(name: str) -> None:
     """A captured fused launch replays bit-identical to eager, also after the host memory it was built from is
     reused (its chunk tables come from pinned memory kept by the state it was captured under, a context's)."""
-    from streamfusion_diffusers.kernels.triton_attention import multi_chunk_attention
-
+    multi_chunk_attention = _fused_kernel(name)
     q_lens, kv_lens = _lengths(2, 64, 700), _lengths(3, 64, 700)
     qs = [torch.randn(1, n, 4, 64, device="cuda", dtype=torch.bfloat16) for n in q_lens]
     kvs = [tuple(torch.randn(1, n, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2)) for n in kv_lens]

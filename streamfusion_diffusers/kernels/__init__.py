@@ -2,7 +2,8 @@
 
 Algorithms only call `Partial`, `Partial.result` and `attend_chunks`, so the kernel behind them is chosen
 here: "reference" (float32 torch, any device), "sdpa" (PyTorch's cuDNN/flash SDPA + a one-pass merge per
-chunk pair), "fused" (one Triton launch for all chunks, merge in the kernel: paper Algorithm 2) or "auto"
+chunk pair), "fused" (one launch for all chunks, merge in the kernel: paper Algorithm 2; Gluon on Hopper, Triton
+elsewhere: fused.py) or "auto"
 (reference off CUDA, else the faster of sdpa and fused for the call's shape, measured once and cached in the
 context's KernelState, state.py; inside `agreed_choices` every rank of the layer picks the same: see dispatch.py).
 """
@@ -144,8 +145,8 @@ def _attend_unfused(pairs: Pairs, kv: KV, scale: float, finalize: bool, kernel: 
 
 
 def _attend_fused(pairs: Pairs, kv: KV, scale: float, finalize: bool) -> None:
-    """All chunk pairs in one Triton launch; earlier state is loaded and merged in the kernel."""
-    from .triton_attention import multi_chunk_attention
+    """All chunk pairs in one launch; earlier state is loaded and merged in the kernel."""
+    from .fused import multi_chunk_attention
 
     load_state = any(p.out is not None for p, _ in pairs)
     states, outs = [], []
@@ -184,7 +185,7 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
         return "reference"
     if not (has_triton() and _fused_supports(q)):
         return "sdpa"
-    from .triton_attention import aligned
+    from .chunk_tables import aligned
 
     if not all(aligned(x) for x in [*(x for _, x in pairs), *(t for kv_pair in kv for t in kv_pair)]):
         return "sdpa"

@@ -4,11 +4,12 @@ The same contract as triton_attention.multi_chunk_attention (chunk tables, runni
 Gluon, Triton's lower-level language, so that the schedule cuDNN and FlashAttention-3 use on Hopper can be
 expressed, which plain Triton does not emit:
 - warp specialization: one warp issues the bulk tensor copies (TMA) of K and V tiles into a ring of shared-memory
-  stages; two consumer warpgroups compute, each on half of the program's query rows;
-- ping-pong: the two consumers take turns to issue their tensor-core work (an mbarrier per consumer), so one
-  warpgroup's softmax runs while the other's matrix products occupy the tensor cores;
-- intra-warpgroup overlap: a consumer issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} together and does the
+  stages; two consumer warpgroups compute, each on half of the program's query rows, with most of the registers
+  (setmaxnreg);
+- intra-warpgroup overlap: a consumer issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back and does the
   softmax of S_i while the second product runs; P stays in registers as the A operand of the second product.
+FA3's ping-pong (the two consumers taking turns at the tensor cores) was measured and gave nothing here (on one
+H200: 1.003 vs 1.009 of cuDNN at the Flux 4096 share), so the warp schedulers interleave the two freely.
 
 Grid: (sum of query tiles over all chunks, B * H); a program owns BLOCK_M query rows of one head.
 """
@@ -17,16 +18,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import triton
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .triton_attention import LOG2E, _check, _device_table, _offset, _set_tma_allocator
+from .chunk_tables import chunk_tables, set_tma_allocator
+from .triton_attention import LOG2E
 
+# Triton 3.7 renamed the bulk tensor load (3.9 removed the old name); the kernel runs on either.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+# Measured on one H200 (BENCHMARKS.md): 128 key rows per tile and two stages beat 64-row tiles (0.91 vs 1.09 of
+# cuDNN at head dim 64) and three stages (no gain, and no shared memory left at head dim 128).
 BLOCK_M = 128  # query rows per program: 64 per consumer warpgroup
-HALF = BLOCK_M // 2
+BLOCK_N = 128
+STAGES = 2
+# Registers per thread: 168 on average over the 3 warpgroups (one program per SM); the loader warp's group gives
+# its share to the consumers.
+MAXNREG = 168
+CONSUMER_REGS = gl.constexpr(240)
+LOADER_REGS = gl.constexpr(24)
 
 
 @gluon.jit
@@ -67,8 +79,8 @@ def _load_partition(x_base, q_table, kv_table, n_q, n_kv, heads, q_smem, k_smem,
     b, h, row, q_len, m0 = _locate(q_table, n_q, heads, BLOCK_M)
     q_desc = _descriptor(x_base, row, b, h, q_len, BLOCK_M // 2, HEAD_DIM, Q_LAYOUT)
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [m0 + BLOCK_M // 2, 0], q_bar, q_smem.index(1))
+    _tma_load(q_desc, [m0, 0], q_bar, q_smem.index(0))
+    _tma_load(q_desc, [m0 + BLOCK_M // 2, 0], q_bar, q_smem.index(1))
     i = 0
     for j in range(n_kv):
         entry = kv_table + j * 9
@@ -80,10 +92,10 @@ def _load_partition(x_base, q_table, kv_table, n_q, n_kv, heads, q_smem, k_smem,
             phase = (i // STAGES) & 1
             mbarrier.wait(k_empty.index(stage), phase ^ 1)
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [start, 0], k_ready.index(stage), k_smem.index(stage))
+            _tma_load(k_desc, [start, 0], k_ready.index(stage), k_smem.index(stage))
             mbarrier.wait(v_empty.index(stage), phase ^ 1)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [start, 0], v_ready.index(stage), v_smem.index(stage))
+            _tma_load(v_desc, [start, 0], v_ready.index(stage), v_smem.index(stage))
             i += 1
 
 
@@ -100,24 +112,10 @@ def _softmax(s, m_i, valid, qk_scale, BLOCK_N: gl.constexpr, S_LAYOUT: gl.conste
 
 
 @gluon.jit
-def _turn_wait(turn, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Wait for this warpgroup's i-th turn to issue tensor-core work; warpgroup 0 goes first."""
-    if PINGPONG:
-        mbarrier.wait(turn.index(WG), (i & 1) ^ (1 - WG))
-
-
-@gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG), count=1)
-
-
-@gluon.jit
 def _softmax_partition(x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, qk_scale, q_smem, k_smem, v_smem,
-                       q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                       q_bar, k_ready, k_empty, v_ready, v_empty,
                        WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       STAGES: gl.constexpr, LOAD_STATE: gl.constexpr, FINALIZE: gl.constexpr,
-                       PINGPONG: gl.constexpr):
+                       STAGES: gl.constexpr, LOAD_STATE: gl.constexpr, FINALIZE: gl.constexpr):
     """One consumer warpgroup: query rows [WG * BLOCK_M / 2, (WG + 1) * BLOCK_M / 2) of the program's tile."""
     HALF: gl.constexpr = BLOCK_M // 2
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -154,10 +152,8 @@ def _softmax_partition(x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, q
     q = q_smem.index(WG)
 
     # Tile 0: S_0 alone.
-    _turn_wait(turn, 0, WG, PINGPONG)
     mbarrier.wait(k_ready.index(0), 0)
     s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    _turn_pass(turn, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
     m_new, p, alpha, row_sum = _softmax(s, gl.convert_layout(m_i, gl.SliceLayout(1, S_LAYOUT)),
@@ -175,13 +171,11 @@ def _softmax_partition(x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, q
             kv_len = gl.load(kv_table + chunk * 9 + 8).to(gl.int32)
         stage = i % STAGES
         prev = (i - 1) % STAGES
-        # Issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back, then pass the turn.
-        _turn_wait(turn, i, WG, PINGPONG)
+        # Issue S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back.
         mbarrier.wait(k_ready.index(stage), (i // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        _turn_pass(turn, WG, PINGPONG)
         # S_i is done when at most the second product is in flight; its softmax overlaps that product.
         s = warpgroup_mma_wait(1, deps=(s,))
         mbarrier.arrive(k_empty.index(stage), count=1)
@@ -214,8 +208,7 @@ def _softmax_partition(x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, q
 def _multi_chunk_attention(x_base, f_base, q_table, kv_table, n_q, n_kv, n_tiles, heads, qk_scale,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr,
-                           LOAD_STATE: gl.constexpr, FINALIZE: gl.constexpr, PINGPONG: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr):
+                           LOAD_STATE: gl.constexpr, FINALIZE: gl.constexpr):
     dtype: gl.constexpr = x_base.dtype.element_ty
     q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M // 2, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
@@ -225,27 +218,24 @@ def _multi_chunk_attention(x_base, f_base, q_table, kv_table, n_q, n_kv, n_tiles
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=2)  # both consumers release a stage
         mbarrier.init(v_empty.index(s), count=2)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
 
     gl.warp_specialize([
         (_softmax_partition, (x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, qk_scale, q_smem, k_smem,
-                              v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, 0, BLOCK_M, BLOCK_N,
-                              HEAD_DIM, STAGES, LOAD_STATE, FINALIZE, PINGPONG)),
+                              v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, 0, BLOCK_M, BLOCK_N,
+                              HEAD_DIM, STAGES, LOAD_STATE, FINALIZE)),
         (_softmax_partition, (x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, qk_scale, q_smem, k_smem,
-                              v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, 1, BLOCK_M, BLOCK_N,
-                              HEAD_DIM, STAGES, LOAD_STATE, FINALIZE, PINGPONG)),
+                              v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, 1, BLOCK_M, BLOCK_N,
+                              HEAD_DIM, STAGES, LOAD_STATE, FINALIZE)),
         (_load_partition, (x_base, q_table, kv_table, n_q, n_kv, heads, q_smem, k_smem, v_smem,
                            q_bar, k_ready, k_empty, v_ready, v_empty, BLOCK_M, BLOCK_N, HEAD_DIM,
                            Q_LAYOUT, KV_LAYOUT, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -258,38 +248,15 @@ def multi_chunk_attention(
     outs: Sequence[Tensor],
     scale: float,
     finalize: bool,
-    block_n: int = 128,
-    stages: int = 2,
-    pingpong: bool = True,
-    consumer_regs: int = 240,
 ) -> None:
     """One launch of Algorithm 2 on Hopper; the arguments are triton_attention.multi_chunk_attention's."""
-    q0 = q_chunks[0]
-    batch, _, heads, dim = q0.shape
-    load_state = states[0][0] is not None
-    x_base, f_base = q0, states[0][1]
-    q_rows, tiles = [], 0
-    for q, (state, lse), out in zip(q_chunks, states, outs, strict=True):
-        _check(q, batch, heads, dim)
-        out_base = x_base if finalize else f_base
-        q_rows.append([_offset(q, x_base), *q.stride()[:3], q.shape[1], tiles,
-                       _offset(state, f_base) if load_state else 0, _offset(out, out_base), _offset(lse, f_base)])
-        tiles += triton.cdiv(q.shape[1], BLOCK_M)
-    kv_rows, kv_tiles = [], 0
-    for k, v in kv_chunks:
-        _check(k, batch, heads, dim)
-        _check(v, batch, heads, dim)
-        kv_rows.append([_offset(k, x_base), *k.stride()[:3], _offset(v, x_base), *v.stride()[:3], k.shape[1]])
-        kv_tiles += triton.cdiv(k.shape[1], block_n)
-    _set_tma_allocator()
-    table = _device_table(q_rows + kv_rows, q0.device)
-    q_table, kv_table = table[:len(q_rows)], table[len(q_rows):]
-    elem = _GL_DTYPES[q0.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([HALF, dim], elem)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, dim], elem)
-    _multi_chunk_attention[(tiles, batch * heads)](
-        x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), kv_tiles, heads, scale * LOG2E,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=dim, STAGES=stages, Q_LAYOUT=q_layout, KV_LAYOUT=kv_layout,
-        LOAD_STATE=load_state, FINALIZE=finalize, PINGPONG=pingpong, CONSUMER_REGS=consumer_regs,
-        num_warps=4, maxnreg=168,
+    t = chunk_tables(q_chunks, kv_chunks, states, outs, finalize, BLOCK_M, BLOCK_N)
+    set_tma_allocator()
+    elem = _GL_DTYPES[t.x_base.dtype]
+    _multi_chunk_attention[(t.q_tiles, t.batch * t.heads)](
+        t.x_base, t.f_base, t.q_table, t.kv_table, len(t.q_table), len(t.kv_table), t.kv_tiles, t.heads,
+        scale * LOG2E, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=t.dim, STAGES=STAGES,
+        Q_LAYOUT=gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, t.dim], elem),
+        KV_LAYOUT=gl.NVMMASharedLayout.get_default_for([BLOCK_N, t.dim], elem),
+        LOAD_STATE=t.load_state, FINALIZE=finalize, num_warps=4, maxnreg=MAXNREG,
     )

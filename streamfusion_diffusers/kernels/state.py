@@ -16,7 +16,7 @@ from torch import Tensor
 @dataclass
 class KernelState:
     """The "auto" kernel choice's measurements and picks (dispatch.py), and the host tables that captured CUDA
-    graphs copy from at every replay (triton_attention.py): they must live as long as the graphs."""
+    graphs copy from at every replay (chunk_tables.py): they must live as long as the graphs."""
 
     times: dict[Hashable, dict[str, float]] = field(default_factory=dict)  # signature -> this rank's ms per kernel
     local: dict[Hashable, str] = field(default_factory=dict)  # signature -> this rank's pick outside a layer

@@ -2,8 +2,7 @@
 
 One launch attends several query chunks to several key/value chunks of any lengths and strides, loads the
 running state of each query row, merges in registers and stores the state back, or finalizes the output.
-Chunks are passed as tables of strides and addresses (element offsets from one base tensor per dtype, so
-the compiler keeps its 16-byte alignment facts); views (head slices, received buffers) need no copies.
+Chunks are passed as tables of strides and addresses (chunk_tables.py); views need no copies.
 The state is kept normalised, (O, lse) with O = O'/l and lse = m + ln l, which is the paper's (O', l, m)
 with l = 1 and m = lse: loading it costs no division, and storing it costs one per row.
 
@@ -14,22 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .state import current
+from .chunk_tables import chunk_tables, set_tma_allocator
 
 LOG2E = 1.4426950408889634
-
-# The chunk tables have 9 int64 columns per chunk, addresses given as element offsets from one base tensor
-# per dtype (x_base: the query dtype, f_base: float32). Query table: q offset, q strides (batch, row, head),
-# rows, first tile, state offset, output offset, lse offset. Key/value table: k offset, k strides, v offset,
-# v strides, rows.
-
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -173,69 +165,13 @@ def multi_chunk_attention(
     "no earlier state" (the state is not read). outs[i] receives the result: the float32 state (may be the
     state tensor itself) or, with finalize, the output in the query dtype. lse is updated in place.
     """
-    q0 = q_chunks[0]
-    batch, _, heads, dim = q0.shape
-    cfg = config or DEFAULT_CONFIGS[dim]
-    load_state = states[0][0] is not None
-    x_base, f_base = q0, states[0][1]  # every address is passed as an element offset from one of these
-    q_rows, tiles = [], 0
-    for q, (state, lse), out in zip(q_chunks, states, outs, strict=True):
-        _check(q, batch, heads, dim)
-        out_base = x_base if finalize else f_base
-        q_rows.append([_offset(q, x_base), *q.stride()[:3], q.shape[1], tiles,
-                       _offset(state, f_base) if load_state else 0, _offset(out, out_base), _offset(lse, f_base)])
-        tiles += triton.cdiv(q.shape[1], cfg.block_m)
-    kv_rows = []
-    for k, v in kv_chunks:
-        _check(k, batch, heads, dim)
-        _check(v, batch, heads, dim)
-        kv_rows.append([_offset(k, x_base), *k.stride()[:3], _offset(v, x_base), *v.stride()[:3], k.shape[1]])
+    cfg = config or DEFAULT_CONFIGS[q_chunks[0].shape[-1]]
+    t = chunk_tables(q_chunks, kv_chunks, states, outs, finalize, cfg.block_m, cfg.block_n)
     if cfg.use_tma:
-        _set_tma_allocator()
-    table = _device_table(q_rows + kv_rows, q0.device)  # both 9 wide: one host tensor, one copy per call
-    q_table, kv_table = table[:len(q_rows)], table[len(q_rows):]
-    _multi_chunk_attention[(tiles, batch * heads)](
-        x_base, f_base, q_table, kv_table, len(q_rows), len(kv_rows), heads, scale * LOG2E,
-        DTYPE=_TL_DTYPES[q0.dtype], HEAD_DIM=dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        LOAD_STATE=load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma,
+        set_tma_allocator()
+    _multi_chunk_attention[(t.q_tiles, t.batch * t.heads)](
+        t.x_base, t.f_base, t.q_table, t.kv_table, len(t.q_table), len(t.kv_table), t.heads, scale * LOG2E,
+        DTYPE=_TL_DTYPES[t.x_base.dtype], HEAD_DIM=t.dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        LOAD_STATE=t.load_state, FINALIZE=finalize, USE_TMA=cfg.use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-
-
-def _device_table(rows: list[list[int]], device: torch.device) -> Tensor:
-    """The chunk tables on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows). A replay
-    copies from the same host memory again, so a captured table is kept as long as the graph: in the running
-    call's KernelState (its context's, freed by shutdown(); a few hundred bytes per captured call)."""
-    host = torch.tensor(rows, dtype=torch.int64)
-    if device.type != "cuda":  # Triton's interpreter, on the CPU
-        return host
-    host = host.pin_memory()
-    if torch.cuda.is_current_stream_capturing():
-        current().tables.append(host)
-    return host.to(device, non_blocking=True)
-
-
-def _offset(x: Tensor, base: Tensor) -> int:
-    """x's address as an element offset from base's (same dtype); a multiple of 8 for aligned tensors."""
-    delta = x.data_ptr() - base.data_ptr()
-    if x.dtype != base.dtype or delta % (8 * x.element_size()):
-        raise ValueError("fused attention needs 16-byte (float32 state: 32-byte) aligned tensors of one dtype")
-    return delta // x.element_size()
-
-
-def aligned(x: Tensor) -> bool:
-    """The kernel's alignment contract: 16-byte address, contiguous last dim, other strides multiples of 8."""
-    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
-
-
-def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:
-    if x.dtype not in _TL_DTYPES or not aligned(x) or x.shape[0] != batch or x.shape[2:] != (heads, dim):
-        raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L, H={heads}, D={dim}] chunks, "
-                         f"16-byte aligned with strides (but the last, 1) multiples of 8; got {tuple(x.shape)} "
-                         f"{x.dtype} strides {x.stride()}")
-
-
-@cache  # Triton's allocator is process-wide and this one holds nothing: set once, it serves every context
-def _set_tma_allocator() -> None:
-    """Tensor descriptors made inside a kernel need global scratch memory, taken from PyTorch's allocator."""
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

@@ -1,0 +1,108 @@
+"""Algorithm 2's chunk tables: what every fused multi-chunk kernel (triton_attention, gluon_attention) is given.
+
+Chunks are passed as tables of strides and addresses, as element offsets from one base tensor per dtype (x_base:
+the query dtype, f_base: float32), so the kernels keep the compiler's 16-byte alignment facts and views (head
+slices, received buffers) need no copies. Both tables are 9 int64 columns wide. Query table: q offset, q strides
+(batch, row, head), rows, first tile, state offset, output offset, lse offset. Key/value table: k offset,
+k strides, v offset, v strides, rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from torch import Tensor
+
+from .state import current
+
+
+@dataclass(frozen=True)
+class ChunkTables:
+    """One launch's tables on the device and the facts a launch needs beside them."""
+
+    x_base: Tensor  # the query dtype's base (the first query chunk)
+    f_base: Tensor  # float32's base (the first lse)
+    q_table: Tensor
+    kv_table: Tensor
+    q_tiles: int  # programs along the query axis: sum over chunks of ceil(rows / block_m)
+    kv_tiles: int  # key/value tiles over all chunks: sum of ceil(rows / block_n)
+    load_state: bool
+    batch: int
+    heads: int
+    dim: int
+
+
+def chunk_tables(
+    q_chunks: Sequence[Tensor],
+    kv_chunks: Sequence[tuple[Tensor, Tensor]],
+    states: Sequence[tuple[Tensor | None, Tensor]],
+    outs: Sequence[Tensor],
+    finalize: bool,
+    block_m: int,
+    block_n: int,
+) -> ChunkTables:
+    """The tables of one launch, checked: every chunk half precision [B, L, H, D], aligned (see `aligned`)."""
+    q0 = q_chunks[0]
+    batch, _, heads, dim = q0.shape
+    load_state = states[0][0] is not None
+    x_base, f_base = q0, states[0][1]
+    q_rows, q_tiles = [], 0
+    for q, (state, lse), out in zip(q_chunks, states, outs, strict=True):
+        _check(q, batch, heads, dim)
+        out_base = x_base if finalize else f_base
+        q_rows.append([_offset(q, x_base), *q.stride()[:3], q.shape[1], q_tiles,
+                       _offset(state, f_base) if load_state else 0, _offset(out, out_base), _offset(lse, f_base)])
+        q_tiles += -(-q.shape[1] // block_m)
+    kv_rows, kv_tiles = [], 0
+    for k, v in kv_chunks:
+        _check(k, batch, heads, dim)
+        _check(v, batch, heads, dim)
+        kv_rows.append([_offset(k, x_base), *k.stride()[:3], _offset(v, x_base), *v.stride()[:3], k.shape[1]])
+        kv_tiles += -(-k.shape[1] // block_n)
+    table = _device_table(q_rows + kv_rows, q0.device)  # both 9 wide: one host tensor, one copy per call
+    return ChunkTables(x_base, f_base, table[:len(q_rows)], table[len(q_rows):], q_tiles, kv_tiles, load_state,
+                       batch, heads, dim)
+
+
+def _device_table(rows: list[list[int]], device: torch.device) -> Tensor:
+    """The chunk tables on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows). A replay
+    copies from the same host memory again, so a captured table is kept as long as the graph: in the running
+    call's KernelState (its context's, freed by shutdown(); a few hundred bytes per captured call)."""
+    host = torch.tensor(rows, dtype=torch.int64)
+    if device.type != "cuda":  # Triton's interpreter, on the CPU
+        return host
+    host = host.pin_memory()
+    if torch.cuda.is_current_stream_capturing():
+        current().tables.append(host)
+    return host.to(device, non_blocking=True)
+
+
+def _offset(x: Tensor, base: Tensor) -> int:
+    """x's address as an element offset from base's (same dtype); a multiple of 8 for aligned tensors."""
+    delta = x.data_ptr() - base.data_ptr()
+    if x.dtype != base.dtype or delta % (8 * x.element_size()):
+        raise ValueError("fused attention needs 16-byte (float32 state: 32-byte) aligned tensors of one dtype")
+    return delta // x.element_size()
+
+
+def aligned(x: Tensor) -> bool:
+    """The kernels' alignment contract: 16-byte address, contiguous last dim, other strides multiples of 8."""
+    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
+
+
+def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:
+    if x.dtype not in (torch.float16, torch.bfloat16) or not aligned(x) or x.shape[0] != batch or \
+            x.shape[2:] != (heads, dim):
+        raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L, H={heads}, D={dim}] chunks, "
+                         f"16-byte aligned with strides (but the last, 1) multiples of 8; got {tuple(x.shape)} "
+                         f"{x.dtype} strides {x.stride()}")
+
+
+@cache  # Triton's allocator is process-wide and this one holds nothing: set once, it serves every context
+def set_tma_allocator() -> None:
+    """Tensor descriptors made inside a kernel need global scratch memory, taken from PyTorch's allocator."""
+    import triton
+
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
