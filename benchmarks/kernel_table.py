@@ -4,8 +4,9 @@ A share is L/P query rows against all L keys (the work one rank does in one laye
 `--calls` times into one CUDA graph and the replays are timed with CUDA events (no Python between launches, so
 shares of under 0.1 ms are measured without host overhead); min / median / max per call over `--reps` replays.
 Columns: raw cuDNN, flash and efficient SDPA with and without the log-sum-exp (the no-LSE minimum is the bench's
-no-communication bound), our sdpa path (`attention_with_lse(kernel="sdpa")`), our fused Triton kernel with its
-default tiles and with each tile config of the sweep (head dim 128).
+no-communication bound), our sdpa path (`attention_with_lse(kernel="sdpa")`), our fused kernel as `kernel="fused"`
+runs it on this GPU (kernels/fused.py: Gluon on Hopper), the Gluon and the portable Triton fused kernels by name,
+and the Triton kernel with each tile config of the sweep (head dim 128).
 
     python benchmarks/kernel_table.py            # writes $OUT/kernel_table.json, prints a short table
 """
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from streamfusion_diffusers.kernels import attention_with_lse
+from streamfusion_diffusers.kernels import fused as fused_kernels
 from streamfusion_diffusers.kernels.sdpa import BACKENDS, _call, attention_no_lse
 from streamfusion_diffusers.kernels.triton_attention import DEFAULT_CONFIGS, TileConfig, multi_chunk_attention
 
@@ -55,10 +57,15 @@ def graph_ms(fn: Callable[[], object], calls: int, reps: int) -> list[float]:
     return out
 
 
-def fused(q, k, v, scale: float, cfg: TileConfig) -> Callable[[], object]:
+def fused(q, k, v, scale: float, cfg: TileConfig | None = None, gluon: bool = False) -> Callable[[], object]:
+    """One fused launch over all keys: the Gluon kernel, or the Triton kernel with tile config cfg."""
     b, length, h, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((b, h, length), device=q.device, dtype=torch.float32)
+    if gluon:
+        from streamfusion_diffusers.kernels.gluon_attention import multi_chunk_attention as gluon_kernel
+
+        return lambda: gluon_kernel([q], [(k, v)], [(None, lse)], [out], scale, True)
     return lambda: multi_chunk_attention([q], [(k, v)], [(None, lse)], [out], scale, True, cfg)
 
 
@@ -70,6 +77,9 @@ def columns(q, k, v, scale: float) -> dict[str, Callable[[], object]]:
         cols[f"{backend}"] = lambda backend=backend: attention_no_lse(backend, q, k, v, scale)
     cols["ours sdpa"] = lambda: attention_with_lse(q, k, v, scale, "sdpa")
     cols["ours fused"] = lambda: attention_with_lse(q, k, v, scale, "fused")
+    if torch.cuda.get_device_capability() == (9, 0):
+        cols["fused gluon"] = fused(q, k, v, scale, gluon=True)
+    cols["fused triton"] = fused(q, k, v, scale)
     if q.shape[-1] == 128:
         for cfg in SWEEP:
             cols[f"fused {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
@@ -100,18 +110,20 @@ def main() -> None:
             row["ms"][col] = {"min": min(times), "median": statistics.median(times), "max": max(times)}
             res = fn()
             if col.startswith("fused "):
-                continue
+                continue  # launches into a buffer of their own: "ours fused" checks the kernel's output
             out = res[0] if isinstance(res, tuple) else res
             row["error"][col] = ((out.float() - ref).norm() / ref.norm()).item()
         rows.append(row)
         med = {c: t["median"] for c, t in row["ms"].items() if "median" in t}
-        best_fused = min((t, c) for c, t in med.items() if "fused" in c)
+        best_fused = min((t, c) for c, t in med.items() if c.startswith("fused "))
         print(f"{name}: cudnn {med['cudnn']:.4f} cudnn+lse {med['cudnn+lse']:.4f} flash+lse "
               f"{med.get('flash+lse', float('nan')):.4f} ours-sdpa {med['ours sdpa']:.4f} "
               f"({med['ours sdpa'] / med['cudnn+lse']:.3f}x) ours-fused {med['ours fused']:.4f} "
-              f"(cudnn+lse/fused {med['cudnn+lse'] / med['ours fused']:.3f}) best sweep {best_fused[1]} "
+              f"(cudnn+lse/fused {med['cudnn+lse'] / med['ours fused']:.3f}, triton "
+              f"{med['cudnn+lse'] / med['fused triton']:.3f}) fastest fused {best_fused[1]} "
               f"{best_fused[0]:.4f} no-LSE min {min(med[b] for b in BACKENDS if b in med):.4f}", flush=True)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fused_kernel":
+           fused_kernels.kernel_for(torch.device("cuda", torch.cuda.current_device())).__module__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "default_configs":
            {d: vars(c) for d, c in DEFAULT_CONFIGS.items()}, "rows": rows}
     with open(os.path.join(os.environ.get("OUT", "."), "kernel_table.json"), "w") as f:
