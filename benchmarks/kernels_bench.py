@@ -1,6 +1,7 @@
-"""Issue 6 kernel benchmark on one GPU: single-chunk throughput against cuDNN SDPA (with a sweep of the fused
-kernel's tile configs), the Ring and Torus chunk patterns of a Flux 4096x4096 and a CogVideoX 160-frame
-layer on 8 GPUs (fused vs launch-and-merge), and the one-pass merge against torch's. bf16, B=1, fresh random
+"""Issue 6 kernel benchmark on one GPU: single-chunk throughput against cuDNN SDPA (with a sweep of the portable
+Triton fused kernel's tile configs), the Ring and Torus chunk patterns of a Flux 4096x4096 and a CogVideoX
+160-frame layer on 8 GPUs (the device's fused kernel, kernels/fused.py, vs launch-and-merge), and the one-pass
+merge against torch's. bf16, B=1, fresh random
 inputs, medians of triton.testing.do_bench (which flushes L2 between runs). Prints a short table; writes
 every figure to $OUT/kernels_bench.json (or ./kernels_bench.json).
 
@@ -24,6 +25,7 @@ from triton.testing import do_bench
 from streamfusion_diffusers.kernels import Partial, attend_chunks, dispatch, triton_attention
 from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
 from streamfusion_diffusers.kernels.sdpa import BACKENDS, _call, attention_with_lse_sdpa
+from streamfusion_diffusers.kernels.state import current
 from streamfusion_diffusers.kernels.triton_attention import TileConfig, multi_chunk_attention
 
 DTYPE = torch.bfloat16
@@ -133,7 +135,7 @@ def patterns(rep: int) -> list[dict]:
                 }
             dispatch.clear()
             attend_chunks(mid, q_chunks, kv_steps[1], kernel="auto")
-            auto = next(iter(dispatch._choices.values()))
+            auto = next(iter(current().local.values()))  # the standalone call's pick
             fused_out, sdpa_out = results["fused"]["out"].float(), results["sdpa"]["out"].float()
             diff = (fused_out - sdpa_out).norm() / sdpa_out.norm()
             for kernel, r in results.items():
