@@ -172,6 +172,41 @@ def test_triton_merge_interpreted(interpreted: None) -> None:
     assert math.isfinite(out.sum().item())
 
 
+def test_a_gluon_kernel_that_does_not_build_falls_back_once(monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A triton whose Gluon cannot build the Hopper kernel costs one warning; the device then runs the portable
+    kernel, and a launch fault that is not a build failure is raised, not hidden."""
+    pytest.importorskip("triton")
+    from triton.compiler.errors import CompilationError
+
+    from streamfusion_diffusers.kernels import fused
+
+    calls: list[str] = []
+
+    def gluon(*args: object) -> None:
+        calls.append("gluon")
+        raise CompilationError(None, None, "async_copy_global_to_shared has been removed")
+
+    monkeypatch.setattr(fused, "_launched", {})
+    monkeypatch.setattr(fused, "kernel_for", lambda device: gluon)
+    monkeypatch.setattr(fused, "_portable", lambda: lambda *args: calls.append("triton"))
+    q = torch.zeros(1, 4, 1, 64, dtype=torch.float16)
+    with caplog.at_level("WARNING", logger=fused.__name__):
+        for _ in range(2):
+            fused.multi_chunk_attention([q], [(q, q)], [(None, q)], [q], 1.0, True)
+    assert calls == ["gluon", "triton", "triton"]
+    assert len([r for r in caplog.records if "does not build" in r.getMessage()]) == 1
+
+    def faulty(*args: object) -> None:
+        raise ValueError("an illegal address")
+
+    monkeypatch.setattr(fused, "_launched", {})
+    monkeypatch.setattr(fused, "kernel_for", lambda device: faulty)
+    with pytest.raises(ValueError, match="illegal address"):
+        fused.multi_chunk_attention([q], [(q, q)], [(None, q)], [q], 1.0, True)
+    assert not fused._launched
+
+
 def test_out_of_memory_is_raised_with_the_sizes_and_switches_no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """An SDPA backend that runs out of memory is not a backend that rejects the input: the error reaches the
     caller with the sizes and a hint, and the backend is still tried next time (no process-wide switch)."""

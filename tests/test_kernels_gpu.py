@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.kernels import Partial, attend_chunks, dispatch
+from streamfusion_diffusers.kernels import Partial, attend_chunks, attention_with_lse, dispatch
 from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
 from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
 from streamfusion_diffusers.kernels.sdpa import attention_with_lse_sdpa
@@ -53,8 +53,9 @@ def test_chunks_match_float32_attention(dtype: torch.dtype, dim: int, kernel: st
     """Uneven head-sliced query chunks over three calls (fresh state, loaded state, finalize)."""
     from streamfusion_diffusers.kernels import fused, triton_attention
 
-    if kernel in ("fused-triton", "fused-pointers"):
-        monkeypatch.setattr(fused, "kernel_for", lambda device: triton_attention.multi_chunk_attention)
+    if kernel in ("fused-triton", "fused-pointers"):  # as if this device's first launch had settled on Triton's
+        device = torch.device("cuda", torch.cuda.current_device())
+        monkeypatch.setitem(fused._launched, device, triton_attention.multi_chunk_attention)
     if kernel == "fused-pointers":  # the Triton variant without TMA
         cfg = dataclasses.replace(triton_attention.DEFAULT_CONFIGS[dim], use_tma=False, num_stages=2)
         monkeypatch.setitem(triton_attention.DEFAULT_CONFIGS, dim, cfg)
@@ -93,7 +94,9 @@ def test_hopper_takes_the_gluon_kernel() -> None:
     from streamfusion_diffusers.kernels import fused, gluon_attention, triton_attention
 
     want = gluon_attention if _hopper() else triton_attention
-    assert fused.kernel_for(torch.device("cuda", torch.cuda.current_device())) is want.multi_chunk_attention
+    q = torch.randn(1, 100, 2, 128, device="cuda", dtype=torch.bfloat16)
+    attention_with_lse(q, q, q, kernel="fused")  # the device's first fused launch settles its kernel
+    assert fused.kernel_for(q.device) is want.multi_chunk_attention
 
 
 @pytest.mark.parametrize("name", ["triton", "gluon"])
