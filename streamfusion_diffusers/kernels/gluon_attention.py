@@ -9,7 +9,7 @@ expressed, which plain Triton does not emit:
 - intra-warpgroup overlap: a consumer issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back and does the
   softmax of S_i while the second product runs; P stays in registers as the A operand of the second product.
 FA3's ping-pong (the two consumers taking turns at the tensor cores) was measured and gave nothing here (on one
-H200: 1.003 vs 1.009 of cuDNN at the Flux 4096 share), so the warp schedulers interleave the two freely.
+H200: 1.003 vs 1.011 of cuDNN at the Flux 4096 share), so the warp schedulers interleave the two freely.
 
 Grid: (sum of query tiles over all chunks, B * H); a program owns BLOCK_M query rows of one head.
 """
@@ -100,15 +100,19 @@ def _load_partition(x_base, q_table, kv_table, n_q, n_kv, heads, q_smem, k_smem,
 
 
 @gluon.jit
-def _softmax(s, m_i, valid, qk_scale, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
-    """Online softmax of one S tile in base 2 (Algorithm 2, lines 20-25): (new max, P, rescale, row sums).
-    Columns from `valid` on are past the chunk's end (TMA read them as zeros) and are masked."""
+def _softmax(s, m_i, valid, qk_scale, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, ROWS: gl.constexpr):
+    """Online softmax of one S tile in base 2 (Algorithm 2, lines 20-25): (new max, P, rescale, row sums), the
+    row vectors in the output's row layout ROWS. Columns from `valid` on are past the chunk's end (TMA read them as
+    zeros) and are masked."""
     if valid < BLOCK_N:
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         s = gl.where((cols < valid)[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    m_old = gl.convert_layout(m_i, gl.SliceLayout(1, S_LAYOUT))
+    m_new = gl.maximum(m_old, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])
-    return m_new, p, gl.exp2(m_i - m_new), gl.sum(p, 1)
+    alpha = gl.exp2(m_old - m_new)
+    return (gl.convert_layout(m_new, ROWS), p, gl.convert_layout(alpha, ROWS),
+            gl.convert_layout(gl.sum(p, 1), ROWS))
 
 
 @gluon.jit
@@ -156,11 +160,9 @@ def _softmax_partition(x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, q
     s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
-    m_new, p, alpha, row_sum = _softmax(s, gl.convert_layout(m_i, gl.SliceLayout(1, S_LAYOUT)),
-                                        kv_len - start, qk_scale, BLOCK_N, S_LAYOUT)
-    acc = acc * gl.convert_layout(alpha, ROWS)[:, None]
-    l_i = l_i * gl.convert_layout(alpha, ROWS) + gl.convert_layout(row_sum, ROWS)
-    m_i = gl.convert_layout(m_new, ROWS)
+    m_i, p, alpha, row_sum = _softmax(s, m_i, kv_len - start, qk_scale, BLOCK_N, S_LAYOUT, ROWS)
+    acc = acc * alpha[:, None]
+    l_i = l_i * alpha + row_sum
     p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
 
     for i in range(1, n_tiles):
@@ -179,13 +181,11 @@ def _softmax_partition(x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, q
         # S_i is done when at most the second product is in flight; its softmax overlaps that product.
         s = warpgroup_mma_wait(1, deps=(s,))
         mbarrier.arrive(k_empty.index(stage), count=1)
-        m_new, p, alpha, row_sum = _softmax(s, gl.convert_layout(m_i, gl.SliceLayout(1, S_LAYOUT)),
-                                            kv_len - start, qk_scale, BLOCK_N, S_LAYOUT)
+        m_i, p, alpha, row_sum = _softmax(s, m_i, kv_len - start, qk_scale, BLOCK_N, S_LAYOUT, ROWS)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
         mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, ROWS)[:, None]
-        l_i = l_i * gl.convert_layout(alpha, ROWS) + gl.convert_layout(row_sum, ROWS)
-        m_i = gl.convert_layout(m_new, ROWS)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + row_sum
         p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
 
     # The last tile's O += P V.
