@@ -135,8 +135,10 @@ def _softmax_partition(x_base, f_base, q_table, kv_table, n_q, n_tiles, heads, q
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
     row_ok = offs_m < q_len
     # State tensors are contiguous: out [B, Lq, H, D], lse [B, H, Lq]. Lines 10-15: load the running state.
-    out_offs = ((b * q_len + offs_m[:, None]) * heads + h) * HEAD_DIM + offs_d[None, :]
-    lse_ptrs = f_base + gl.load(row + 8) + (b * heads + h) * q_len + offs_m
+    # Offsets in int64 (the table's type): B * Lq * H * D passes 2^31 at about 300k tokens of 24 x 128 with CFG.
+    q_len64 = gl.load(row + 4)
+    out_offs = ((b * q_len64 + offs_m[:, None]) * heads + h) * HEAD_DIM + offs_d[None, :]
+    lse_ptrs = f_base + gl.load(row + 8) + (b * heads + h) * q_len64 + offs_m
     if LOAD_STATE:
         acc = gl.load(f_base + gl.multiple_of(gl.load(row + 6), 8) + out_offs, mask=row_ok[:, None], other=0.0)
         m_i = gl.load(lse_ptrs, mask=row_ok, other=0.0) * 1.4426950408889634
