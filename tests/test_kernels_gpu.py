@@ -3,6 +3,7 @@ lengths drawn at random, so almost never multiples of a tile)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_chunks_match_float32_attention(dtype: torch.dtype, dim: int, kernel: st
         assert (p.lse - ref_lse).abs().max() < 1e-2  # a log: its absolute error is the sum's relative one
 
 
-def _fused_kernel(name: str):
+def _fused_kernel(name: str) -> Callable[..., None]:
     """A fused kernel module's launch function; the Gluon one only where it runs (Hopper)."""
     if name == "gluon" and not _hopper():
         pytest.skip("the Gluon kernel runs on Hopper (compute capability 9.0)")
