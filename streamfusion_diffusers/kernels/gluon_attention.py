@@ -16,6 +16,7 @@ Grid: (sum of query tiles over all chunks, B * H); a program owns BLOCK_M query 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -254,11 +255,17 @@ def multi_chunk_attention(
     """One launch of Algorithm 2 on Hopper; the arguments are triton_attention.multi_chunk_attention's."""
     t = chunk_tables(q_chunks, kv_chunks, states, outs, finalize, BLOCK_M, BLOCK_N)
     set_tma_allocator()
-    elem = _GL_DTYPES[t.x_base.dtype]
+    q_layout, kv_layout = _shared_layouts(t.x_base.dtype, t.dim)
     _multi_chunk_attention[(t.q_tiles, t.batch * t.heads)](
         t.x_base, t.f_base, t.q_table, t.kv_table, len(t.q_table), len(t.kv_table), t.kv_tiles, t.heads,
-        scale * LOG2E, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=t.dim, STAGES=STAGES,
-        Q_LAYOUT=gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, t.dim], elem),
-        KV_LAYOUT=gl.NVMMASharedLayout.get_default_for([BLOCK_N, t.dim], elem),
-        LOAD_STATE=t.load_state, FINALIZE=finalize, num_warps=4, maxnreg=MAXNREG,
+        scale * LOG2E, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=t.dim, STAGES=STAGES, Q_LAYOUT=q_layout,
+        KV_LAYOUT=kv_layout, LOAD_STATE=t.load_state, FINALIZE=finalize, num_warps=4, maxnreg=MAXNREG,
     )
+
+
+@cache  # one pair per dtype and head dim, not one per attention call
+def _shared_layouts(dtype: torch.dtype, dim: int) -> tuple[gl.NVMMASharedLayout, gl.NVMMASharedLayout]:
+    """The swizzled shared-memory layouts TMA writes and wgmma reads: a query half tile and a key/value tile."""
+    elem = _GL_DTYPES[dtype]
+    return (gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, dim], elem),
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], elem))
