@@ -212,6 +212,7 @@ def _multi_chunk_attention(x_base, f_base, q_table, kv_table, n_q, n_kv, n_tiles
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr,
                            LOAD_STATE: gl.constexpr, FINALIZE: gl.constexpr):
+    """One program: its shared memory and barriers, then the loader warp and the two consumers side by side."""
     dtype: gl.constexpr = x_base.dtype.element_ty
     q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M // 2, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
