@@ -9,12 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+import plan_cases
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case, context
 from torch._dynamo.backends.registry import lookup_backend
 from torch.utils._pytree import tree_map_only
 
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.compiled import compile_blocks, repeated_blocks, uncompile_blocks
 from streamfusion_diffusers.models.build import build_transformer
 
@@ -86,6 +88,61 @@ def test_cogvideox_compiles_whole(pool):
     for res in pool.run(compiled_vs_eager, CONFIGS["usp"], COGVIDEOX_CASES["rope-text-joint"], 5, "whole"):
         assert res["graphs"] == [res["attention_layers"]], res
         assert max(res["vs_eager"]) <= 1e-5 and max(res["vs_reference"]) <= TOL, res
+
+
+# one model at three sizes under two layouts: a first size, a second one (Dynamo recompiles with symbolic sizes),
+# then, re-parallelized with another layout, a text that goes from split to whole on every rank (fewer tokens
+# than ranks: joint tokens)
+RESIZED = {"flux": [Case("flux", (8, 8), text=8), Case("flux", (6, 10), text=9), Case("flux", (5, 7), text=3)],
+           "qwen-image": [plan_cases.Case("qwen-image", (8, 8), text=8), plan_cases.Case("qwen-image", (6, 10), text=9),
+                          plan_cases.Case("qwen-image", (5, 7), text=3)]}
+RELAYOUTS = [(ParallelConfig(method="usp", ulysses=2), 2), (ParallelConfig(method="torus", machines=2), 1)]
+
+
+def recompiled_vs_reference(family: str, how: str) -> dict:
+    """On every rank: one model compiled once with fullgraph=True (Dynamo's default automatic dynamic shapes),
+    run at the sizes of RESIZED[family] under the layouts of RELAYOUTS in turn (re-parallelized between them),
+    each output against the unparallelized model's; and whether Dynamo made a graph with symbolic sizes."""
+    assert torch._dynamo.config.automatic_dynamic_shapes  # the default, that makes a recompile symbolic
+    torch._dynamo.reset()
+    symbolic: list[bool] = []
+
+    def noting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        symbolic.append(any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
+            isinstance(n, torch.SymInt) for n in x.shape)) for x in example_inputs))
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    cases = RESIZED[family]
+    model = build_transformer(cases[0].config, seed=3) if family == "flux" else cases[0].model(3)
+    calls = [case.inputs(4) for case in cases]
+    errors = []
+    with torch.no_grad():
+        references = [model(**inputs, return_dict=False)[0] for inputs in calls]
+        if how == "whole":
+            run = torch.compile(model, fullgraph=True, backend=noting)
+        else:
+            model.compile_repeated_blocks(fullgraph=True, backend=noting)
+            run = model
+        done = 0
+        for config, sizes in RELAYOUTS:
+            parallelize(model, context(config))
+            for inputs, ref in zip(calls[done:done + sizes], references[done:done + sizes]):
+                errors.append(relative_error(run(**inputs, return_dict=False)[0], ref))
+            done += sizes
+            unparallelize(model)
+    if how == "blocks":
+        uncompile_blocks(model)
+    return {"errors": errors, "graphs": len(symbolic), "symbolic": any(symbolic)}
+
+
+# Qwen-Image compiles by blocks: its whole forward checks the text mask's values (data-dependent, no fullgraph)
+@pytest.mark.parametrize("family, how", [("flux", "whole"), ("flux", "blocks"), ("qwen-image", "blocks")])
+def test_recompiled_at_new_sizes_and_layouts(pool, family, how):
+    """Issue 34: a compiled model that sees a second size recompiles with symbolic sizes, which the plan's hooks
+    and the token split must trace (no Python arithmetic on a SymInt); every output stays exact."""
+    for res in pool.run(recompiled_vs_reference, family, how):
+        assert res["symbolic"], res  # the recompiled graphs really had symbolic sizes
+        assert len(res["errors"]) == len(RESIZED[family]) and max(res["errors"]) <= TOL, res
 
 
 def bound_compiled_vs_eager(config: ParallelConfig, case: Case, seed: int) -> dict:

@@ -10,11 +10,13 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def split_sizes(length: int, parts: int) -> list[int]:
-    """Slice lengths of `length` tokens over `parts` ranks, as torch.tensor_split cuts them (first ranks +1)."""
+    """Slice lengths of `length` tokens over `parts` ranks, as torch.tensor_split cuts them (first ranks +1).
+
+    Integer arithmetic only (no divmod, no comparison): under torch.compile `length` may be a SymInt, and each
+    slice stays an expression of it, so a recompiled graph serves every size without a guard per remainder."""
     if parts < 1:
         raise ValueError(f"cannot split a sequence over {parts} ranks")
-    base, extra = divmod(length, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+    return [(length + parts - 1 - i) // parts for i in range(parts)]
 
 
 def shard(x: Tensor, rank: int, world_size: int, dim: int = 1) -> Tensor:
