@@ -1,5 +1,5 @@
 """Issue 11 in one job on 1 x P GPUs: what the fixed cost of a layer and of a step comes to, and what CUDA graphs,
-TokenWeave waves and torch.compile take off it, beside xDiT's USP, diffusers' context parallelism and the bound.
+torch.compile take off it, beside xDiT's USP, diffusers' context parallelism and the bound.
 
     python3 -m streamfusion_diffusers launch --nproc-per-node 2 --model flux-dev --resolution 2048 \
         benchmarks/fixedcost_bench.py --out "$OUT/fixedcost"
@@ -7,7 +7,7 @@ TokenWeave waves and torch.compile take off it, beside xDiT's USP, diffusers' co
 (a) One Flux attention layer at 1024 and 2048 px (`streamfusion bench` layer level: every layout of ours eager
     and replayed from a CUDA graph, xDiT's USP, the no-communication bound; repetitions interleaved).
 (b) One whole Flux.1-dev step at 2048 px (real config, random weights, bf16; `streamfusion bench` step level):
-    the bound (eager, CUDA graph, compiled), ours eager / +cuda-graph / +waves2 / +compile at the step layouts,
+    the bound (eager, CUDA graph, compiled), ours eager / +cuda-graph / +compile at the step layouts,
     diffusers' context parallelism.
 (c) Per layer size, Ulysses U = P: Q, K, V scattered in one all-to-all and O gathered, with the layout copies
     before issue 11 (two each way) and now (one; none for O at batch 1), checked equal, timed interleaved.
@@ -53,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--step-size", type=int, default=2048, help="Flux side of the step level (px); 0 skips it")
     p.add_argument("--step-layouts", default=None,
                    help="ours at step level, METHOD:UxRy[Tz] comma-separated (default: usp U1R{P} and ulysses "
-                        "U{P}R1, the measured best and the one waves overlap)")
+                        "U{P}R1, the measured best and the all-to-all one)")
     p.add_argument("--step-variants", default=",".join(VARIANTS))
     p.add_argument("--cp-layouts", default=None, help="diffusers-cp layouts (default U{P}R1, its measured best)")
     p.add_argument("--no-xdit", action="store_true", help="leave xDiT's USP out (yunchang not installed)")

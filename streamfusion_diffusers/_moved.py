@@ -50,8 +50,6 @@ MOVED = {
     "streamfusion_diffusers.vae": "streamfusion_diffusers.diffusers.vae.tiles",
     "streamfusion_diffusers.vae_parallel": "streamfusion_diffusers.diffusers.vae.bands",
     "streamfusion_diffusers.verify": "streamfusion_diffusers.commands.verify",
-    "streamfusion_diffusers.wave_blocks": "streamfusion_diffusers.diffusers.wave_blocks",
-    "streamfusion_diffusers.waves": "streamfusion_diffusers.diffusers.waves",
 }
 # old package -> the module its own names (not its submodules) moved to: the old package imports as an empty
 # package whose names come from there, and its old submodules through MOVED

@@ -20,21 +20,20 @@ def _names(cases: list[Case]) -> list[str]:
 
 
 def test_layer_level_adds_graph_rows_for_ours_and_the_bound_only():
-    cases = with_variants(CASES, parse_variants("eager,cuda-graph,waves2,compile"), ("layer",))
+    cases = with_variants(CASES, parse_variants("eager,cuda-graph,compile"), ("layer",))
     assert _names(cases) == ["no-comm bound", "no-comm bound +cuda-graph", "usp U2R1", "usp U2R1 +cuda-graph",
                              "xdit-usp U2R1", "diffusers-cp U2R1"]
 
 
-def test_step_level_runs_every_variant_of_ours_and_no_waves_bound():
-    cases = with_variants(CASES, parse_variants("cuda-graph,waves2,compile"), ("step",))
+def test_step_level_runs_every_variant_of_ours_and_the_bound():
+    cases = with_variants(CASES, parse_variants("cuda-graph,compile"), ("step",))
     assert _names(cases) == ["no-comm bound", "no-comm bound +cuda-graph", "no-comm bound +compile",
-                             "usp U2R1 +cuda-graph", "usp U2R1 +waves2", "usp U2R1 +compile", "xdit-usp U2R1",
-                             "diffusers-cp U2R1"]
-    assert [c.name for c in cases[3:6]] == ["usp+cuda-graph", "usp+waves2", "usp+compile"]
+                             "usp U2R1 +cuda-graph", "usp U2R1 +compile", "xdit-usp U2R1", "diffusers-cp U2R1"]
+    assert [c.name for c in cases[3:5]] == ["usp+cuda-graph", "usp+compile"]
 
 
 def test_unknown_variant_names_the_choices():
-    with pytest.raises(ValueError, match="choose from eager, cuda-graph, waves2, compile"):
+    with pytest.raises(ValueError, match="choose from eager, cuda-graph, compile"):
         parse_variants("eager,graphs")
 
 
@@ -59,5 +58,5 @@ def test_every_variant_runs_and_checks_out_on_gpus(tmp_path):
     assert code == 0 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     seen = {(r["level"], r["method"]) for r in rows}
     for level, method in [("layer", "usp+cuda-graph"), ("layer", "bound+cuda-graph"), ("step", "usp+cuda-graph"),
-                          ("step", "torus+waves2"), ("step", "usp+compile"), ("step", "bound+compile")]:
+                          ("step", "torus+compile"), ("step", "usp+compile"), ("step", "bound+compile")]:
         assert (level, method) in seen, (level, method, sorted(seen))

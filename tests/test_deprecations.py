@@ -1,5 +1,5 @@
 """What moved or goes keeps working for one release with a DeprecationWarning naming the replacement: every old
-module path in _moved.MOVED imports as the very module at its new path; parallelize(waves=...) warns."""
+module path in _moved.MOVED imports as the very module at its new path; parallelize(waves=...), retired, raises naming the alternative."""
 from __future__ import annotations
 
 import importlib
@@ -26,8 +26,18 @@ def test_old_recipes_names_warn_and_still_load():
         assert recipes.load_recipe is load_recipe
 
 
-def test_waves_warns_naming_the_replacement():
+@pytest.mark.parametrize("waves", [2, "auto", 1])
+def test_waves_are_retired_naming_the_alternative(waves):
     from streamfusion_diffusers.parallelize import parallelize
 
-    with pytest.warns(DeprecationWarning, match="cuda_graph=True"), pytest.raises(ValueError):
-        parallelize(None, None, waves=2)  # the warning comes first, before the target is looked at
+    with pytest.raises(ValueError, match=r"retired.*cuda_graph=True.*torch.compile"):
+        parallelize(None, None, waves=waves)  # refused first, before the target is looked at
+
+
+def test_nothing_imports_the_wave_code():
+    import streamfusion_diffusers.diffusers as integrations
+
+    for name in ("waves", "wave_blocks"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"streamfusion_diffusers.diffusers.{name}")
+        assert not hasattr(integrations, name)

@@ -32,7 +32,7 @@ def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_le
 def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int],
                        front: Sequence[Tensor] = ()) -> Callable[[], list[Tensor]]:
     """`scatter_heads` in two halves: post the all-to-all now, and return the call that waits for it, so that
-    other work (the next wave's projections, diffusers/waves.py) runs while it travels."""
+    other work runs while it travels."""
     lay = mesh.layout
     n_t, n_u, me = lay.torus, lay.ulysses_intra, mesh.u
     b, length, heads, d = xs[0].shape

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"relative error of {LOWP_THRESHOLD:g} instead of the exact tolerance)")
     parser.add_argument("--variants", default="eager",
                         help=f"comma-separated ways to run our layouts, each timed beside the others: "
-                             f"{', '.join(variants.VARIANTS)} (cuda-graph at layer and step level; waves2 and "
+                             f"{', '.join(variants.VARIANTS)} (cuda-graph at layer and step level; "
                              f"compile at block and step level; the bound also runs cuda-graph and compile); "
                              f"default eager")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16 on GPU, else float32")

@@ -38,7 +38,7 @@ class Case:
     ulysses: int = 1
     ring: int = 1
     torus: int | None = None
-    variant: str = "eager"  # how our layout runs (bench/variants.py): eager, cuda-graph, waves2, compile
+    variant: str = "eager"  # how our layout runs (bench/variants.py): eager, cuda-graph, compile
 
     @property
     def name(self) -> str:

@@ -4,7 +4,6 @@ step), so that each is timed beside the plain (eager) run in one job:
 - eager: as `parallelize` runs it by default;
 - cuda-graph: replayed from a CUDA graph (a layer: the sp_attention call; a step: the whole forward,
   diffusers/graphs.py);
-- waves2: each block's tokens in two TokenWeave waves (diffusers/waves.py, deprecated);
 - compile: each repeated block through torch.compile(fullgraph=True), as diffusers' `compile_repeated_blocks`
   does; attention compiles into the graph as a custom op (ours: `streamfusion::sp_attention`, the bound's:
   `streamfusion::local_attention`).
@@ -25,12 +24,11 @@ from torch import Tensor
 from ..core.config import METHODS
 from ..diffusers.compiled import repeated_blocks, uncompile_blocks
 
-VARIANTS = ("eager", "cuda-graph", "waves2", "compile")
+VARIANTS = ("eager", "cuda-graph", "compile")
 # the levels each variant means something at: a graph of the whole forward is not replayed by the block level,
-# and waves and compile act on blocks, which the layer level does not run
-LEVELS = {"eager": ("layer", "block", "step"), "cuda-graph": ("layer", "step"), "waves2": ("block", "step"),
-          "compile": ("block", "step")}
-BOUND_VARIANTS = ("eager", "cuda-graph", "compile")  # waves communicate: no bound of theirs
+# and compile acts on blocks, which the layer level does not run
+LEVELS = {"eager": ("layer", "block", "step"), "cuda-graph": ("layer", "step"), "compile": ("block", "step")}
+BOUND_VARIANTS = VARIANTS
 COMPILE_OPTIONS: dict[str, Any] = {"fullgraph": True, "dynamic": False}
 
 
@@ -69,7 +67,7 @@ def graphed(call: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[[Tenso
 
 def parallelize_options(variant: str) -> dict[str, Any]:
     """The `parallelize` keyword arguments of a variant."""
-    return {"cuda_graph": variant == "cuda-graph", "waves": 2 if variant == "waves2" else None}
+    return {"cuda_graph": variant == "cuda-graph"}
 
 
 @contextmanager

@@ -3,14 +3,12 @@
 The model's context-parallel plan (`plans/`: diffusers' `_cp_plan`, or ours) decides what is split and gathered
 (`sharding.py` applies it by hooks); `routing.py` sends each self-attention over the split sequence to
 `sp_attention` and leaves attention to unsplit tokens (cross-attention to the text) local. As asked, the CFG
-split (`cfg.py`), TokenWeave waves (`wave_blocks.py`, Flux and CogVideoX blocks; deprecated), a CUDA graph of the whole
-forward (`graphs.py`) and the VAE decode over the ranks (`vae/`) go on too. The inputs arrive whole (as the pipeline
+split (`cfg.py`), a CUDA graph of the whole forward (`graphs.py`) and the VAE decode over the ranks (`vae/`) go on too. The inputs arrive whole (as the pipeline
 holds them) and are cut where the plan says; only the final gather holds the whole sequence on one rank.
 """
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +23,6 @@ from .plans import ModelPlan, plan_for
 from .routing import route_attention
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
 from .vae import decode_over_ranks, is_split, unsplit_vae_decode
-from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +52,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     """Run a pipeline's (or a bare) transformer sequence-parallel over ctx's ranks, as its plan splits it.
 
     cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
-    waves: deprecated (goes in the next release): each block's tokens in this many TokenWeave waves
-    (`waves.py`), or "auto". It runs copies of diffusers' block forwards and measured no gain (BENCHMARKS.md:
-    Flux 2048 px step on 2 x H200, 469.3 ms with waves=2 vs 463.8 eager); leave it out, and cut a step's fixed
-    cost with cuda_graph=True or torch.compile instead.
+    waves: retired (TokenWeave waves ran copies of diffusers' block forwards and measured no gain, BENCHMARKS.md:
+    Flux 2048 px step on 2 x H200, 469.3 ms with waves=2 vs 463.8 eager); any value other than None raises,
+    naming what cuts a step's fixed cost instead: cuda_graph=True or torch.compile.
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
@@ -69,11 +65,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     A14B's experts) gets both parallelized. Returns the (first) transformer.
     """
     if waves is not None:
-        warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
-                      "leave it out, and use cuda_graph=True or torch.compile for a step's fixed cost",
-                      DeprecationWarning, stacklevel=2)
-        if waves != "auto" and (not isinstance(waves, int) or waves < 1):
-            raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
+        raise ValueError("parallelize(waves=...) is retired (TokenWeave waves measured no gain): leave it out, and "
+                         "cut a step's fixed cost with parallelize(..., cuda_graph=True) or torch.compile(transformer, "
+                         "fullgraph=True)")
     transformers = _transformers(target)
     plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
     if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
@@ -84,7 +78,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     if cuda_graph:
         check_graphable(ctx)
     for transformer, plan in zip(transformers, plans):
-        transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph, waves)
+        transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph)
     transformer = transformers[0]
     if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
         transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
@@ -94,14 +88,11 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     return transformer
 
 
-def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, cuda_graph: bool,
-             waves: int | str | None) -> _Installed:
+def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, cuda_graph: bool
+             ) -> _Installed:
     """One transformer's hooks and attention routing, as its plan says."""
     state = PlanState()
-    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []  # innermost first
-    if waves not in (None, 1):  # inside a block's split hook, which publishes the layout the waves read
-        hooks += [(block, WavesHook(ctx, state, waves), WAVES_HOOK) for block in blocks_to_cut(transformer)]
-    hooks += plan_hooks(transformer, plan, ctx, state)
+    hooks = plan_hooks(transformer, plan, ctx, state)  # innermost first
     original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))

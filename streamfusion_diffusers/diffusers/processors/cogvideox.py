@@ -32,8 +32,8 @@ class CogVideoXSPAttnProcessor(SPAttnProcessor):
     def project(attn: Attention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                 image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q, K, V as [B, L, H, D], text rows first: everything before attention, per token (waves.py runs it
-        for one wave of tokens at a time; RoPE covers the video rows it is given)."""
+        """Q, K, V as [B, L, H, D], text rows first: everything before attention, per token
+        (RoPE covers the video rows it is given)."""
         text_seq_length = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         batch_size = hidden_states.shape[0]
