@@ -63,7 +63,12 @@ def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None,
     USP puts them, and one attention call covers every row: no key concatenation, no separate small call for
     the joint queries. Returns the sequence rows' output and the joint shard, finished."""
     front = (shard.q, shard.k, shard.v) if shard is not None else ()
-    xq, xk, xv = (x[0] for x in scatter_heads((q, k, v), mesh, transport, lens, front))
+    if mesh.layout.ulysses_intra == 1 and not front:
+        # one rank holds every key (P = 1): nothing to move, and q, k, v go to the kernel as they lie, views
+        # included (Flux.2's fused QKV+MLP projection hands out strided ones): no layout copy, as diffusers' own
+        xq, xk, xv = q, k, v
+    else:
+        xq, xk, xv = (x[0] for x in scatter_heads((q, k, v), mesh, transport, lens, front))
     partial = Partial()
     skip = shard.q.shape[1] if shard is not None else 0
     attend_chunks([partial], [xq], fault.keys(0, [(xk, xv)], skip), scale, kernel, finalize=True)
