@@ -9,7 +9,8 @@ from sp_cases import TOL, Problem, check, context, even, reference, run_rank
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
 from streamfusion_diffusers.commands.spawn import ProcessPool
-from streamfusion_diffusers.core.exactness import relative_error
+from streamfusion_diffusers.attention import layer
+from streamfusion_diffusers.core.exactness import reference_attention, relative_error
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,32 @@ def pool4():
 def test_single_rank(pool, method):
     for problem, pass_lens in problems(method, 1):
         check(pool, ParallelConfig(method=method), problem, pass_lens)
+
+
+def _strided_inputs_reach_the_kernel_as_they_lie() -> dict:
+    """At P = 1, q, k, v cut from one fused projection (Flux.2's single blocks: QKV and MLP in one matmul, so each
+    is a strided view): the error against the reference, and whether the kernel got the very views (no copy)."""
+    fused = torch.randn(2, 10, 3 * 4 * 8 + 16, dtype=torch.float64)
+    q, k, v = (x.unflatten(-1, (4, 8)) for x in fused[..., :96].chunk(3, dim=-1))
+    seen: list[int] = []
+
+    def spy(partials, q_chunks, kv_chunks, *args, **kwargs):
+        seen.extend(t.data_ptr() for t in (q_chunks[0], *kv_chunks[0]))
+        return real(partials, q_chunks, kv_chunks, *args, **kwargs)
+
+    real, layer.attend_chunks = layer.attend_chunks, spy
+    try:
+        out = sp_attention(q, k, v, context(ParallelConfig(method="ulysses")))
+    finally:
+        layer.attend_chunks = real
+    return {"error": relative_error(out, reference_attention(q, k, v)), "strided": not v.is_contiguous(),
+            "as_they_lie": seen == [q.data_ptr(), k.data_ptr(), v.data_ptr()]}
+
+
+def test_one_rank_attends_strided_inputs_without_a_copy(pool):
+    """Issue 34 item 7: at P = 1 nothing moves, so no layout copy either (Flux.2-dev paid one per single block)."""
+    res = pool.run(_strided_inputs_reach_the_kernel_as_they_lie)[0]
+    assert res["strided"] and res["as_they_lie"] and res["error"] <= TOL, res
 
 
 def _all_methods_in_one_job(problem: Problem) -> dict[str, torch.Tensor]:
