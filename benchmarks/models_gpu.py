@@ -15,7 +15,7 @@ import time
 import torch
 
 from streamfusion_diffusers import ParallelConfig, ParallelContext, init_parallel
-from streamfusion_diffusers.core.context import shutdown
+from streamfusion_diffusers.context import shutdown
 from streamfusion_diffusers.models import TRANSFORMERS
 from streamfusion_diffusers.models.inputs import build, inputs
 from streamfusion_diffusers.parallelize import parallelize

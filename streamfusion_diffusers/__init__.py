@@ -13,7 +13,7 @@ from . import _moved
 from .attention import sp_attention
 from .choice.choose import auto_layout
 from .core.config import Layout, ParallelConfig
-from .core.context import ParallelContext, init_parallel as _bind, shutdown
+from .context import ParallelContext, init_parallel as _bind, shutdown
 from .core.mesh import GroupCache
 
 _moved.install()  # old import paths of moved modules, for one release

@@ -1,6 +1,6 @@
 """`python -m streamfusion_diffusers ...` (what torchrun runs) is the `streamfusion` command."""
 import sys
 
-from .commands.cli import main
+from .cli import main
 
 sys.exit(main())

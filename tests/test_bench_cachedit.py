@@ -10,7 +10,7 @@ import torch
 
 from streamfusion_diffusers.bench import cachedit, command
 from streamfusion_diffusers.bench.e2e_command import _setup, e2e_cases
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 
 SYSTEMS = list(cachedit.SYSTEMS)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from streamfusion_diffusers.bench.e2e_command import _baseline_layouts
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.commands.phases import PHASES
 from streamfusion_diffusers.core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
 

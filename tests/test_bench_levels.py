@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamfusion_diffusers.choice.workloads import parse_workload, transformer_config
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD
 
 METHODS = {"ulysses", "ring", "usp", "tas", "torus"}

@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
 
 

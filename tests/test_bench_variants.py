@@ -10,7 +10,7 @@ import torch
 
 from streamfusion_diffusers.bench.layer import Case
 from streamfusion_diffusers.bench.variants import VARIANTS, parse_variants, with_variants
-from streamfusion_diffusers.commands.cli import main as cli_main
+from streamfusion_diffusers.cli import main as cli_main
 
 CASES = [Case("bound"), Case("usp", 2, 1), Case("xdit-usp", 2, 1), Case("diffusers-cp", 2, 1)]
 

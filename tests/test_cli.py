@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 
 SMALL = ["--seq-len", "61", "--joint", "5", "--heads", "4", "--head-dim", "16", "--iters", "1"]
 

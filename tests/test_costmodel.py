@@ -9,7 +9,7 @@ import pytest
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.choice.costmodel import candidate_layouts, predict
 from streamfusion_diffusers.choice.workloads import cogvideox, flux
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.core.config import resolve_layout
 from streamfusion_diffusers.core.links import PRESETS, parse_link
 

@@ -17,7 +17,7 @@ import torch
 from streamfusion_diffusers.choice.choose import Cluster, choose
 from streamfusion_diffusers.choice.store import write_recipe
 from streamfusion_diffusers.choice.workloads import flux
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -1,11 +1,14 @@
-"""The house drawn from the code's imports: every import runs down or along a floor, never up; no circle; nothing
-below the commands imports bench/. FLOORS is the one definition of the floors (docs/ARCHITECTURE.md draws it).
+"""The house drawn from the code's imports: every import runs down or along a floor, never up; no circle, of
+modules or of folders (a folder, or a module at the package root, imports another only if that one does not import
+it back, directly or through others); nothing below the commands imports bench/. FLOORS is the one definition of
+the floors (docs/ARCHITECTURE.md draws it).
 
 Imports are read from the source with ast (also those inside functions), so the test needs nothing installed.
 """
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = "streamfusion_diffusers"
@@ -14,12 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # Lowest floor first. A module belongs to the floor of its longest listed prefix (dotted, whole components).
 FLOORS: dict[str, tuple[str, ...]] = {
     "core": ("streamfusion_diffusers._moved", "streamfusion_diffusers.core", "streamfusion_diffusers.attention",
-             "streamfusion_diffusers.kernels", "streamfusion_diffusers.backends"),
+             "streamfusion_diffusers.kernels", "streamfusion_diffusers.backends", "streamfusion_diffusers.context"),
     "choice": ("streamfusion_diffusers.choice", "streamfusion_diffusers.models.configs"),
     "api": ("streamfusion_diffusers",),  # the package root: the public API, wired from the floors below
     "integrations": ("streamfusion_diffusers.diffusers", "streamfusion_diffusers.parallelize", "streamfusion_diffusers.xdit",
                      "streamfusion_diffusers.models"),
-    "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.commands",
+    "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.commands", "streamfusion_diffusers.cli",
                  "streamfusion_diffusers.xdit.__main__", "streamfusion_diffusers.bench"),
 }
 BENCH = "streamfusion_diffusers.bench"
@@ -64,6 +67,39 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(name, path, set(found)) for name, path in found.items()}
 
 
+def folder_of(name: str) -> str:
+    """A module's folder under the package (a module at the package root is its own; the root itself, "api")."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "api"
+
+
+def folder_arrows() -> dict[tuple[str, str], list[str]]:
+    """(folder, folder it imports) -> the imports behind that arrow."""
+    arrows: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for m, targets in sorted(graph().items()):
+        for t in sorted(targets):
+            if folder_of(m) != folder_of(t):
+                arrows[folder_of(m), folder_of(t)].append(f"{m} -> {t}")
+    return arrows
+
+
+def back_arrows(arrows: dict[tuple[str, str], list[str]]) -> list[str]:
+    """Each arrow whose target reaches its source again (a folder circle), with its imports counted."""
+    reach: dict[str, set[str]] = defaultdict(set)
+    for a, b in arrows:
+        reach[a].add(b)
+    changed = True
+    while changed:  # the transitive closure: a few dozen folders
+        changed = False
+        for a in list(reach):
+            more = set().union(*(reach[b] for b in reach[a])) - reach[a]
+            if more:
+                reach[a] |= more
+                changed = True
+    return [f"{a} -> {b}: {len(found)} import(s): {', '.join(found[:3])}{' ...' if len(found) > 3 else ''}"
+            for (a, b), found in sorted(arrows.items()) if a in reach[b]]
+
+
 def test_every_import_runs_down_or_along_a_floor():
     names = list(FLOORS)
     upward = [f"{m} ({names[floor_of(m)]}) imports {t} ({names[floor_of(t)]})"
@@ -94,3 +130,21 @@ def test_no_import_circle():
         if m not in state:
             visit(m, [m])
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_no_folder_import_circle():
+    """Within a floor too, folders import one way: core below kernels and backends, the context above them and
+    below attention; the commands below bench/, the dispatcher (cli.py) above both."""
+    arrows = folder_arrows()
+    assert len(arrows) > 20  # the arrows really counted
+    back = back_arrows(arrows)
+    assert not back, "folders that import each other (directly or through others):\n" + "\n".join(back)
+
+
+def test_a_back_arrow_is_caught():
+    """The check itself: one arrow added against an existing one is reported, with its import."""
+    arrows = folder_arrows()
+    assert not back_arrows(arrows)
+    arrows["core", "context"] = ["streamfusion_diffusers.core.mesh -> streamfusion_diffusers.context"]
+    found = back_arrows(arrows)
+    assert any(line.startswith("core -> context: 1 import(s)") for line in found), found

@@ -11,7 +11,7 @@ from model_cases import COGVIDEOX_CASES, FLUX_CASES, Case, context
 from torch.utils._pytree import tree_map_only
 
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
-from streamfusion_diffusers.commands.cli import main as cli_main
+from streamfusion_diffusers.cli import main as cli_main
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.models.build import build_transformer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from streamfusion_diffusers.attention.volume import peer_bytes
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.commands.launch import heap_bytes, sequence_tokens
 from streamfusion_diffusers.core.config import ParallelConfig, resolve_layout
 from streamfusion_diffusers.core.sequence import split_sizes

@@ -14,7 +14,7 @@ from streamfusion_diffusers.choice.choose import Cluster, gpu_of, ranked
 from streamfusion_diffusers.choice.recipe import load_recipe
 from streamfusion_diffusers.choice.regenerate import parse_shapes
 from streamfusion_diffusers.choice.workloads import Workload
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 
 WORKLOAD = "custom:250:6:8:16"
 SHAPES = "1x2,1x4,2x2:p4de,2x2:dgx"

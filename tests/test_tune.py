@@ -15,8 +15,8 @@ from streamfusion_diffusers.choice.choose import Cluster, choose, entry_layout
 from streamfusion_diffusers.choice.recipe import load_recipe
 from streamfusion_diffusers.choice.store import write_recipe
 from streamfusion_diffusers.choice.workloads import Workload
-from streamfusion_diffusers.commands import tune
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.bench import tune
+from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
 from streamfusion_diffusers.core.sequence import split_sizes

@@ -6,7 +6,7 @@ import argparse
 
 from streamfusion_diffusers.attention.faults import FAULTS, Exact
 from streamfusion_diffusers.commands import verify
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 
 SHAPE = ["--cpu", "--machines", "2", "--gpus-per-machine", "2", "--ulysses", "2", "--seq-len", "61",
          "--joint", "5", "--heads", "4", "--head-dim", "16", "--no-timing"]

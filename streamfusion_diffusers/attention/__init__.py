@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from .layer import run_layer
 from .op import sp_attention_op
 

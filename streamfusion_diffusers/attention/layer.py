@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from ..backends import Transport
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..core.mesh import Mesh
 from ..kernels import Partial, agreed_choices, attend_chunks
 from .agreement import agreed_seq_lens

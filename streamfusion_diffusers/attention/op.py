@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.context import context_of
+from ..context import context_of
 from .layer import run_layer
 
 __all__ = ["sp_attention_op"]

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..core.config import METHODS, Layout, ParallelConfig, resolve_layout
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..core.links import PRESETS, Link, parse_link
 from .costmodel import Gpu, Prediction, candidate_layouts, predict
 from .recipe import Recipe, load_recipes

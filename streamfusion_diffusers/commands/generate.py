@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import init_parallel
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..core.extras import install_hint
 from ..core.join import launched
 from ..models.pipelines import family_of

@@ -24,7 +24,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from ..core.config import DEFAULT_TIMEOUT_S
-from ..core.context import shutdown
+from ..context import shutdown
 from ..core.join import join_job, launched
 
 POLL_S = 0.5  # how often the parent looks at its ranks while it waits

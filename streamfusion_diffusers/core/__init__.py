@@ -1,6 +1,8 @@
-"""The core: a layout bound to the running job (config, context, mesh, sequence lengths, link presets, logs).
+"""The core: the layout of a job (config, mesh and process groups, joining the job, sequence lengths, link
+presets, logs, the error measure).
 
-With attention/ (the five methods as one schedule), kernels/ (attention with its log-sum-exp, merges) and
-backends/ (transports) it is the lowest floor: it imports nothing above it. `method="auto"` is resolved by a
-chooser the context is handed (the layout choice's, through streamfusion_diffusers.init_parallel).
+With kernels/ (attention with its log-sum-exp, merges) and backends/ (transports) above it, then context.py (the
+ParallelContext that composes them) and attention/ (the five methods as one schedule), it is the lowest floor:
+it imports nothing above it. `method="auto"` is resolved by a chooser the context is handed (the layout choice's,
+through streamfusion_diffusers.init_parallel).
 """

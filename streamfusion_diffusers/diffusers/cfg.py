@@ -19,7 +19,7 @@ from diffusers.hooks import ModelHook
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from torch import Tensor
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..core.sequence import gather
 
 logger = logging.getLogger(__name__)

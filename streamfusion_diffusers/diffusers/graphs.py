@@ -29,7 +29,7 @@ from diffusers.hooks import ModelHook
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from diffusers.hooks import ModelHook
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..core.logs import say_once
 from .cfg import CFG_HOOK, cfg_hook
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable

@@ -19,7 +19,7 @@ import torch
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 from torch import Tensor
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from .plans import ModelPlan
 from .processors.base import attend
 from .sharding import PlanState

@@ -21,7 +21,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 from torch import Tensor
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..core.sequence import gather, shard, split_sizes
 from .plans import ModelPlan
 from .processors import ShardState, TokenLayout

@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .. import init_parallel
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..core.extras import missing
 from .install import install, model_name, uninstall
 from .layout import XDiTJob, parallel_config, refuse_unsupported

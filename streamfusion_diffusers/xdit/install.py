@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..diffusers.processors import ShardState
 from .layout import FAMILIES
 from .processors import XDiTCogVideoXAttnProcessor, XDiTFluxAttnProcessor

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..core.context import ParallelContext
+from ..context import ParallelContext
 from ..diffusers.processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
 
 

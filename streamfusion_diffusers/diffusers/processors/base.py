@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ...attention import sp_attention
-from ...core.context import ParallelContext
+from ...context import ParallelContext
 from ...core.sequence import split_sizes
 
 

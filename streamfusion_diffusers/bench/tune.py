@@ -22,10 +22,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..bench import report
-from ..bench.command import limit
-from ..bench.layer import Case, Setup, bench_layer, padded_length
-from ..bench.records import records_from_bench
+from ..commands.spawn import job_shape, run_job
+from ..commands.timing import ITERS, SAMPLE_MS, WARMUP
+from ..commands.verify import DTYPES
 from ..choice.calibrate import fit
 from ..choice.choose import Cluster, gpu_of, ranked, schedule_key
 from ..choice.predictions import load_records, table
@@ -35,9 +34,10 @@ from ..choice.store import layout_fields, link_name, write_recipe, write_records
 from ..choice.workloads import Workload, parse_workload, transformer_config, workload_specs
 from ..core.config import ParallelConfig, layout_label, machine_shape, resolve_layout
 from ..core.exactness import passes
-from .spawn import job_shape, run_job
-from .timing import ITERS, SAMPLE_MS, WARMUP
-from .verify import DTYPES
+from . import report
+from .command import limit
+from .layer import Case, Setup, bench_layer, padded_length
+from .records import records_from_bench
 
 DEFAULT_TOP = 6
 

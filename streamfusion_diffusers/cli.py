@@ -6,12 +6,13 @@ import os
 import sys
 from typing import NoReturn
 
-from ..bench import command as bench
-from ..core.extras import missing
-from ..core.logs import quiet_third_party
-from . import generate, launch, plan, tune, verify
-from .options import Parser, check
-from .spawn import RankFailure
+from .bench import command as bench
+from .bench import tune
+from .commands import generate, launch, plan, verify
+from .commands.options import Parser, check
+from .commands.spawn import RankFailure
+from .core.extras import missing
+from .core.logs import quiet_third_party
 
 COMMANDS = {
     "generate": (generate, "run a Flux or CogVideoX pipeline sequence-parallel; writes the output and run.json"),

@@ -1,4 +1,7 @@
-"""ParallelContext: a resolved layout bound to the running torch.distributed job."""
+"""ParallelContext: a resolved layout bound to the running torch.distributed job.
+
+It composes what the floor below provides (the layout and process groups of core/, a transport of backends/,
+the kernels' state of kernels/), so it sits above them and below attention/, which runs a layer on it."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,16 +14,16 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from ..backends import Transport, make_transport, nvshmem
-from ..backends.emulated import EmulatedTransport
-from ..backends.quantized import QuantizedTransport
-from ..backends.watch import WatchedTransport
-from ..kernels.state import KernelState
-from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
-from .join import join_job
-from .links import parse_link
-from .logs import forget_said
-from .mesh import CfgGroups, GroupCache, Mesh
+from .backends import Transport, make_transport, nvshmem
+from .backends.emulated import EmulatedTransport
+from .backends.quantized import QuantizedTransport
+from .backends.watch import WatchedTransport
+from .core.config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
+from .core.join import join_job
+from .core.links import parse_link
+from .core.logs import forget_said
+from .core.mesh import CfgGroups, GroupCache, Mesh
+from .kernels.state import KernelState
 
 logger = logging.getLogger(__name__)
 
