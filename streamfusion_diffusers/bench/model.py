@@ -108,7 +108,7 @@ class _LocalAttention:
     attention work and moves nothing. Replicated text rows are attended on every rank, as they arrive. A custom
     op, as our attention is, so a compiled bound compiles the same graphs as ours."""
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, scale: float | None = None) -> Tensor:
         layout = self.state.layout
         return local_attention(query, layout.joint + sum(layout.seq_lens)).to(query.dtype)
 

@@ -2,80 +2,24 @@
 processor (locally, exactly, no transfer) for attention to tokens that are not split.
 
 diffusers' processors all end in `dispatch_attention_fn(..., backend=self._attention_backend,
-parallel_config=self._parallel_config)`. We register one more backend there, "streamfusion", and give each
-routed module a copy of its processor naming that backend, with the module's route (context, shard state, name)
-in the `parallel_config` slot that the dispatcher hands the backend. Nothing global changes: a module that is not
-routed runs as before, and `unroute` puts the original processors back. Stock processors that call torch's SDPA
-themselves (CogVideoX's) are replaced by the plan's adapter instead.
+parallel_config=self._parallel_config)`. Each routed module gets a copy of its processor naming our "streamfusion"
+backend (processors/backend.py), with the module's route (context, shard state, name) in the `parallel_config`
+slot that the dispatcher hands the backend. Nothing global changes: a module that is not routed runs as before,
+and `unparallelize` puts the original processors back. Stock processors that call torch's SDPA themselves
+(CogVideoX's) are replaced by the plan's adapter instead.
 """
 from __future__ import annotations
 
 import copy
 import fnmatch
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-from torch import Tensor
 
 from ..context import ParallelContext
 from .plans import ModelPlan
-from .processors.base import attend
+from .processors.backend import BACKEND, Route, backend_name, streamfusion_attention
 from .sharding import PlanState
-
-BACKEND = "streamfusion"
-
-
-@dataclass(frozen=True)
-class Route:
-    """What the backend needs of one routed module: the context, the shard state the split hooks keep, its name."""
-
-    ctx: ParallelContext
-    state: PlanState
-    module: str
-
-
-def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                           dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                           enable_gqa: bool = False, _parallel_config: Route | None = None) -> Tensor:
-    """diffusers' attention backend signature ([B, L, H, D] in and out), computed by `sp_attention`."""
-    route = _parallel_config
-    if not isinstance(route, Route):
-        raise ValueError("the streamfusion attention backend was called without its route: it runs only in modules "
-                         "parallelize() routed, through their processor (paths that call dispatch_attention_fn "
-                         "themselves, such as Flux.2's reference-image KV attention, are not supported)")
-    if dropout_p or is_causal or enable_gqa:
-        raise ValueError(f"{route.module}: sequence-parallel attention is non-causal, without dropout or GQA")
-    layout = route.state.layout
-    if attn_mask is not None and not route.state.masks_checked and not _keeps_all(attn_mask):
-        raise ValueError(f"{route.module} got an attention mask that masks out keys: sequence-parallel attention "
-                         f"takes none; call the transformer without attention_mask / padded prompts")
-    if layout is not None:
-        rows = layout.joint + layout.seq_lens[layout.rank]
-        if query.shape[1] != rows or key.shape[1] != rows:
-            raise ValueError(f"{route.module} attends {query.shape[1]} queries to {key.shape[1]} keys, but this "
-                             f"rank holds {rows} rows of the split sequence: list the module in its plan's "
-                             f"local_attention (attention to tokens that are not split)")
-    return attend(query, key, value, route.ctx, route.state, scale)
-
-
-def _keeps_all(mask: Tensor) -> bool:
-    """A boolean mask of all True, or an additive one of all zeros, changes no softmax."""
-    return bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())
-
-
-def backend_name() -> AttentionBackendName:
-    """The "streamfusion" member of diffusers' backend enum, added and registered on first use."""
-    member = AttentionBackendName._value2member_map_.get(BACKEND)
-    if member is None:  # the enum has no public way to grow; add the member as Enum itself does
-        member = str.__new__(AttentionBackendName, BACKEND)
-        member._name_, member._value_ = BACKEND.upper(), BACKEND
-        AttentionBackendName._member_map_[member._name_] = member
-        AttentionBackendName._value2member_map_[BACKEND] = member
-        AttentionBackendName._member_names_.append(member._name_)
-        _AttentionBackendRegistry.register(member)(streamfusion_attention)
-    return member
 
 
 def _is_local(name: str, module: torch.nn.Module, plan: ModelPlan) -> bool:

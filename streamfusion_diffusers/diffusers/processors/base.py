@@ -87,8 +87,8 @@ class SPAttnProcessor:
         self.ctx = ctx
         self.state = state if state is not None else ShardState()
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-        return attend(query, key, value, self.ctx, self.state)
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, scale: float | None = None) -> Tensor:
+        return attend(query, key, value, self.ctx, self.state, scale)
 
 
 def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState,

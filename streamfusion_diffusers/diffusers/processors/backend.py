@@ -1,0 +1,113 @@
+"""The "streamfusion" attention backend of diffusers' `dispatch_attention_fn`: its registration, the route a
+processor hands it, and the call, `sp_attention` through `attend`.
+
+diffusers' processors end in `dispatch_attention_fn(..., backend=self._attention_backend,
+parallel_config=self._parallel_config)`, which calls the backend registered under that name with the
+`parallel_config` as `_parallel_config`. A processor naming this backend and carrying a `Route` there runs its
+attention sequence-parallel: the stock processors `parallelize` routes (routing.py) and our Flux adapter for
+`set_attn_processor` users (flux.py) alike, one code path.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import diffusers
+import torch
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
+from torch import Tensor
+
+from ...context import ParallelContext
+from .base import ShardState, attend
+
+BACKEND = "streamfusion"
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the backend needs of one processor: the context, the shard state the split hooks keep (or the
+    caller's), the module's name for messages, and optionally the attention itself (q, k, v, scale) -> out,
+    where a processor variant swaps it (the bench's no-communication bound); None: `sp_attention`."""
+
+    ctx: ParallelContext
+    state: ShardState
+    module: str
+    attention: Callable[[Tensor, Tensor, Tensor, float | None], Tensor] | None = None
+
+
+def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                           dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                           enable_gqa: bool = False, _parallel_config: Route | None = None) -> Tensor:
+    """diffusers' attention backend signature ([B, L, H, D] in and out), computed by `sp_attention`."""
+    route = _parallel_config
+    if not isinstance(route, Route):
+        raise ValueError("the streamfusion attention backend was called without its route: it runs only in modules "
+                         "parallelize() routed, through their processor (paths that call dispatch_attention_fn "
+                         "themselves, such as Flux.2's reference-image KV attention, are not supported)")
+    if dropout_p or is_causal or enable_gqa:
+        raise ValueError(f"{route.module}: sequence-parallel attention is non-causal, without dropout or GQA")
+    layout = route.state.layout
+    if attn_mask is not None and not getattr(route.state, "masks_checked", False) and not _keeps_all(attn_mask):
+        raise ValueError(f"{route.module} got an attention mask that masks out keys: sequence-parallel attention "
+                         f"takes none; call the transformer without attention_mask / padded prompts")
+    if layout is not None:
+        rows = layout.joint + layout.seq_lens[layout.rank]
+        if query.shape[1] != rows or key.shape[1] != rows:
+            raise ValueError(f"{route.module} attends {query.shape[1]} queries to {key.shape[1]} keys, but this "
+                             f"rank holds {rows} rows of the split sequence: list the module in its plan's "
+                             f"local_attention (attention to tokens that are not split)")
+    if route.attention is not None:
+        return route.attention(query, key, value, scale)
+    return attend(query, key, value, route.ctx, route.state, scale)
+
+
+def _keeps_all(mask: Tensor) -> bool:
+    """A boolean mask of all True, or an additive one of all zeros, changes no softmax."""
+    return bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())
+
+
+def backend_name() -> AttentionBackendName:
+    """The "streamfusion" member of diffusers' AttentionBackendName, registered with `streamfusion_attention` on
+    first use.
+
+    diffusers (0.42.1) offers no way to add a backend: its registry's `register` decorator takes a member of the
+    AttentionBackendName enum, and `set_attention_backend` / the `attention_backend` context manager look names
+    up in it, but the enum cannot grow. So the member is added here as Enum itself adds one: the one place this
+    package writes diffusers' private (Enum) fields, after checking that diffusers still has the shape it relies
+    on; tests/test_backend.py fails loudly when a diffusers release changes it.
+    """
+    member = AttentionBackendName._value2member_map_.get(BACKEND)
+    if member is None:
+        _check_diffusers()
+        member = str.__new__(AttentionBackendName, BACKEND)
+        member._name_, member._value_ = BACKEND.upper(), BACKEND
+        AttentionBackendName._member_map_[member._name_] = member
+        AttentionBackendName._value2member_map_[BACKEND] = member
+        AttentionBackendName._member_names_.append(member._name_)
+        _AttentionBackendRegistry.register(member)(streamfusion_attention)
+    return member
+
+
+def _check_diffusers() -> None:
+    """What the registration relies on: a str-valued backend enum with Enum's member tables, a registry with its
+    `register` decorator and backend table, and a dispatcher that hands `parallel_config` to the backend."""
+    dispatcher = inspect.signature(dispatch_attention_fn).parameters
+    found: dict[str, Any] = {
+        "AttentionBackendName is a str Enum": issubclass(AttentionBackendName, str),
+        "its member tables": all(hasattr(AttentionBackendName, f) for f in
+                                 ("_member_map_", "_value2member_map_", "_member_names_")),
+        "_AttentionBackendRegistry.register and _backends": callable(getattr(_AttentionBackendRegistry, "register",
+                                                                             None))
+        and isinstance(getattr(_AttentionBackendRegistry, "_backends", None), dict),
+        "dispatch_attention_fn(backend=, parallel_config=)": {"backend", "parallel_config"} <= set(dispatcher),
+    }
+    missing = [what for what, ok in found.items() if not ok]
+    if missing:
+        raise RuntimeError(f"diffusers {diffusers.__version__} changed its attention backend registry "
+                           f"({', '.join(missing)} no longer as streamfusion_diffusers registers its backend); "
+                           f"install diffusers==0.42.1, the version it is tested with")
+
+
+__all__ = ["BACKEND", "Route", "backend_name", "streamfusion_attention"]
