@@ -97,12 +97,14 @@ RESIZED = {"flux": [Case("flux", (8, 8), text=8), Case("flux", (6, 10), text=9),
            "qwen-image": [plan_cases.Case("qwen-image", (8, 8), text=8), plan_cases.Case("qwen-image", (6, 10), text=9),
                           plan_cases.Case("qwen-image", (5, 7), text=3)]}
 RELAYOUTS = [(ParallelConfig(method="usp", ulysses=2), 2), (ParallelConfig(method="torus", machines=2), 1)]
+RELAYOUTS_P1 = [(ParallelConfig(method="ulysses"), 2), (ParallelConfig(method="ring", kernel="sdpa"), 1)]
 
 
-def recompiled_vs_reference(family: str, how: str) -> dict:
+def recompiled_vs_reference(family: str, how: str, relayouts: list = RELAYOUTS, backend: str = "aot_eager",
+                            device: str = "cpu") -> dict:
     """On every rank: one model compiled once with fullgraph=True (Dynamo's default automatic dynamic shapes),
-    run at the sizes of RESIZED[family] under the layouts of RELAYOUTS in turn (re-parallelized between them),
-    each output against the unparallelized model's; and whether Dynamo made a graph with symbolic sizes."""
+    run at the sizes of RESIZED[family] under `relayouts` in turn (re-parallelized between them), each output
+    against the unparallelized model's (float32); and whether Dynamo made a graph with symbolic sizes."""
     assert torch._dynamo.config.automatic_dynamic_shapes  # the default, that makes a recompile symbolic
     torch._dynamo.reset()
     symbolic: list[bool] = []
@@ -110,11 +112,11 @@ def recompiled_vs_reference(family: str, how: str) -> dict:
     def noting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
         symbolic.append(any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
             isinstance(n, torch.SymInt) for n in x.shape)) for x in example_inputs))
-        return lookup_backend("aot_eager")(gm, example_inputs)
+        return lookup_backend(backend)(gm, example_inputs)
 
     cases = RESIZED[family]
-    model = build_transformer(cases[0].config, seed=3) if family == "flux" else cases[0].model(3)
-    calls = [case.inputs(4) for case in cases]
+    model = (build_transformer(cases[0].config, seed=3) if family == "flux" else cases[0].model(3)).to(device)
+    calls = [tree_map_only(torch.Tensor, lambda x: x.to(device), case.inputs(4)) for case in cases]
     errors = []
     with torch.no_grad():
         references = [model(**inputs, return_dict=False)[0] for inputs in calls]
@@ -124,10 +126,10 @@ def recompiled_vs_reference(family: str, how: str) -> dict:
             model.compile_repeated_blocks(fullgraph=True, backend=noting)
             run = model
         done = 0
-        for config, sizes in RELAYOUTS:
+        for config, sizes in relayouts:
             parallelize(model, context(config))
             for inputs, ref in zip(calls[done:done + sizes], references[done:done + sizes]):
-                errors.append(relative_error(run(**inputs, return_dict=False)[0], ref))
+                errors.append(relative_error(run(**inputs, return_dict=False)[0].cpu(), ref.cpu()))
             done += sizes
             unparallelize(model)
     if how == "blocks":
@@ -209,3 +211,15 @@ def test_inductor_reduce_overhead_over_two_gpus():
                                     torch.bfloat16, "reduce-overhead"):
                 assert res["graphs"] == [res["attention_layers"]], (config, res)
                 assert max(res["vs_eager"]) <= 2e-2, (config, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family, how", [("flux", "whole"), ("qwen-image", "blocks")])
+def test_inductor_recompiles_at_new_sizes_and_layouts_on_one_gpu(family, how):
+    """Issue 34 item 8 on a GPU: inductor, float32, three sizes under two layouts (P = 1: ulysses, then ring on
+    the sdpa kernel), every output exact against the unparallelized model."""
+    with ProcessPool(1, backend="nccl") as gpu_pool:
+        for res in gpu_pool.run(recompiled_vs_reference, family, how, RELAYOUTS_P1, "inductor", "cuda"):
+            assert res["symbolic"], res
+            assert len(res["errors"]) == len(RESIZED[family]) and max(res["errors"]) <= TOL, res
