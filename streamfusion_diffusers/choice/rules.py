@@ -22,9 +22,14 @@ best other layout, by less as the share grows (ms per layer, NCCL):
 (NVSHMEM alike: +2.1%, +4.7% and +2.0% at Flux 2048, 4096 and CogVideoX 49.) So on one machine Torus (T > 1)
 is a candidate only above the largest share at which it was recorded losing: TORUS_MIN_TOKENS_PER_GPU, which
 tests/test_torus_rule.py derives from measurements.json again. Beyond it nothing was measured and the cost model
-decides; across machines Torus always is a candidate (there it hides slow transfers). No 1 x 4 or 1 x 8 machine
-was measured (an earlier version of this note quoted 1 x 4 timings that no record holds; its threshold, 16,384,
-went with them); a recipe entry that `streamfusion tune` measures on your machine comes before this rule.
+decides; across machines Torus always is a candidate (there it hides slow transfers). A recipe entry that
+`streamfusion tune` measures on your machine comes before this rule.
+
+No 1 x 4 or 1 x 8 record is kept. An earlier version of this note quoted 1 x 4 layer timings (H200, 2026-11-22)
+and set the threshold at 16,384 tokens per GPU from them; they come from hand-written session notes outside this
+repository (the device notes, "Turn-2 measurements"), with no raw output or exact command, so they are not a
+record. They said the same as the records above: Torus never faster on one machine (behind at 1,152 to 13,317
+tokens per GPU, level with the best at 16,512).
 """
 from __future__ import annotations
 
