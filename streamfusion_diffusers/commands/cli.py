@@ -15,8 +15,9 @@ from .options import Parser, check
 from .spawn import RankFailure
 
 COMMANDS = {
-    "generate": (generate, f"run a pipeline sequence-parallel (--model {', '.join(m for m in MODELS if 'tiny' not in m)}, "
-                           f"or a tiny one of each); writes the output and run.json"),
+    "generate": (generate, f"run a pipeline sequence-parallel (--model "
+                           f"{', '.join(m for m in MODELS if not m.startswith('tiny-'))}, or a tiny one of each); "
+                           f"writes the output and run.json"),
     "verify": (verify, "check every method against single-process attention on this cluster, with timings"),
     "launch": (launch, "run a script on N x M GPUs through torchrun, with the NVSHMEM heap sized for the model"),
     "bench": (bench, "time a layer, block or step for every method and layout, against xDiT and diffusers"),

@@ -50,7 +50,8 @@ def _write_output(job: Job, result: Any) -> list[str]:
         from diffusers.utils import export_to_video
 
         return [export_to_video(frames, str(out / "video.mp4"), fps=8)]
-    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)", install_hint("diffusers"))
+    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)",
+                   install_hint("diffusers"))
     (out / "frames").mkdir(exist_ok=True)
     paths = [out / "frames" / f"{i:03d}.png" for i in range(len(frames))]
     for frame, path in zip(frames, paths):

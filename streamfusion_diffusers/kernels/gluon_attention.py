@@ -31,8 +31,9 @@ from .triton_attention import LOG2E
 # Triton 3.7 renamed the bulk tensor load (3.9 removed the old name); the kernel runs on either.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-# Measured on one H200 (benchmarks/results/2026-11-24-h200-gluon/variants.txt): 128 key rows per tile and two stages beat 64-row tiles (0.91 vs 1.09 of
-# cuDNN at head dim 64) and three stages (no gain, and no shared memory left at head dim 128).
+# Measured on one H200 (benchmarks/results/2026-11-24-h200-gluon/variants.txt): 128 key rows per tile and two
+# stages beat 64-row tiles (0.91 vs 1.09 of cuDNN at head dim 64) and three stages (no gain, and no shared memory
+# left at head dim 128).
 BLOCK_M = 128  # query rows per program: 64 per consumer warpgroup
 BLOCK_N = 128
 STAGES = 2
