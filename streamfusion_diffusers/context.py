@@ -21,7 +21,7 @@ from .backends.watch import WatchedTransport
 from .core.config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .core.join import join_job
 from .core.links import parse_link
-from .core.logs import forget_said
+from .core.logs import forget_said, quiet_other_ranks
 from .core.mesh import CfgGroups, GroupCache, Mesh
 from .kernels.state import KernelState
 
@@ -263,6 +263,7 @@ def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequenc
     groups: another context's `groups`, whose process groups the new context then reuses.
     """
     ctx = ParallelContext(config or ParallelConfig(), worlds, chooser, groups)
+    quiet_other_ranks()  # a job started without a launcher's RANK knows its ranks from here
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":
