@@ -3,8 +3,9 @@
 The model's context-parallel plan (`plans/`: diffusers' `_cp_plan`, or ours) decides what is split and gathered
 (`sharding.py` applies it by hooks); `routing.py` sends each self-attention over the split sequence to
 `sp_attention` and leaves attention to unsplit tokens (cross-attention to the text) local. As asked, the CFG
-split (`cfg.py`), a CUDA graph of the whole forward (`graphs.py`) and the VAE decode over the ranks (`vae/`) go on too. The inputs arrive whole (as the pipeline
-holds them) and are cut where the plan says; only the final gather holds the whole sequence on one rank.
+split (`cfg.py`), a CUDA graph of the whole forward (`graphs.py`) and the VAE decode over the ranks (`vae/`) go
+on too. The inputs arrive whole (as the pipeline holds them) and are cut where the plan says; only the final
+gather holds the whole sequence on one rank.
 """
 from __future__ import annotations
 
