@@ -141,8 +141,12 @@ def test_bands_are_even_and_refuse_too_few_rows():
         Bands.even(2, 3, 0)
 
 
-def _decode_on_rank_0() -> dict:
-    """An LTX VAE (its decode hands _decode a temb) through decode_over_ranks: how often each rank's decoder ran."""
+def _decode_on_one_rank(ranks: list[int] | None) -> dict | None:
+    """An LTX VAE (its decode hands _decode a temb) through decode_over_ranks over `ranks` (None: the job): how
+    often each rank's decoder ran."""
+    group = dist.new_group(ranks) if ranks else None  # every rank creates it; the others then stay out
+    if ranks and dist.get_rank() not in ranks:
+        return None
     torch.manual_seed(0)
     vae = AutoencoderKLLTXVideo(latent_channels=4, block_out_channels=(8, 8), decoder_block_out_channels=(8, 8),
                                 layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
@@ -152,19 +156,27 @@ def _decode_on_rank_0() -> dict:
     z = torch.randn(1, 4, 2, 5, 4, generator=torch.Generator().manual_seed(5))
     calls: list[int] = []
     vae.decoder.register_forward_pre_hook(lambda *_: calls.append(1))
+    members = ranks or list(range(dist.get_world_size()))
     with torch.no_grad():
         whole = vae.decode(z).sample
         calls.clear()
-        mode = decode_over_ranks(vae, dist.get_rank(), dist.get_world_size())
+        mode = decode_over_ranks(vae, members.index(dist.get_rank()), len(members), group)
         ours = vae.decode(z, return_dict=False)[0]
         unsplit_vae_decode(vae)
     return {"mode": mode, "same": bool(torch.equal(ours, whole)), "decoder_calls": len(calls)}
 
 
 def test_a_vae_neither_split_takes_is_decoded_on_rank_0_only(pool):
-    results = pool.run(_decode_on_rank_0)
+    results = pool.run(_decode_on_one_rank, None)
     assert all(r["mode"] == "one-rank" and r["same"] for r in results), results
     assert [r["decoder_calls"] for r in results] == [1] + [0] * (WORLD - 1), results
+
+
+def test_a_group_decodes_on_its_own_first_rank_and_broadcasts_from_it(pool):
+    """Ranks 1 and 2 of 3: rank 1 (the group's first, not the job's) decodes, and rank 2 receives its result."""
+    results = pool.run(_decode_on_one_rank, [1, 2])
+    assert results[0] is None and all(r["mode"] == "one-rank" and r["same"] for r in results[1:]), results
+    assert [r["decoder_calls"] for r in results[1:]] == [1, 0], results
 
 
 def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
@@ -173,10 +185,9 @@ def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
     assert "Linear is none of AutoencoderKL" in unsupported(torch.nn.Linear(2, 2))
     vae.decoder.conv_in.padding_mode = "reflect"
     assert "conv_in" in unsupported(vae)
-    decode_over_ranks(vae, 0, 1)  # a single rank: no collective is called by installing
+    assert decode_over_ranks(vae, 0, 1) == "whole" and not is_split(vae)  # a group of one rank: nothing to share
+    split_vae_decode(vae, 0, 1)  # a single rank: no collective is called by installing
     assert is_split(vae)
-    unsplit_vae_decode(vae)
-    split_vae_decode(vae, 0, 1)
     unsplit_vae_decode(vae)
     tiny = AutoencoderTiny(encoder_block_out_channels=(8,), decoder_block_out_channels=(8,),
                            num_encoder_blocks=(1,), num_decoder_blocks=(1,), latent_channels=4)
