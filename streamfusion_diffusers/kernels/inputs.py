@@ -7,7 +7,8 @@ the kernels write it, fail as deep or as late. Here each gets one ValueError tha
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 import torch
 from torch import Tensor
@@ -15,7 +16,8 @@ from torch import Tensor
 
 def check_chunks(q_chunks: Sequence[Tensor], kv_chunks: Sequence[tuple[Tensor, Tensor]]) -> None:
     """Every query chunk and key/value chunk [B, L, H, D] with L >= 1, of one batch, head count, head dim, dtype
-    and device; a ValueError naming the first that is not."""
+    and device; a ValueError naming the first that is not. Every attention call passes here: the loop only
+    compares, and the message is built once something fails."""
     if not q_chunks or not kv_chunks:
         raise ValueError(f"attention needs at least one query chunk and one key/value chunk, got {len(q_chunks)} "
                          f"and {len(kv_chunks)}")
@@ -23,22 +25,37 @@ def check_chunks(q_chunks: Sequence[Tensor], kv_chunks: Sequence[tuple[Tensor, T
     if first.dim() != 4:
         raise ValueError(f"attention takes q, k, v as [B, L, H, D]; q has shape {tuple(first.shape)}")
     b, _, h, d = first.shape
-    named = [("q", q) for q in q_chunks] + [(name, x) for k, v in kv_chunks for name, x in (("k", k), ("v", v))]
-    for name, x in named:
-        if x.dim() != 4 or x.shape[0] != b or x.shape[2:] != (h, d):
-            raise ValueError(f"attention takes q, k, v as [B, L, H, D] of one batch, head count and head dim: q is "
-                             f"[{b}, L, {h}, {d}], {name} is {list(x.shape)}; repeat k/v heads for grouped-query "
-                             f"attention")
-        if x.dtype != first.dtype or x.device != first.device:
-            raise ValueError(f"attention takes q, k, v of one dtype on one device: q is {first.dtype} on "
-                             f"{first.device}, {name} is {x.dtype} on {x.device}")
-        if x.shape[1] == 0:
-            what = "queries" if name == "q" else "keys (a softmax over nothing)"
-            raise ValueError(f"attention got no {what}: {name} has 0 rows; skip the call, or pass at least one "
-                             f"row")
+    dtype, device = first.dtype, first.device
+    for name, x in _named(q_chunks, kv_chunks):
+        shape = x.shape
+        if len(shape) != 4 or shape[0] != b or shape[2] != h or shape[3] != d or not shape[1] or \
+                x.dtype != dtype or x.device != device:
+            _refuse(name, x, first)
     for k, v in kv_chunks:
         if k.shape[1] != v.shape[1]:
             raise ValueError(f"k has {k.shape[1]} rows but v has {v.shape[1]}: each key needs its value")
+
+
+def _named(q_chunks: Sequence[Tensor], kv_chunks: Sequence[tuple[Tensor, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    for q in q_chunks:
+        yield "q", q
+    for k, v in kv_chunks:
+        yield "k", k
+        yield "v", v
+
+
+def _refuse(name: str, x: Tensor, q: Tensor) -> NoReturn:
+    """The ValueError for the chunk `name` that check_chunks found unlike q (or empty)."""
+    b, _, h, d = q.shape
+    if x.dim() != 4 or x.shape[0] != b or x.shape[2:] != (h, d):
+        raise ValueError(f"attention takes q, k, v as [B, L, H, D] of one batch, head count and head dim: q is "
+                         f"[{b}, L, {h}, {d}], {name} is {list(x.shape)}; repeat k/v heads for grouped-query "
+                         f"attention")
+    if x.dtype != q.dtype or x.device != q.device:
+        raise ValueError(f"attention takes q, k, v of one dtype on one device: q is {q.dtype} on {q.device}, "
+                         f"{name} is {x.dtype} on {x.device}")
+    what = "queries" if name == "q" else "keys (a softmax over nothing)"
+    raise ValueError(f"attention got no {what}: {name} has 0 rows; skip the call, or pass at least one row")
 
 
 def check_state(out: Tensor, lse: Tensor, q: Tensor) -> None:
