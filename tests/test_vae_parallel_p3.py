@@ -2,7 +2,7 @@
 with uneven bands, for tiny random-weight VAEs of the real architectures (AutoencoderKL as Flux's, with its
 mid-block attention; Flux.2's; AutoencoderKLCogVideoX with its causal convolutions and frame batches; Wan 2.1's
 and Qwen-Image's causal 3D VAE, decoded frame by frame through its temporal cache, with its per-frame attention;
-Wan 2.2's residual, patchified one); a VAE neither split takes is decoded on rank 0 only."""
+Wan 2.2's residual, patchified one); a VAE neither split takes is decoded on one rank, its group's first."""
 from __future__ import annotations
 
 import pytest
