@@ -64,9 +64,10 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
     With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
     (`streamfusion_diffusers.diffusers.vae.bands`), else diffusers' tiles shared out (`streamfusion_diffusers.diffusers.vae.tiles`),
-    else (VAEs of neither kind) on rank 0, broadcast; `transformer._streamfusion.vae_decode` says which. Every
-    rank must then decode (no output_type="latent" on some ranks only). A pipeline with two transformers (Wan 2.2
-    A14B's experts) gets both parallelized. Returns the (first) transformer.
+    else (VAEs of neither kind) on one rank, broadcast; `transformer._streamfusion.vae_decode` says which. It is
+    shared over `ctx.pipeline_group`: the job, or with worlds given, this rank's world (each world decodes its own
+    latents). Every rank must then decode (no output_type="latent" on some ranks only). A pipeline with two
+    transformers (Wan 2.2 A14B's experts) gets both parallelized. Returns the (first) transformer.
     """
     if waves is not None:
         warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
@@ -86,8 +87,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     for transformer, plan in zip(transformers, plans):
         transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph, waves)
     transformer = transformers[0]
-    if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
-        transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
+    if vae and getattr(target, "vae", None) is not None:  # over the ranks that hold the same latents
+        group = ctx.pipeline_group
+        transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, group.index, group.size, group.pg)
     say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
              type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg,
              plans[0].source)

@@ -35,11 +35,12 @@ IMAGE, TEXT = "hidden_states", "encoder_hidden_states"  # the token streams the 
 
 @dataclass
 class PlanState(ShardState):
-    """ShardState plus what the hooks learn during one forward: the split streams' token counts, and whether
-    the key masks were checked (then a mask reaching the attention keeps every key and is dropped)."""
+    """ShardState plus what the hooks learn during one forward: the split streams' token counts, and the key-mask
+    inputs this forward was given and found to keep every token (a mask the attention then receives is built from
+    them and is dropped unread; with none checked, the attention checks any mask it gets itself)."""
 
     streams: dict[str, int] = field(default_factory=dict)
-    masks_checked: bool = False
+    masks_checked: tuple[str, ...] = ()
     joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
     text_last: bool = False
 
@@ -145,21 +146,25 @@ class ForwardHook(ModelHook):
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         arguments = {**dict(zip(self.names, args)), **kwargs}
+        checked = []
         for name in self.key_masks:
             mask = arguments.get(name)
-            if mask is not None and not bool(mask.bool().all()):
+            if mask is None:
+                continue
+            if not bool(mask.bool().all()):
                 raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
                                  f"attention does not take key masks; run one prompt per call (batch 1) or pad "
                                  f"no prompt, so that {name} keeps every token")
+            checked.append(name)
         text = arguments.get(TEXT)
         text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
         self.state.streams.clear()
         self.state.joint_text = text if text < self.ctx.world_size else 0
-        self.state.layout, self.state.masks_checked = None, bool(self.key_masks)
+        self.state.layout, self.state.masks_checked = None, tuple(checked)
         return args, kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
-        self.state.layout, self.state.masks_checked = None, False
+        self.state.layout, self.state.masks_checked = None, ()
         return output
 
 
