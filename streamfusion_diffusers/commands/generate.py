@@ -83,6 +83,7 @@ def run_rank(job: Job) -> dict | None:
     from ..models.build import build_pipeline, load_pipeline
     from ..models.full import build_full_pipeline, encode_first
     from ..diffusers.parallel_pipeline import parallelize
+    from ..diffusers.stack.apply import apply_stack
 
     family = family_of(job.model)
     rank = dist.get_rank()
@@ -103,6 +104,7 @@ def run_rank(job: Job) -> dict | None:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
+    stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     kwargs: dict[str, Any] = dict(**prompt, height=job.height, width=job.width,
@@ -130,6 +132,7 @@ def run_rank(job: Job) -> dict | None:
         "vae_decode": transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded over the ranks
         "encoded_first": "prompt_embeds" in prompt,  # encoder freed before the transformer was built (in build_s)
         "cuda_graph": job.cuda_graph,
+        "stack": stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
