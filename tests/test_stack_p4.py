@@ -10,14 +10,16 @@ import json
 
 import pytest
 import torch
-from stack_cases import MODEL, STACKS, compare, make_lora, straddle
+from stack_cases import MODEL, STACKS, compare, latents, make_lora, straddle
 
 from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.commands.cli import main
 from streamfusion_diffusers.commands.spawn import ProcessPool
-from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD
+from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD, relative_error
 from streamfusion_diffusers.diffusers.stack import skips
+from streamfusion_diffusers.diffusers.stack.apply import apply_stack
 from streamfusion_diffusers.diffusers.stack.spec import Cache, Lora, Stack
+from streamfusion_diffusers.models.build import build_pipeline
 
 WORLD = 4
 TOL = MODEL_THRESHOLD[torch.float32]
@@ -35,6 +37,11 @@ def lora(tmp_path_factory) -> str:
     return make_lora(tmp_path_factory.mktemp("lora"), seed=1)
 
 
+@pytest.fixture(scope="module")
+def second_lora(tmp_path_factory) -> str:
+    return make_lora(tmp_path_factory.mktemp("second-lora"), seed=2)
+
+
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     generate.add_arguments(parser)
@@ -49,6 +56,21 @@ def test_a_stack_on_four_ranks_gives_what_it_gives_on_one(pool, lora, name):
     assert name in STACKS
     for res in pool.run(compare, name, args.get(name, ()), 4):
         assert res["error"] <= TOL and res["effect"] >= EFFECT, res
+
+
+def test_fused_loras_give_what_peft_layers_weighted_by_set_adapters_give(lora, second_lora):
+    """The command line fuses its LoRAs into the weights: the same result as diffusers' unfused adapters."""
+    scales = (0.8, -0.5)
+    fused = build_pipeline(MODEL)
+    apply_stack(fused, Stack(loras=(Lora(lora, scales[0]), Lora(second_lora, scales[1]))))
+    assert not any("lora" in name for name, _ in fused.transformer.named_modules())  # plain Linear layers again
+    layered = build_pipeline(MODEL)
+    for name, path in zip("ab", (lora, second_lora)):
+        layered.load_lora_weights(path, adapter_name=name)
+    layered.set_adapters(["a", "b"], adapter_weights=list(scales))
+    want = latents(layered, 2)
+    assert relative_error(latents(fused, 2), want) <= TOL
+    assert relative_error(latents(build_pipeline(MODEL), 2), want) >= EFFECT
 
 
 def test_ranks_whose_local_metrics_straddle_the_threshold_skip_together(pool):
