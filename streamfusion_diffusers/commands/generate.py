@@ -172,6 +172,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}, "
               f"{record['backend']}), {len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
+        if record["stack"]:
+            print("stack: " + "; ".join(f"{part} {value}" for part, value in record["stack"].items()))
         if job.parallel.method == "auto":
             print("method auto: " + "; ".join(sorted({a["why"] for a in record["attention"]})))
         print(f"wrote {', '.join(record['outputs'][:3])}{' ...' if len(record['outputs']) > 3 else ''} and "

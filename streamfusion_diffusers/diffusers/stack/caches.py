@@ -32,12 +32,24 @@ def cache_config(cache: Cache, pipe: Any, transformer: torch.nn.Module) -> Any:
     raise ValueError(f"unknown cache {cache.name!r}")
 
 
+def blocks(transformer: torch.nn.Module) -> int:
+    """The transformer blocks diffusers' block caches hook (those of its block lists)."""
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
+    return sum(len(m) for name, m in transformer.named_children()
+               if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(m, torch.nn.ModuleList))
+
+
 def enable_cache(pipe: Any, transformers: list[torch.nn.Module], cache: Cache) -> str:
     """The cache on each transformer (each keeps its own state); what ran, as run.json says it."""
     for transformer in transformers:
         if getattr(transformer, "_streamfusion", None) is not None:
             raise ValueError("enable the cache before parallelize: a plan may split the tokens at a block, and "
                              "the cache's hook on that block must see them split")
+        if cache.name == "first-block" and blocks(transformer) < 2:
+            raise ValueError(f"--cache first-block needs two transformer blocks or more (the first decides whether "
+                             f"the others run); {type(transformer).__name__} has {blocks(transformer)}: use "
+                             f"--cache taylorseer")
         transformer.enable_cache(cache_config(cache, pipe, transformer))
     return str(cache)
 
