@@ -146,6 +146,13 @@ def run_rank(job: Job) -> dict | None:
     return record
 
 
+def _stacked(value: Any) -> str:
+    """One part of run.json's "stack" as the summary line says it (LoRAs as PATH:SCALE)."""
+    if isinstance(value, list):
+        return ", ".join(f"{lora['path']}:{lora['scale']:g}" for lora in value)
+    return str(value)
+
+
 def _memory_line(job: Job) -> str:
     """What a real-size model asks of the CPU: its parameters (counted on the meta device) per process."""
     from ..models.full import build_full_pipeline
@@ -173,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
               f"{record['backend']}), {len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
         if record["stack"]:
-            print("stack: " + "; ".join(f"{part} {value}" for part, value in record["stack"].items()))
+            print("stack: " + "; ".join(f"{part} {_stacked(value)}" for part, value in record["stack"].items()))
         if job.parallel.method == "auto":
             print("method auto: " + "; ".join(sorted({a["why"] for a in record["attention"]})))
         print(f"wrote {', '.join(record['outputs'][:3])}{' ...' if len(record['outputs']) > 3 else ''} and "
