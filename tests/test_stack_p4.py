@@ -6,6 +6,7 @@ line before any process starts."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 
 import pytest
@@ -120,6 +121,16 @@ def test_bad_values_are_refused_in_one_line_before_any_process_starts(lora, argv
         main(["generate", "--cpu", *argv])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_missing_torchao_or_peft_names_the_extra_to_install(monkeypatch, lora):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name in ("torchao", "peft") else real(name, *args))
+    with pytest.raises(ValueError, match=r'--quantize int8 needs torchao: pip install -e "\.\[quantize\]"'):
+        generate.make_job(_args("--quantize", "int8"))
+    with pytest.raises(ValueError, match=r'--lora needs peft: pip install -e "\.\[lora\]"'):
+        generate.make_job(_args("--lora", lora))
 
 
 def test_a_cache_with_a_cuda_graph_is_refused():
