@@ -50,12 +50,14 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 @pytest.mark.parametrize("name", ["first-block", "taylorseer", "lora-after-parallelize", "int8-after-parallelize",
-                                  "command-line"])
+                                  "command-line", "magcache", "pab"])
 def test_a_stack_on_four_ranks_gives_what_it_gives_on_one(pool, lora, name):
     args = {"lora-after-parallelize": (lora, 0.8),
-            "command-line": (Stack(cache=Cache("first-block", 0.2, 4), loras=(Lora(lora, 0.8),), quantize="int8"),)}
-    assert name in STACKS
-    for res in pool.run(compare, name, args.get(name, ()), 4):
+            "command-line": (Stack(cache=Cache("first-block", 0.2, 4), loras=(Lora(lora, 0.8),), quantize="int8"),),
+            "magcache": (Stack(cache=Cache("magcache", 1.0, 4)),),  # skips every step it may
+            "pab": (Stack(cache=Cache("pab", 2, 4)),)}
+    stack = name if name in STACKS else "command-line"
+    for res in pool.run(compare, stack, args.get(name, ()), 4):
         assert res["error"] <= TOL and res["effect"] >= EFFECT, res
 
 
