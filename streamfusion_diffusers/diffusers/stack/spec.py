@@ -65,9 +65,6 @@ class Stack:
     loras: tuple[Lora, ...] = ()
     quantize: str | None = None
 
-    def __bool__(self) -> bool:
-        return self.cache is not None or bool(self.loras) or self.quantize is not None
-
 
 def parse_cache(spec: str, family: str, steps: int) -> Cache:
     """`NAME[:VALUE]`, NAME one of CACHES, VALUE within its range; a cache the model lacks data for refused."""
