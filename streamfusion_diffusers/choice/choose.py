@@ -115,7 +115,7 @@ def schedule_key(lay: Layout) -> tuple:
 def ranked(w: Workload, cluster: Cluster, gpu: Gpu, elem_bytes: int = 2) -> list[Prediction]:
     """Every distinct layout of every method, fastest predicted layer first (ties: by name, so every rank and
     every run orders them alike). Layouts that run the same schedule on the same ranks appear once; Torus
-    inside one machine only where the measured rule (rules.py) lets it."""
+    inside one machine only where the rule from the measurements (rules.py) lets it."""
     seen, out = set(), []
     for method in METHODS:
         for lay in candidate_layouts(method, cluster.machines, cluster.gpus_per_machine, w.heads):

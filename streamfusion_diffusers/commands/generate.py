@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,8 @@ def _write_output(job: Job, result: Any) -> list[str]:
         from diffusers.utils import export_to_video
 
         return [export_to_video(frames, str(out / "video.mp4"), fps=8)]
-    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)", install_hint("video"))
+    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)",
+                   install_hint("diffusers"))
     (out / "frames").mkdir(exist_ok=True)
     paths = [out / "frames" / f"{i:03d}.png" for i in range(len(frames))]
     for frame, path in zip(frames, paths):
@@ -165,9 +167,15 @@ def _memory_line(job: Job) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    began = time.perf_counter()
     job = make_job(args)
     if real_size(job.model) and not job.gpu and not launched():
         print(_memory_line(job), file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # under a launcher every rank runs main: rank 0 speaks
+        print(f"streamfusion generate: starting {job.model} ({job.weights or 'random weights'}) on {job.world_size} "
+              f"{'GPU' if job.gpu else 'CPU'} processes as {job.parallel.machines} machines x "
+              f"{job.parallel.gpus_per_machine}, method {job.parallel.label}; start-up (processes, imports, the "
+              f"pipeline's build) comes first", flush=True)
     # no bound on the whole run: a rank that fails or dies ends it, and one that stalls makes its peers'
     # collectives fail after timeout_s
     record = run_job(run_rank, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
@@ -176,8 +184,11 @@ def main(args: argparse.Namespace) -> int:
         steps = record["step_latency_s"]
         mean_ms = 1e3 * sum(steps) / max(len(steps), 1)
         cfg = f"cfg {record['cfg']} x " if record["cfg"] > 1 else ""
+        wall = time.perf_counter() - began
         print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}, "
-              f"{record['backend']}), {len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
+              f"{record['backend']}), {len(steps)} steps, {mean_ms:.1f} ms/step; {record['generate_s']:.2f} s "
+              f"generating, {wall - record['generate_s']:.2f} s start-up and writing (processes, imports, the "
+              f"pipeline's build {record['build_s']:.2f} s), {wall:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
         if record["stack"]:
             print("stack: " + "; ".join(f"{part} {_stacked(value)}" for part, value in record["stack"].items()))

@@ -19,7 +19,7 @@ from ..kernels.state import KernelState
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .join import join_job
 from .links import parse_link
-from .logs import forget_said
+from .logs import forget_said, quiet_other_ranks
 from .mesh import CfgGroups, GroupCache, Mesh
 
 logger = logging.getLogger(__name__)
@@ -260,6 +260,7 @@ def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequenc
     groups: another context's `groups`, whose process groups the new context then reuses.
     """
     ctx = ParallelContext(config or ParallelConfig(), worlds, chooser, groups)
+    quiet_other_ranks()  # a job started without a launcher's RANK knows its ranks from here
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":

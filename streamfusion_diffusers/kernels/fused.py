@@ -1,8 +1,8 @@
 """The fused multi-chunk kernel (paper Algorithm 2) for a device: Gluon's on Hopper, Triton's elsewhere.
 
 On Hopper (compute capability 9.0) the Gluon kernel (gluon_attention.py) runs the warp-specialized schedule cuDNN
-uses and matches it (0.99-1.02x cuDNN with LSE at head dim 128 on one H200, where the portable Triton kernel reaches
-0.89-0.92x; BENCHMARKS.md). Other GPUs, Triton's CPU interpreter, and triton older than 3.6 (whose Gluon lacks what
+uses and comes close to it or passes it (cuDNN with LSE / fused: README.md's ranges, computed from the records by
+benchmarks/figures.py). Other GPUs, Triton's CPU interpreter, and triton older than 3.6 (whose Gluon lacks what
 the kernel uses) take triton_attention.py. Gluon's API still moves between triton releases, so the Gluon kernel's
 first launch on a device is also its build check: if this triton cannot build it, that is said once and the
 device takes the portable kernel. Both kernels read the same chunk tables (chunk_tables.py).
