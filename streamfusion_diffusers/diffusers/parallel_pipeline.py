@@ -24,6 +24,7 @@ from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .plans import ModelPlan, plan_for
 from .routing import route_attention
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
+from .stack.skips import release_skips
 from .vae import decode_over_ranks, is_split, unsplit_vae_decode
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
@@ -44,7 +45,7 @@ def _transformer(target: Any) -> torch.nn.Module:
     return target.transformer if hasattr(target, "transformer") else target
 
 
-def _transformers(target: Any) -> list[torch.nn.Module]:
+def transformers_of(target: Any) -> list[torch.nn.Module]:
     """Every transformer the target runs: a pipeline's (Wan 2.2 A14B's two experts), or the bare one."""
     second = getattr(target, "transformer_2", None)
     return [_transformer(target), *([second] if second is not None else [])]
@@ -75,7 +76,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
                       DeprecationWarning, stacklevel=2)
         if waves != "auto" and (not isinstance(waves, int) or waves < 1):
             raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
-    transformers = _transformers(target)
+    transformers = transformers_of(target)
     plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
     if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
@@ -116,7 +117,7 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
 
 def unparallelize(target: Any) -> torch.nn.Module:
     """Undo `parallelize`: the original processors back, the hooks removed. Returns the transformer."""
-    transformers = _transformers(target)
+    transformers = transformers_of(target)
     if getattr(transformers[0], "_streamfusion", None) is None:
         raise ValueError("this transformer is not parallelized")
     for transformer in reversed(transformers):  # the reverse of parallelize: a scheduler's step comes back whole
@@ -124,6 +125,7 @@ def unparallelize(target: Any) -> torch.nn.Module:
         for module, name in reversed(installed.hooks):
             module._diffusers_hook.remove_hook(name, recurse=False)
         transformer.set_attn_processor(dict(installed.processors))
+        release_skips(transformer)
         transformer._streamfusion = None
     if is_split(getattr(target, "vae", None)):
         unsplit_vae_decode(target.vae)

@@ -25,6 +25,7 @@ from ..core.context import ParallelContext
 from ..core.sequence import gather, shard, split_sizes
 from .plans import ModelPlan
 from .processors import ShardState, TokenLayout
+from .stack.skips import agree_skips
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ class PlanGatherHook(ModelHook):
 
 
 class ForwardHook(ModelHook):
-    """Around the whole transformer forward: a fresh layout, and the plan's key masks checked once."""
+    """Around the whole transformer forward: a fresh layout, the plan's key masks checked once, and the skip
+    decision of any First Block Cache agreed over the ranks (stack/skips.py)."""
 
     def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...]):
         super().__init__()
@@ -145,6 +147,8 @@ class ForwardHook(ModelHook):
         return module
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        if not torch.compiler.is_compiling():  # a cache enabled before or after parallelize (none compiles whole)
+            agree_skips(module, self.ctx)
         arguments = {**dict(zip(self.names, args)), **kwargs}
         checked = []
         for name in self.key_masks:
