@@ -22,7 +22,7 @@ from .core.config import Layout, ParallelConfig, cfg_shape, machine_shape, resol
 from .core.join import join_job
 from .core.links import parse_link
 from .core.logs import forget_said, quiet_other_ranks
-from .core.mesh import CfgGroups, GroupCache, Mesh
+from .core.mesh import CfgGroups, Group, GroupCache, Mesh
 from .kernels.state import KernelState
 
 logger = logging.getLogger(__name__)
@@ -138,6 +138,16 @@ class ParallelContext:
     @property
     def world_size(self) -> int:
         return self.cfg.sp.size
+
+    @property
+    def pipeline_group(self) -> Group:
+        """The ranks that run one pipeline together and so hold the same latents: the whole job (both guidance
+        branches too), or with `worlds` given, this rank's world only (another world runs its own prompt). What
+        work outside the transformer, such as the VAE decode, is shared over. Collective on first use."""
+        if self.worlds:
+            return self.cfg.sp
+        pg = self.groups.world(self.config.timeout_s) if self.job_size > 1 else None
+        return Group(tuple(range(self.job_size)), self.global_rank, pg, "job")
 
     @property
     def branch_shape(self) -> tuple[int, int]:

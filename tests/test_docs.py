@@ -39,6 +39,7 @@ LEFT_OUT = {  # how a command starts -> why it is not run here
     "streamfusion generate --model tiny-cogvideox": "tests/test_pipeline.py runs this job (tiny CogVideoX, usp)",
     "streamfusion generate --model tiny-wan": "tests/test_generate_models_p4.py runs this job (cfg 2)",
     "streamfusion generate --model tiny-qwen-image": "tests/test_generate_models_p4.py runs this job (true CFG)",
+    "streamfusion generate --cache": "tests/test_stack_p4.py runs this stack, with a LoRA it makes",
     "streamfusion bench --cpu --machines 2 --gpus-per-machine 2 --workloads custom:250:6:8:16":
         "tests/test_bench.py runs this layer-level job on 2 x 2",
     "streamfusion bench --cpu --level block,step": "tests/test_bench_levels.py runs this on 2 x 2, at half the tokens",

@@ -165,7 +165,8 @@ def auto_layout(ctx: ParallelContext, q: Tensor, seq_lens: Sequence[int], joint_
     cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
     decide = ctx.global_rank == 0
     box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
-    # every branch runs the same shapes together: one choice for all, bounded by timeout_s
+    # every branch runs the same shapes together, and with worlds given every world too (the process groups of a
+    # layout's mesh are made by every rank of the job at once): one choice for all, bounded by timeout_s
     dist.broadcast_object_list(box, src=0, group=ctx.groups.world(config.timeout_s))
     if decide:
         logger.info("streamfusion auto: %s (%s)", box[0].layout, box[0].why)

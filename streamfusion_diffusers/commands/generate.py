@@ -85,6 +85,7 @@ def run_rank(job: Job) -> dict | None:
     from ..models.build import build_pipeline, load_pipeline
     from ..models.full import build_full_pipeline, encode_first
     from ..diffusers.parallel_pipeline import parallelize
+    from ..diffusers.stack.apply import apply_stack
 
     family = family_of(job.model)
     rank = dist.get_rank()
@@ -105,6 +106,7 @@ def run_rank(job: Job) -> dict | None:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
+    stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     kwargs: dict[str, Any] = dict(**prompt, height=job.height, width=job.width,
@@ -132,6 +134,7 @@ def run_rank(job: Job) -> dict | None:
         "vae_decode": transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded over the ranks
         "encoded_first": "prompt_embeds" in prompt,  # encoder freed before the transformer was built (in build_s)
         "cuda_graph": job.cuda_graph,
+        "stack": stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
@@ -143,6 +146,13 @@ def run_rank(job: Job) -> dict | None:
     record["outputs"] = _write_output(job, result)
     (Path(job.output) / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _stacked(value: Any) -> str:
+    """One part of run.json's "stack" as the summary line says it (LoRAs as PATH:SCALE)."""
+    if isinstance(value, list):
+        return ", ".join(f"{lora['path']}:{lora['scale']:g}" for lora in value)
+    return str(value)
 
 
 def _memory_line(job: Job) -> str:
@@ -180,6 +190,8 @@ def main(args: argparse.Namespace) -> int:
               f"generating, {wall - record['generate_s']:.2f} s start-up and writing (processes, imports, the "
               f"pipeline's build {record['build_s']:.2f} s), {wall:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
+        if record["stack"]:
+            print("stack: " + "; ".join(f"{part} {_stacked(value)}" for part, value in record["stack"].items()))
         if job.parallel.method == "auto":
             print("method auto: " + "; ".join(sorted({a["why"] for a in record["attention"]})))
         print(f"wrote {', '.join(record['outputs'][:3])}{' ...' if len(record['outputs']) > 3 else ''} and "

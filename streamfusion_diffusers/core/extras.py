@@ -6,6 +6,7 @@ EXTRAS = {  # top-level module -> the extra that installs it (pyproject.toml's o
     "imageio": "diffusers", "imageio_ffmpeg": "diffusers",
     "xfuser": "xdit", "distvae": "xdit", "yunchang": "bench", "matplotlib": "bench",
     "nvshmem": "nvshmem", "cuda": "nvshmem", "triton": "triton", "pytest": "test",
+    "torchao": "quantize", "peft": "lora",
 }
 
 
