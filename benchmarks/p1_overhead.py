@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument("--label", default="after")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip the models left after this long")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run (e.g. --models tiny-flux2)")
+    parser.add_argument("--kernel", default="auto", help="ParallelConfig.kernel of ours")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
@@ -135,11 +136,11 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-    ctx = init_parallel(ParallelConfig(method="ulysses"))
+    ctx = init_parallel(ParallelConfig(method="ulysses", kernel=args.kernel))
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     results: dict[str, Any] = {"label": args.label, "device": device_name, "torch": torch.__version__,
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "iters": args.iters,
-                               "rounds": args.rounds, "rows": []}
+                               "rounds": args.rounds, "kernel": args.kernel, "rows": []}
     start = time.perf_counter()
     for name in [m for m in args.models.split(",") if m]:
         if time.perf_counter() - start > args.budget_s:

@@ -64,9 +64,11 @@ def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None,
     the joint queries. Returns the sequence rows' output and the joint shard, finished."""
     front = (shard.q, shard.k, shard.v) if shard is not None else ()
     if mesh.layout.ulysses_intra == 1 and not front:
-        # one rank holds every key (P = 1): nothing to move, and q, k, v go to the kernel as they lie, views
-        # included (Flux.2's fused QKV+MLP projection hands out strided ones): no layout copy, as diffusers' own
+        # one rank holds every key (P = 1): nothing to move, nothing to merge. q, k, v go to the kernel as they
+        # lie, views included (Flux.2's fused QKV+MLP projection hands out strided ones), and "auto" takes torch's
+        # SDPA without log-sum-exp: what diffusers' own backend runs, so P = 1 costs what plain diffusers costs
         xq, xk, xv = q, k, v
+        kernel = "sdpa" if kernel == "auto" else kernel
     else:
         xq, xk, xv = (x[0] for x in scatter_heads((q, k, v), mesh, transport, lens, front))
     partial = Partial()
