@@ -28,7 +28,7 @@ def test_old_recipes_names_warn_and_still_load():
 
 @pytest.mark.parametrize("waves", [2, "auto", 1])
 def test_waves_are_retired_naming_the_alternative(waves):
-    from streamfusion_diffusers.parallelize import parallelize
+    from streamfusion_diffusers import parallelize
 
     with pytest.raises(ValueError, match=r"retired.*cuda_graph=True.*torch.compile"):
         parallelize(None, None, waves=waves)  # refused first, before the target is looked at
