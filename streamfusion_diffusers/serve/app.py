@@ -40,9 +40,39 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _route(request: Request) -> str:
-    route = request.scope.get("route")
-    return getattr(route, "path", "other")
+class Guard:
+    """Every request: the API key on /v1 routes, then its status and latency into the metrics. Plain ASGI (not
+    Starlette's BaseHTTPMiddleware, which would hide a client's disconnect from the route that waits)."""
+
+    def __init__(self, app: Any, service: Service, api_key: str | None):
+        self.app, self.service = app, service
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.monotonic()
+        if self.expected is not None and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = ApiError(401, "missing or wrong API key: send the header Authorization: Bearer <key>",
+                                 code="invalid_api_key")
+                self.service.metrics.request("/v1 (unauthorized)", 401, time.monotonic() - started)
+                response = JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        status = 500
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "other")
+            self.service.metrics.request(route, status, time.monotonic() - started)
 
 
 def make_app(service: Service, api_key: str | None, max_body_bytes: int) -> FastAPI:
@@ -56,21 +86,8 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int) -> Fast
         await service.close()
 
     app = FastAPI(title="streamfusion serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    expected = f"Bearer {api_key}".encode() if api_key else None
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        started = time.monotonic()
-        if expected is not None and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                error = ApiError(401, "missing or wrong API key: send the header Authorization: Bearer <key>",
-                                 code="invalid_api_key")
-                service.metrics.request("/v1 (unauthorized)", 401, time.monotonic() - started)
-                return JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        response = await call_next(request)
-        service.metrics.request(_route(request), response.status_code, time.monotonic() - started)
-        return response
+    app.add_middleware(Guard, service=service, api_key=api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
