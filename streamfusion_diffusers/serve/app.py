@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTex
 from starlette.exceptions import HTTPException
 
 from .errors import ApiError
-from .service import Service
+from .service import Service, what_ran
 from .validation import FPS, parse_form, parse_json
 
 logger = logging.getLogger(__name__)
@@ -150,10 +150,7 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int) -> Fast
         result = await service.wait(work, request.is_disconnected)
         return {"created": int(time.time()),
                 "data": [{"b64_json": base64.b64encode(png).decode()} for png in result["outputs"]],
-                "streamfusion": {"group": work.group.index, "queued_s": work.started - work.arrived,
-                                 "seconds": time.monotonic() - work.arrived, "seeds": [params.seed + i for i in
-                                                                                        range(params.n)],
-                                 "runs": result["records"]}}
+                "streamfusion": what_ran(work, result)}
 
     @app.post("/v1/videos")
     async def create_video(request: Request) -> dict[str, Any]:

@@ -152,7 +152,7 @@ class Service:
         error = job.work.done.exception()
         if error is None:
             result = job.work.done.result()
-            self.videos.complete(job, result["outputs"][0], result["records"][0])
+            self.videos.complete(job, result["outputs"][0], what_ran(job.work, result))
         elif isinstance(error, ApiError):
             self.videos.fail(job, error.code or "failed", error.message)
         else:
@@ -201,4 +201,11 @@ class Service:
         self.videos.close()
 
 
-__all__ = ["Service"]
+def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
+    """The answer's extra field: the group, the time queued and in all, the seeds, and each generation's record
+    (what run.json holds)."""
+    return {"group": work.group.index, "queued_s": work.started - work.arrived, "seconds": time.monotonic() -
+            work.arrived, "seeds": [work.params.seed + i for i in range(work.params.n)], "runs": result["records"]}
+
+
+__all__ = ["Service", "what_ran"]
