@@ -14,6 +14,7 @@ import errno
 import importlib.util
 import os
 import socket
+import sys
 
 import torch
 
@@ -126,6 +127,9 @@ def listen(host: str, port: int) -> socket.socket:
 def main(args: argparse.Namespace) -> int:
     job, devices = serve_job(args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"streamfusion serve: listening on {args.host} without --api-key: anyone who reaches this port can "
+              f"run the GPUs", file=sys.stderr)
     sock = listen(args.host, args.port)
     import uvicorn
 

@@ -48,7 +48,7 @@ class Service:
         self.created = int(time.time())
         self.ready_once = False
         self.draining = False
-        self.failure: RankFailure | None = None  # why the first start failed (the command reports it)
+        self.failure: Exception | None = None  # why the first start failed (the command reports it)
         self.running = 0
         self._tasks: list[asyncio.Task] = []
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
@@ -65,7 +65,7 @@ class Service:
             if group.state != "ready":
                 try:
                     await asyncio.to_thread(group.start)
-                except RankFailure as err:
+                except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
                     group.stop(now=True)
                     if self.draining or self.queue.closed:
                         return
@@ -74,7 +74,8 @@ class Service:
                         self.on_exit(1)
                         return
                     failures += 1
-                    logger.warning("group %d: restart %d failed: %s", group.index, failures, err.summary)
+                    logger.warning("group %d: restart %d failed: %s", group.index, failures,
+                                   getattr(err, "summary", err))
                     if failures >= MAX_RESTARTS:
                         group.state = "failed"
                         await self._lost_group()
@@ -107,10 +108,13 @@ class Service:
         self.running += 1
         try:
             result = await asyncio.to_thread(group.run, work.params, work.deadline - work.started)
-        except RankFailure as err:
-            work.fail(ApiError(failure_status(err), f"the request failed on parallel group {group.index}: "
-                                                    f"{err.summary}; the group restarts", code="rank_failed"))
-            logger.warning("group %d: %s; restarting it", group.index, err.summary)
+        except Exception as err:  # noqa: BLE001 - RankFailure (the pool stopped its ranks), or the pool's own error
+            summary = err.summary if isinstance(err, RankFailure) else f"{type(err).__name__}: {err}"
+            status = failure_status(err) if isinstance(err, RankFailure) else 500
+            work.fail(ApiError(status, f"the request failed on parallel group {group.index}: {summary}; the group "
+                                       f"restarts", code="rank_failed"))
+            logger.warning("group %d: %s; restarting it", group.index, summary)
+            group.stop(now=True)
             group.state = "recovering"
             group.restarts += 1
             self.metrics.restarts += 1
@@ -138,6 +142,9 @@ class Service:
             done, _ = await asyncio.wait({work.done}, timeout=POLL_S)
             if done:
                 return work.done.result()
+            if work.started is None and time.monotonic() > work.deadline and self.queue.drop(work):
+                raise ApiError(504, "the request waited past --request-timeout in the queue and did not run",
+                               code="timeout")
             if work.started is None and await disconnected() and self.queue.drop(work):
                 self.metrics.dropped += 1
                 raise ApiError(499, "the client closed the connection before the request started", code="dropped")
