@@ -83,9 +83,10 @@ def note(value: Any) -> None:
         _OUTBOX.put((int(os.environ["RANK"]), None, value))
 
 
-def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float, env: dict[str, str]) -> None:
+def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
+          env: dict[str, str] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.update(env)
+    os.environ.update(env or {})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     import torch
