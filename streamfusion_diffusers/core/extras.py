@@ -3,9 +3,11 @@ from __future__ import annotations
 
 EXTRAS = {  # top-level module -> the extra that installs it (pyproject.toml's optional-dependencies)
     "diffusers": "diffusers", "transformers": "diffusers", "accelerate": "diffusers", "PIL": "diffusers",
-    "imageio": "video", "imageio_ffmpeg": "video", "fastapi": "serve", "uvicorn": "serve", "starlette": "serve",
+    "imageio": "diffusers", "imageio_ffmpeg": "diffusers", "fastapi": "serve", "uvicorn": "serve",
+    "starlette": "serve",
     "xfuser": "xdit", "distvae": "xdit", "yunchang": "bench", "matplotlib": "bench",
     "nvshmem": "nvshmem", "cuda": "nvshmem", "triton": "triton", "pytest": "test",
+    "torchao": "quantize", "peft": "lora",
 }
 
 

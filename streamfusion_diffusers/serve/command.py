@@ -98,7 +98,7 @@ def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
                          f"(the two do not fit one GPU together), so it cannot take a prompt per request: serve it "
                          f"with --weights, or serve another model")
     if job.spec.video and importlib.util.find_spec("imageio_ffmpeg") is None:
-        raise ValueError(f"serving video needs an mp4 encoder: {install_hint('video')}")
+        raise ValueError(f"serving video needs an mp4 encoder: {install_hint('diffusers')}")
     return job, group_devices(args.replicas, job.world_size, gpu)
 
 

@@ -93,9 +93,13 @@ def _generate(served: Served, params: Params, index: int, deadline: float) -> tu
         torch.cuda.reset_peak_memory_stats(served.prepared.device)
     phases = PhaseTimer(served.prepared.device)
     started = time.perf_counter()
-    with torch.inference_mode():
-        result = phases.call(served.prepared.pipe, callback_on_step_end=_step_end(served, deadline, job.steps),
-                             **kwargs)
+    pipe = served.prepared.pipe
+    try:
+        with torch.inference_mode():
+            result = phases.call(pipe, callback_on_step_end=_step_end(served, deadline, job.steps), **kwargs)
+    except _Late:  # stopped mid-call: reset what a finished call resets (a cache's state), as the pipeline would
+        pipe.maybe_free_model_hooks()
+        raise
     seconds = phases.now() - started
     if dist.get_rank() != 0:
         return None, None
