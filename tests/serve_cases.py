@@ -9,12 +9,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"^serving (\S+) on (http://127\.0\.0\.1:\d+) \((.*)\)$")
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's package; playwright is never let download a browser of its own
 START_S = 180.0  # ranks started, pipeline built and warmed (a few seconds on 2 idle cores; CI is slower)
 
 
@@ -84,3 +88,17 @@ class Server:
         self.stop()
         for pid in self.left():  # ranks of a server killed at once end by themselves within a second or two
             psutil.Process(pid).kill()
+
+
+@contextmanager
+def browser_page() -> Iterator:
+    """A page of headless Chromium driven by playwright; the test skips, saying why, where either is missing."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (Debian's package) to run the page test")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()

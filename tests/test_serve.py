@@ -5,12 +5,12 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,7 +18,7 @@ import openai
 import pytest
 from PIL import Image
 
-from serve_cases import ROOT, Server
+from serve_cases import ROOT, Server, browser_page
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -67,7 +67,7 @@ def test_openai_client_generates_images(client):
 def test_a_served_image_is_pixel_identical_to_generate(client, tmp_path):
     subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", "tiny-flux", "--prompt",
                     PROMPT, "--seed", "0", "--output", str(tmp_path)], cwd=ROOT, check=True, capture_output=True,
-                   env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
     generated = np.asarray(Image.open(tmp_path / "image.png"))
     # random weights are seeded by --seed in both (the server's default 0): the request's seed is the same one
     answer = client.images.generate(model="tiny-flux", prompt=PROMPT, response_format="b64_json",
@@ -201,28 +201,17 @@ def test_a_request_past_the_timeout_gets_504_and_the_ranks_stay_in_step(server):
     assert "streamfusion_restarts_total 0" in httpx.get(server.url + "/metrics").text
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-
 def test_the_page_generates_an_image_in_a_real_browser(server):
-    if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (Debian's package) to run the page test")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.goto(server.url + "/")
-            assert page.text_content("#model") == "tiny-flux"
-            page.fill("#key", KEY)
-            page.fill("#seed", "5")
-            page.click("#generate")
-            page.wait_for_selector("#result", timeout=60_000)
-            width = page.eval_on_selector("#result", "img => img.naturalWidth")
-            status = page.text_content("#status")
-            ran = json.loads(page.text_content("#ran"))
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.goto(server.url + "/")
+        assert page.text_content("#model") == "tiny-flux"
+        page.fill("#key", KEY)
+        page.fill("#seed", "5")
+        page.click("#generate")
+        page.wait_for_selector("#result", timeout=60_000)
+        width = page.eval_on_selector("#result", "img => img.naturalWidth")
+        status = page.text_content("#status")
+        ran = json.loads(page.text_content("#ran"))
     assert width == 64
     assert "usp 2x2 U2R2" in status and "seed 5" in status
     assert ran["runs"][0]["seed"] == 5

@@ -10,7 +10,7 @@ import imageio.v3 as iio
 import openai
 import pytest
 
-from serve_cases import Server
+from serve_cases import Server, browser_page
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +57,14 @@ def test_video_requests_are_checked(server):
         assert http.post("/v1/videos", json={"prompt": "a", "seconds": "x"}).json()["error"]["param"] == "seconds"
         assert http.post("/v1/images/generations", json={"prompt": "a"}).json()["error"]["code"] == "wrong_endpoint"
         assert http.get("/v1/videos/video_nope").status_code == 404
+
+
+def test_the_page_makes_a_video_in_a_real_browser(server):
+    with browser_page() as page:
+        page.goto(server.url + "/")
+        assert page.is_visible("#frames") and not page.is_visible("#key")
+        page.fill("#seed", "2")
+        page.click("#generate")
+        page.wait_for_selector("video#result", timeout=120_000)
+        status = page.text_content("#status")
+    assert "done in" in status and "seed 2" in status
