@@ -93,17 +93,25 @@ def run_rank(job: Job) -> dict | None:
     ctx = init_parallel(job.parallel)
     started = time.perf_counter()
     prompt: dict[str, Any] = {"prompt": job.prompt}
+    # sharded weights: built (or loaded) in host memory, each rank's shards then moved to its GPU one block at a
+    # time by parallelize, so no GPU ever holds a whole model
+    home = torch.device("cpu") if job.shard_weights and real_size(job.model) else device
     if job.weights:
-        pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
-    elif real_size(job.model) and family.encode_first:  # encoder and transformer do not fit one GPU together
+        pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=home)
+    elif real_size(job.model) and family.encode_first and not job.shard_weights:  # encoder and transformer do
+        # not fit one GPU together
         pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.seed, dtype=dtype,
                                     device=device)
         prompt = {"prompt_embeds": embeds}
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
-        pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
-    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
+        pipe = build(job.model, seed=job.seed, dtype=dtype, device=home)
+    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights)
+    if home != device:  # what was not sharded (the VAE, small encoders); the shards are on the GPU already
+        for name, part in pipe.components.items():
+            if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
+                part.to(device)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     kwargs: dict[str, Any] = dict(**prompt, height=job.height, width=job.width,
                                   num_inference_steps=job.steps,
@@ -113,7 +121,8 @@ def run_rank(job: Job) -> dict | None:
                                                        job.max_sequence_length))
     built = time.perf_counter()
     phases = PhaseTimer(device)
-    with torch.inference_mode():
+    # sharded weights: no_grad, as diffusers' pipelines run (FSDP2 fails under inference_mode before torch 2.13)
+    with torch.no_grad() if job.shard_weights else torch.inference_mode():
         result = phases.call(pipe, **kwargs)
     finished = phases.now()
     if rank != 0:
@@ -130,6 +139,8 @@ def run_rank(job: Job) -> dict | None:
         "vae_decode": transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded over the ranks
         "encoded_first": "prompt_embeds" in prompt,  # encoder freed before the transformer was built (in build_s)
         "cuda_graph": job.cuda_graph,
+        "shard_weights": job.shard_weights,
+        "sharded": list(transformer._streamfusion.sharded),  # what FSDP2 sharded (empty on one rank: nothing to)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),

@@ -85,6 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-vae-split decodes untiled on rank 0 only")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
+    parser.add_argument("--shard-weights", action="store_true",
+                        help="every rank holds 1/P of the transformer's and text encoders' weights (torch FSDP2), "
+                             "each block gathered just before it runs: the same output in less memory per GPU "
+                             "(`streamfusion plan --memory` says how much)")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class Job:
     output: str
     vae_split: bool = True
     cuda_graph: bool = False
+    shard_weights: bool = False
 
     @property
     def spec(self) -> ModelSpec:
@@ -226,6 +231,9 @@ def make_job(args: argparse.Namespace) -> Job:
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
+    if args.cuda_graph and args.shard_weights:
+        raise ValueError("--shard-weights does not compose with --cuda-graph (FSDP2 gathers and frees each block's "
+                         "weights every forward, which a captured graph cannot replay): drop one")
     if args.cuda_graph and not gpu:
         from ..diffusers.graphs import NO_GPU
         raise ValueError(NO_GPU)
@@ -233,4 +241,5 @@ def make_job(args: argparse.Namespace) -> Job:
                steps=given(args.steps, spec.steps), guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
-               gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph)
+               gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph,
+               shard_weights=args.shard_weights)
