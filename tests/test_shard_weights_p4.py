@@ -131,25 +131,29 @@ def test_the_cfg_split_with_sharded_weights(pool):
 
 
 def _cached(config: ParallelConfig) -> dict:
-    """On every rank: tiny Flux with diffusers' FirstBlockCache (a threshold that skips the later blocks on the
-    second step), parallelized, unsharded against sharded."""
+    """On every rank: tiny Flux with diffusers' FirstBlockCache (a threshold that skips the later blocks from the
+    second step on), parallelized, unsharded against sharded; which runs computed the last block's attention."""
     from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache
+
+    calls = []
 
     def run(shard: bool) -> torch.Tensor:
         pipe = build_pipeline("tiny-flux")
         pipe.set_progress_bar_config(disable=True)
         apply_first_block_cache(pipe.transformer, FirstBlockCacheConfig(threshold=1e6))
+        pipe.transformer.single_transformer_blocks[0].attn.register_forward_pre_hook(lambda *_: calls.append(shard))
         parallelize(pipe, init_parallel(config), vae=False, shard_weights=shard)
         with torch.no_grad():
             return pipe(prompt="a red cat", num_inference_steps=3, output_type="latent", height=36, width=36,
                         generator=torch.Generator().manual_seed(0))[0]
 
-    return {"error": relative_error(run(True), run(False))}
+    return {"error": relative_error(run(True), run(False)), "calls": calls}
 
 
 def test_first_block_cache_with_sharded_weights(pool):
     for res in pool.run(_cached, ULYSSES):
         assert res["error"] <= TOL, res
+        assert res["calls"] == [True, False], res  # the later blocks ran at the first step only, then were skipped
 
 
 def _refusals() -> list[str]:
