@@ -93,12 +93,13 @@ def run_rank(job: Job) -> dict | None:
     ctx = init_parallel(job.parallel)
     started = time.perf_counter()
     prompt: dict[str, Any] = {"prompt": job.prompt}
-    # sharded weights: built (or loaded) in host memory, each rank's shards then moved to its GPU one block at a
-    # time by parallelize, so no GPU ever holds a whole model
-    home = torch.device("cpu") if job.shard_weights and real_size(job.model) else device
+    # sharded weights (on more than one rank; on one they are a no-op): built (or loaded) in host memory, each
+    # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model
+    shards = job.shard_weights and job.world_size > 1
+    home = torch.device("cpu") if shards and real_size(job.model) else device
     if job.weights:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=home)
-    elif real_size(job.model) and family.encode_first and not job.shard_weights:  # encoder and transformer do
+    elif real_size(job.model) and family.encode_first and not shards:  # encoder and transformer do
         # not fit one GPU together
         pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.seed, dtype=dtype,
                                     device=device)
