@@ -79,7 +79,8 @@ def test_every_model_sharded_gives_the_parallel_output(pool, name):
 
 def _transformer(config: ParallelConfig, how: str) -> dict:
     """On every rank: tiny Flux at an uneven token count, parallelized, against the same model parallelized with
-    its weights sharded, two forwards; `how` adds LoRA before or after the sharding, or compiles the blocks."""
+    its weights sharded, two forwards; `how` adds LoRA before or after the sharding, compiles the blocks, runs under
+    inference_mode, or makes a forward raise first."""
     case = FLUX_CASES["text-sharded-uneven-image"]
     inputs = case.inputs(4)
 
@@ -95,12 +96,23 @@ def _transformer(config: ParallelConfig, how: str) -> dict:
                 _lora(m)
         return m
 
-    with torch.no_grad():
+    with torch.inference_mode() if how == "inference-mode" else torch.no_grad():
         reference = model(False)(**inputs).sample
         sharded = model(True)
         between = _share([sharded])
+        if how == "after-an-error":  # every rank raises inside the second block, once
+            handle = sharded.single_transformer_blocks[0].register_forward_pre_hook(_fail)
+            try:
+                sharded(**inputs)
+            except RuntimeError:
+                handle.remove()
+            between = _share([sharded])  # nothing left gathered by the forward that raised
         outs = [sharded(**inputs).sample for _ in range(2)]
     return {"errors": [relative_error(o, reference) for o in outs], "share": between, "after": _share([sharded])}
+
+
+def _fail(*_: object) -> None:
+    raise RuntimeError("a block failed")
 
 
 def _lora(model: torch.nn.Module) -> None:
@@ -114,8 +126,10 @@ def _lora(model: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize(("config", "how"), [(TORUS, "plain"), (ULYSSES, "plain"), (RING, "plain"),
                                              (ULYSSES, "lora-before"), (TORUS, "lora-after"),
-                                             (ULYSSES, "compiled")],
-                         ids=["torus", "ulysses", "ring", "lora-before", "lora-after", "compiled"])
+                                             (ULYSSES, "compiled"), (TORUS, "inference-mode"),
+                                             (ULYSSES, "after-an-error")],
+                         ids=["torus", "ulysses", "ring", "lora-before", "lora-after", "compiled", "inference-mode",
+                              "after-an-error"])
 def test_a_sharded_transformer_gives_the_parallel_output(pool, config, how):
     for res in pool.run(_transformer, config, how):
         assert all(e <= TOL for e in res["errors"]), res

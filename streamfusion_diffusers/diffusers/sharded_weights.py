@@ -17,6 +17,7 @@ forwards), the rank's own world. A DeviceMesh over that process group of the con
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -78,7 +79,8 @@ def blocks_of(model: nn.Module) -> list[list[nn.Module]]:
 
 def shard_model(model: nn.Module, mesh: DeviceMesh) -> int:
     """fully_shard every block of the model, then the model as the root, for inference; returns the unit count.
-    Each block prefetches the next one of its list in forward."""
+    Each block prefetches the next one of its list in forward. Parameters on another device than the mesh's
+    (built on the CPU) move there one unit at a time, so a GPU never holds more than its shards and one block."""
     groups = blocks_of(model)
     for blocks in groups:
         for block in blocks:
@@ -86,7 +88,24 @@ def shard_model(model: nn.Module, mesh: DeviceMesh) -> int:
         for block, following in zip(blocks, blocks[1:]):
             block.set_modules_to_forward_prefetch([following])
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < INFERENCE_MODE_FIXED:
+        model.register_forward_pre_hook(_refuse_inference_mode, prepend=True)  # before FSDP's own
+    if hasattr(FSDPModule, "reset_iter_state"):  # torch >= 2.13
+        model.register_forward_hook(_reset_after_error, always_call=True)
     return 1 + sum(len(blocks) for blocks in groups)
+
+
+def _refuse_inference_mode(module: nn.Module, args: tuple) -> None:
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"sharded weights under torch.inference_mode() need torch >= 2.13 (this is "
+                           f"{torch.__version__}): call the pipeline under torch.no_grad(), as diffusers does")
+
+
+def _reset_after_error(module: FSDPModule, args: tuple, output: object) -> None:
+    """A forward that raised leaves FSDP2's per-forward state undefined (blocks gathered, the root's forward still
+    open): reshard and clear it, so the next forward starts clean."""
+    if sys.exc_info()[1] is not None:
+        module.reset_iter_state()
 
 
 def shard_pipeline(target: nn.Module | object, transformers: list[nn.Module], ctx: ParallelContext) -> list[str]:
