@@ -144,6 +144,26 @@ def test_the_cfg_split_with_sharded_weights(pool):
         assert res["error"] <= TOL and res["share"] <= 0.26, res
 
 
+def _two_worlds() -> dict:
+    """On every rank: two SP groups of 2 in one job (worlds [[0, 1], [2, 3]], as xDiT's data-parallel copies), each
+    running its own inputs with sharded weights: each world shards over its own two ranks only."""
+    case = FLUX_CASES["text-sharded-uneven-image"]
+    world = dist.get_rank() // 2
+    inputs = case.inputs(4 + world)
+    with torch.no_grad():
+        reference = build_transformer(case.config, seed=3)(**inputs).sample
+        model = build_transformer(case.config, seed=3)
+        parallelize(model, init_parallel(ParallelConfig(machines=1, gpus_per_machine=2, method="ulysses"),
+                                         worlds=[[0, 1], [2, 3]]), shard_weights=True)
+        out = model(**inputs).sample
+    return {"error": relative_error(out, reference), "share": _share([model])}
+
+
+def test_each_world_shards_over_its_own_ranks(pool):
+    for res in pool.run(_two_worlds):
+        assert res["error"] <= 1e-4 and 0.49 <= res["share"] <= 0.51, res
+
+
 def _cached(config: ParallelConfig) -> dict:
     """On every rank: tiny Flux with diffusers' FirstBlockCache (a threshold that skips the later blocks from the
     second step on), parallelized, unsharded against sharded; which runs computed the last block's attention."""

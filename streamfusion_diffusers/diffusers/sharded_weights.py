@@ -12,7 +12,8 @@ output is the unsharded model's.
 Over which ranks: those that run every forward together, the whole job (with the CFG split too: both branches run
 each forward at once, so the weights shard over all of them, half the bytes per rank of a per-branch split for the
 same bytes received per all-gather); with `worlds` given (xDiT's data-parallel copies, which may run different
-forwards), the rank's own world. A DeviceMesh over that process group of the context, never the default group.
+forwards), the rank's own world. A DeviceMesh over that process group of the context, never the default group;
+on the CPU (gloo: the tests) a CPU DeviceMesh, and FSDP2 needs nothing else there.
 """
 from __future__ import annotations
 
