@@ -52,7 +52,7 @@ TINY = {  # --tiny: config and latent shape (3 latent frames go through the caus
 
 
 def _strategies(vae: torch.nn.Module, rank: int, world: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    calls = {"one-rank": lambda z: one_rank_decode(vae, z, rank),
+    calls = {"one-rank": lambda z: one_rank_decode(vae, z),
              "patch-parallel": lambda z: parallel_decode(vae, z, rank, world)}
     if isinstance(vae, TILED):
         calls["tiles"] = lambda z: split_decode(vae, z, rank, world)

@@ -14,9 +14,11 @@ from .attention import sp_attention
 from .choice.choose import auto_layout
 from .core.config import Layout, ParallelConfig
 from .core.context import ParallelContext, init_parallel as _bind, shutdown
+from .core.logs import quiet_other_ranks
 from .core.mesh import GroupCache
 
 _moved.install()  # old import paths of moved modules, for one release
+quiet_other_ranks()  # under a launcher, before a script imports diffusers (and with it transformers)
 
 _LAZY = {"parallelize": ".diffusers.parallel_pipeline", "unparallelize": ".diffusers.parallel_pipeline"}  # name -> module (diffusers)
 

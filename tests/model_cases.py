@@ -16,7 +16,7 @@ from diffusers import FluxPipeline
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
-from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD
+from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD, relative_error
 from streamfusion_diffusers.core.mesh import GroupCache
 from streamfusion_diffusers.core.sequence import split_sizes
 from streamfusion_diffusers.models import TINY_COGVIDEOX, TINY_FLUX
@@ -110,8 +110,8 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
         out = model(**inputs).sample
         unparallelize(model)
         restored = model(**inputs).sample
-    return {"error": ((out - reference).norm() / reference.norm()).item(),
-            "restored_error": ((restored - reference).norm() / reference.norm()).item(),
+    return {"error": relative_error(out, reference),
+            "restored_error": relative_error(restored, reference),
             "block_tokens": seen[1], "expected_tokens": split_sizes(case.image_tokens, dist.get_world_size()),
             "processors": processors, "rank": dist.get_rank()}
 

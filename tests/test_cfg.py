@@ -17,6 +17,7 @@ from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, u
 from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.core.config import cfg_shape
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.mesh import cfg_branches
 from streamfusion_diffusers.diffusers.cfg import CFG_HOOK
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
@@ -73,7 +74,7 @@ def _pipeline(config: ParallelConfig, name: str = "tiny-cogvideox", guided: bool
     unparallelize(pipe)
     mesh = ctx.mesh(pipe.transformer.config.num_attention_heads)
     groups = {g.name: g.ranks for g in (mesh.torus, mesh.ulysses_intra, mesh.ring, mesh.world)}
-    return {"error": float(np.linalg.norm(out - reference) / np.linalg.norm(reference)), "full": full,
+    return {"error": relative_error(torch.from_numpy(out), torch.from_numpy(reference)), "full": full,
             "block": seen[-1], "calls": calls, "restored": type(pipe.scheduler).step is pipe.scheduler.step.__func__,
             "cfg": ctx.cfg.degree, "groups": groups, "rank": dist.get_rank()}
 
@@ -134,7 +135,7 @@ def _paired_latents(config: ParallelConfig, name: str) -> dict:
     parallelize(pipe, ctx, vae=False)
     out = run()
     unparallelize(pipe)
-    return {"error": ((out - reference).norm() / reference.norm()).item(), "cfg": ctx.cfg.degree,
+    return {"error": relative_error(out, reference), "cfg": ctx.cfg.degree,
             "calls": (before, [c - b for c, b in zip(calls, before)]), "full": full, "held": seen[-1],
             "attended": (attended, len(seen) - attended),
             "restored": type(pipe.scheduler).step is pipe.scheduler.step.__func__}
@@ -164,7 +165,7 @@ def _transformer(config: ParallelConfig, case: Case) -> dict:
         parallelize(model, ctx)
         out = model(**inputs, return_dict=False)[0]
         unparallelize(model)
-    return {"error": ((out - reference).norm() / reference.norm()).item(), "cfg": ctx.cfg.degree}
+    return {"error": relative_error(out, reference), "cfg": ctx.cfg.degree}
 
 
 @pytest.mark.parametrize("case", [FLUX_CASES["text-joint-batch2"], COGVIDEOX_CASES["rope-text-joint"]],
@@ -191,7 +192,7 @@ def _after_a_stale_call(config: ParallelConfig) -> list[float]:
         model(**stale)  # deferred; no pair follows
         got = [model(**x).sample for x in (uncond, cond)]
         unparallelize(model)
-    return [((g - w).norm() / w.norm()).item() for g, w in zip(got, want)]
+    return [relative_error(g, w) for g, w in zip(got, want)]
 
 
 def test_a_deferred_call_left_by_an_error_is_not_paired(pool):

@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_map_only
 
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.compiled import compile_blocks, repeated_blocks, uncompile_blocks
 from streamfusion_diffusers.models.build import build_transformer
 
@@ -43,7 +44,6 @@ def compiled_vs_eager(config: ParallelConfig, case: Case, seed: int, how: str, b
     move = lambda x: x.to(device, dtype) if x.is_floating_point() else x.to(device)  # noqa: E731
     model = build_transformer(case.config, seed=seed, dtype=dtype, device=device)
     calls = [tree_map_only(torch.Tensor, move, case.inputs(seed + i)) for i in (1, 2)]
-    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
     with torch.no_grad():
         references = [model(**inputs).sample for inputs in calls]
         parallelize(model, context(config))
@@ -57,8 +57,8 @@ def compiled_vs_eager(config: ParallelConfig, case: Case, seed: int, how: str, b
         uncompile_blocks(model)
         unparallelize(model)
     dist.barrier()
-    return {"vs_eager": [rel(o, e) for o, e in zip(outs, eager)],
-            "vs_reference": [rel(o, r) for o, r in zip(outs, references)], "graphs": graphs,
+    return {"vs_eager": [relative_error(o, e) for o, e in zip(outs, eager)],
+            "vs_reference": [relative_error(o, r) for o, r in zip(outs, references)], "graphs": graphs,
             "attention_layers": len(repeated_blocks(model))}
 
 
@@ -108,7 +108,7 @@ def bound_compiled_vs_eager(config: ParallelConfig, case: Case, seed: int) -> di
         eager = model(**inputs).sample
         out = torch.compile(model, fullgraph=True, backend=counting)(**inputs).sample
         unparallelize(model)
-    return {"vs_eager": ((out - eager).norm() / eager.norm()).item(), "nodes": nodes,
+    return {"vs_eager": relative_error(out, eager), "nodes": nodes,
             "attention_layers": len(repeated_blocks(model))}
 
 

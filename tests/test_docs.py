@@ -1,5 +1,7 @@
 """The commands of README.md and docs/USER_GUIDE.md: every one is either run here as written (CPU) or left out
-with its reason, so a command added to the docs is run or explained."""
+with its reason, so a command added to the docs is run or explained; the guide's complete script (`my_flux.py`)
+runs as written under torchrun on 2 CPU processes, gives the unparallelized image and says transformers' notices
+once."""
 from __future__ import annotations
 
 import os
@@ -8,10 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+from streamfusion_diffusers.commands.spawn import free_port
+from streamfusion_diffusers.core.exactness import relative_error
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = (ROOT / "README.md", ROOT / "docs" / "USER_GUIDE.md")
+GUIDE = ROOT / "docs" / "USER_GUIDE.md"
+DOCS = (ROOT / "README.md", GUIDE)
+RANKS = 2
 
 LEFT_OUT = {  # how a command starts -> why it is not run here
     "python3 -m venv": "makes the environment these tests run in",
@@ -30,6 +39,7 @@ LEFT_OUT = {  # how a command starts -> why it is not run here
     "streamfusion generate --model tiny-cogvideox": "tests/test_pipeline.py runs this job (tiny CogVideoX, usp)",
     "streamfusion generate --model tiny-wan": "tests/test_generate_models_p4.py runs this job (cfg 2)",
     "streamfusion generate --model tiny-qwen-image": "tests/test_generate_models_p4.py runs this job (true CFG)",
+    "streamfusion generate --cache": "tests/test_stack_p4.py runs this stack, with a LoRA it makes",
     "streamfusion bench --cpu --machines 2 --gpus-per-machine 2 --workloads custom:250:6:8:16":
         "tests/test_bench.py runs this layer-level job on 2 x 2",
     "streamfusion bench --cpu --level block,step": "tests/test_bench_levels.py runs this on 2 x 2, at half the tokens",
@@ -69,3 +79,45 @@ def test_the_command_runs_as_written(command, tmp_path):
     run = subprocess.run(command.replace("streamfusion ", python), shell=True, cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    if command == "streamfusion generate":  # what starts, at once; what the time in all counts
+        assert run.stdout.startswith("streamfusion generate: starting tiny-flux"), run.stdout
+        assert re.search(r"[\d.]+ s generating, [\d.]+ s start-up and writing .*, [\d.]+ s in all\n", run.stdout)
+
+
+@pytest.fixture(scope="module")
+def my_flux(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The guide's complete script, copied from the guide and run as it says: `torchrun --nproc-per-node 2
+    my_flux.py`, no GPU visible, no weights."""
+    script = re.search(r"A complete script \(`my_flux.py`\).*?```python\n(.*?)```", GUIDE.read_text(), re.S).group(1)
+    where = tmp_path_factory.mktemp("my_flux")
+    (where / "my_flux.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
+                          "--master-port", str(free_port()), "my_flux.py"], cwd=where, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return where, run
+
+
+def test_the_guides_script_gives_the_unparallelized_image(my_flux):
+    from PIL import Image
+
+    from streamfusion_diffusers.models.build import build_pipeline
+
+    where, _ = my_flux
+    want = build_pipeline("tiny-flux")("a red cat on a quiet street", height=64, width=64, num_inference_steps=2,
+                                       generator=torch.Generator("cpu").manual_seed(0)).images[0]
+    got = torch.from_numpy(np.asarray(Image.open(where / "cat.png"), dtype=np.float32))
+    want = torch.from_numpy(np.asarray(want, dtype=np.float32))
+    assert got.shape == want.shape == (64, 64, 3)
+    assert relative_error(got, want) < 1e-2  # float32 throughout: the 8-bit rounding of a pixel, now and then
+
+
+def test_the_guides_script_says_transformers_notices_once(my_flux):
+    """Where torchvision is missing transformers says a notice per image processor at diffusers' import, in
+    every process: the job says each one once."""
+    _, run = my_flux
+    notices = [line for line in run.stderr.splitlines() if "requires torchvision" in line]
+    if not notices:
+        pytest.skip("this environment's transformers says no torchvision notice")
+    assert len(notices) == len(set(notices)), "\n".join(notices)

@@ -1,8 +1,10 @@
 """What a new user meets first: bad options end in one line before any process starts, a real-size model is
 refused without GPUs, a killed rank ends `streamfusion generate`, the README's Python snippet runs as written,
-the package root exports what the README uses, and `tune`'s recipes are what method "auto" reads by default."""
+the package root exports what the README uses, `tune`'s recipes are what method "auto" reads by default, and a
+video model writes an mp4."""
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -17,7 +19,9 @@ import torch
 from streamfusion_diffusers.choice.choose import Cluster, choose
 from streamfusion_diffusers.choice.store import write_recipe
 from streamfusion_diffusers.choice.workloads import flux
+from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.core.extras import install_hint
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -83,6 +87,8 @@ def test_a_killed_rank_ends_generate_within_seconds(tmp_path):
     out, err = job.communicate(timeout=90)
     assert job.returncode != 0 and time.monotonic() - killed < 90
     assert "killed by SIGKILL" in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert out.startswith("streamfusion generate: starting tiny-flux (random weights) on 4 CPU processes as 2 "
+                          "machines x 2, method auto;"), out  # said before any process starts
     time.sleep(1)
     assert not [pid for pid in ranks if _alive(pid)], "ranks left behind"
 
@@ -105,6 +111,32 @@ def test_the_users_entries_come_before_the_packaged_ones(tmp_path, monkeypatch):
     write_recipe(tmp_path / "mine.yaml", "flux-dev", [mine])
     choice = choose(shape, cluster)
     assert choice.layout.method == "tas" and str(tmp_path / "mine.yaml") in choice.why, choice.why
+
+
+@pytest.mark.parametrize("encoder", [True, False])
+def test_a_video_model_writes_an_mp4_else_png_frames_said_once(tmp_path, monkeypatch, caplog, encoder):
+    """The diffusers extra brings imageio-ffmpeg (a wheel with ffmpeg in it): video.mp4 by default; without it,
+    PNG frames and one warning naming the extra."""
+    import imageio.v2 as imageio
+    from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
+    from PIL import Image
+
+    if not encoder:
+        monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # as if not installed
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    job = generate.make_job(parser.parse_args(["--model", "tiny-wan", "--height", "64", "--width", "96",
+                                               "--output", str(tmp_path)]))
+    frames = [Image.new("RGB", (96, 64), (8 * i, 100, 200)) for i in range(9)]
+    written = generate._write_output(job, WanPipelineOutput(frames=[frames]))
+    if encoder:
+        assert written == [str(tmp_path / "video.mp4")] and not caplog.records
+        video = imageio.mimread(written[0])
+        assert len(video) == 9 and video[0].shape == (64, 96, 3)
+    else:
+        assert written == [str(tmp_path / "frames" / f"{i:03d}.png") for i in range(9)]
+        assert [r.getMessage() for r in caplog.records] == [
+            f"no video encoder installed: writing the frames as PNGs (for video.mp4: {install_hint('diffusers')})"]
 
 
 def _free_port() -> int:

@@ -172,10 +172,11 @@ def test_triton_merge_interpreted(interpreted: None) -> None:
     assert math.isfinite(out.sum().item())
 
 
-def test_a_gluon_kernel_that_does_not_build_falls_back_once(monkeypatch: pytest.MonkeyPatch,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
-    """A triton whose Gluon cannot build the Hopper kernel costs one warning; the device then runs the portable
-    kernel, and a launch fault that is not a build failure is raised, not hidden."""
+def test_a_gluon_variant_that_does_not_build_falls_back_alone(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A variant (dtype, head dim, state loaded, finalized) whose Gluon build fails costs one warning and runs the
+    portable kernel from then on; a variant that builds keeps Gluon, whichever launched first; a launch fault that
+    is not a build failure is raised, not hidden."""
     pytest.importorskip("triton")
     from triton.compiler.errors import CompilationError
 
@@ -183,28 +184,98 @@ def test_a_gluon_kernel_that_does_not_build_falls_back_once(monkeypatch: pytest.
 
     calls: list[str] = []
 
-    def gluon(*args: object) -> None:
-        calls.append("gluon")
-        raise CompilationError(None, None, "async_copy_global_to_shared has been removed")
+    def gluon(q_chunks: list[torch.Tensor], *args: object) -> None:
+        calls.append(f"gluon {q_chunks[0].shape[-1]}")
+        if q_chunks[0].shape[-1] == 128:
+            raise CompilationError(None, None, "async_copy_global_to_shared has been removed")
 
     monkeypatch.setattr(fused, "_launched", {})
-    monkeypatch.setattr(fused, "kernel_for", lambda device: gluon)
-    monkeypatch.setattr(fused, "_portable", lambda: lambda *args: calls.append("triton"))
-    q = torch.zeros(1, 4, 1, 64, dtype=torch.float16)
+    monkeypatch.setattr(fused, "kernel_for", lambda device, variant=None: gluon)
+    monkeypatch.setattr(fused, "_portable", lambda: lambda q_chunks, *args: calls.append(
+        f"triton {q_chunks[0].shape[-1]}"))
+    q64, q128 = (torch.zeros(1, 4, 1, d, dtype=torch.float16) for d in (64, 128))
     with caplog.at_level("WARNING", logger=fused.__name__):
-        for _ in range(2):
+        for q in (q64, q128, q128, q64):
             fused.multi_chunk_attention([q], [(q, q)], [(None, q)], [q], 1.0, True)
-    assert calls == ["gluon", "triton", "triton"]
+    assert calls == ["gluon 64", "gluon 128", "triton 128", "triton 128", "gluon 64"]
     assert len([r for r in caplog.records if "does not build" in r.getMessage()]) == 1
 
     def faulty(*args: object) -> None:
         raise ValueError("an illegal address")
 
     monkeypatch.setattr(fused, "_launched", {})
-    monkeypatch.setattr(fused, "kernel_for", lambda device: faulty)
+    monkeypatch.setattr(fused, "kernel_for", lambda device, variant=None: faulty)
     with pytest.raises(ValueError, match="illegal address"):
-        fused.multi_chunk_attention([q], [(q, q)], [(None, q)], [q], 1.0, True)
+        fused.multi_chunk_attention([q64], [(q64, q64)], [(None, q64)], [q64], 1.0, True)
     assert not fused._launched
+
+
+def _fake_sdpa(refusing: dict[str, BaseException], tried: list[str]):
+    """An SDPA `_call` whose backends in `refusing` raise their error; the others compute attention (float32)."""
+
+    def call(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+             lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        tried.append(backend)
+        if backend in refusing:
+            raise refusing[backend]
+        out, lse_ = attention_with_lse_reference(*(x.transpose(1, 2) for x in (q, k, v)), scale)
+        return out.transpose(1, 2), lse_
+
+    return call
+
+
+# What torch's SDPA kernels raise for an input a backend does not take (flash_api.cpp's and attention.cu's
+# TORCH_CHECKs, cuDNN frontend's plan search, F.scaled_dot_product_attention's selection, a build without the op)
+REFUSALS = {
+    "cudnn-no-plan": RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the "
+                                  "graph."),
+    "cudnn-status": RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"),
+    "flash-gpu": RuntimeError("FlashAttention only supports Ampere GPUs or newer."),
+    "flash-dtype": RuntimeError("FlashAttention only support fp16 and bf16 data type"),
+    "flash-head-dim": RuntimeError("FlashAttention forward only supports head dimension at most 256"),
+    "flash-build": RuntimeError("USE_FLASH_ATTENTION was not enabled for build."),
+    "no-kernel": RuntimeError("No available kernel. Aborting execution."),
+    "no-op": NotImplementedError("Could not run 'aten::_scaled_dot_product_cudnn_attention' with arguments from "
+                                 "the 'CPU' backend."),
+}
+
+
+@pytest.mark.parametrize("error", REFUSALS.values(), ids=REFUSALS.keys())
+def test_an_sdpa_backend_that_refuses_an_input_is_skipped_for_that_shape_only(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, error: RuntimeError) -> None:
+    from streamfusion_diffusers.kernels import sdpa
+
+    tried: list[str] = []
+    monkeypatch.setattr(sdpa, "_call", _fake_sdpa({"cudnn": error}, tried))
+    monkeypatch.setattr(sdpa, "_unsupported", set())
+    q, k, v = _rand(1, 9, 2, 16), _rand(1, 13, 2, 16), _rand(1, 13, 2, 16)
+    other = _rand(1, 10, 2, 16)
+    with caplog.at_level("WARNING", logger=sdpa.__name__):
+        out, _ = sdpa.attention_with_lse_sdpa(q, k, v, 0.25)
+        sdpa.attention_with_lse_sdpa(q, k, v, 0.25)  # the same shape: cuDNN is not asked again
+        sdpa.attention_with_lse_sdpa(other, k, v, 0.25)  # another shape: cuDNN is asked first again
+    assert tried == ["cudnn", "flash", "flash", "cudnn", "flash"]
+    assert relative_error(out, reference_attention(q, k, v, 0.25)) <= threshold(torch.float32)
+    refused = [r.getMessage() for r in caplog.records if "does not take" in r.getMessage()]
+    assert len(refused) == 2 and "[1, 9, 2, 16]" in refused[0] and "[1, 10, 2, 16]" in refused[1], refused
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA error: an illegal memory access was encountered"),
+                                   RuntimeError("CUDA error: operation not supported"),
+                                   RuntimeError("expected scalar type Half but found Float")],
+                         ids=["fault", "cuda-not-supported", "bad-argument"])
+def test_any_other_sdpa_error_is_raised_and_switches_no_backend(monkeypatch: pytest.MonkeyPatch,
+                                                                 error: RuntimeError) -> None:
+    from streamfusion_diffusers.kernels import sdpa
+
+    tried: list[str] = []
+    monkeypatch.setattr(sdpa, "_call", _fake_sdpa({"cudnn": error}, tried))
+    monkeypatch.setattr(sdpa, "_unsupported", set())
+    q = _rand(1, 9, 2, 16)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=str(error)):
+            sdpa.attention_with_lse_sdpa(q, q, q, 0.25)
+    assert tried == ["cudnn", "cudnn"] and not sdpa._unsupported
 
 
 def test_out_of_memory_is_raised_with_the_sizes_and_switches_no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,8 +287,77 @@ def test_out_of_memory_is_raised_with_the_sizes_and_switches_no_backend(monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
 
     monkeypatch.setattr(sdpa, "_call", out_of_memory)
-    monkeypatch.setattr(sdpa, "_failed", set())
+    monkeypatch.setattr(sdpa, "_unsupported", set())
     q, k = _rand(1, 300, 2, 64), _rand(1, 5000, 2, 64)
     with pytest.raises(torch.OutOfMemoryError, match="300 queries over 5000 keys .* more ranks"):
         sdpa.attention_with_lse_sdpa(q, k, k, 0.125)
-    assert sdpa._failed == set()
+    assert sdpa._unsupported == set()
+
+
+# --- edge inputs: one ValueError on the host, before any kernel runs, whichever kernel was asked for ---------------
+
+def _edge_inputs() -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]:
+    q, k = _rand(1, 6, 2, 64).half(), _rand(1, 5, 2, 64).half()
+    return {"empty keys": (q, k[:, :0], k[:, :0], "no keys"),
+            "empty queries": (q[:, :0], k, k, "no queries"),
+            "heads": (q, _rand(1, 5, 1, 64).half(), k, "one batch, head count and head dim"),
+            "head dim": (q, k, _rand(1, 5, 2, 32).half(), "one batch, head count and head dim"),
+            "batch": (q, _rand(2, 5, 2, 64).half(), _rand(2, 5, 2, 64).half(), "one batch"),
+            "dtype": (q, k.float(), k, "one dtype"),
+            "key and value rows": (q, k, k[:, :4], "each key needs its value"),
+            "not 4-D": (q[0], k[0], k[0], r"\[B, L, H, D\]")}
+
+
+@pytest.mark.parametrize("kernel", ["reference", "sdpa", "fused", "auto"])
+@pytest.mark.parametrize("case", list(_edge_inputs()))
+def test_edge_inputs_are_refused_on_every_kernel_path(case: str, kernel: str, monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    from streamfusion_diffusers.kernels import fused, sdpa
+
+    def launched(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(sdpa, "_call", launched)
+    monkeypatch.setattr(fused, "multi_chunk_attention", launched)
+    q, k, v, message = _edge_inputs()[case]
+    with pytest.raises(ValueError, match=message):
+        attention_with_lse(q, k, v, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", ["reference", "sdpa", "fused", "auto"])
+def test_attend_chunks_refuses_mismatched_chunks_and_a_strided_state(kernel: str) -> None:
+    q, k = _rand(1, 6, 2, 64).half(), _rand(1, 5, 2, 64).half()
+    with pytest.raises(ValueError, match="one batch, head count and head dim"):
+        attend_chunks([Partial()], [q], [(k, k), (k[:, :, :1], k[:, :, :1])], kernel=kernel)
+    strided = Partial(torch.zeros(1, 2, 6, 64).transpose(1, 2), torch.zeros(1, 2, 6))  # [B, Lq, H, D], not contiguous
+    with pytest.raises(ValueError, match="state must be contiguous"):
+        attend_chunks([strided], [q], [(k, k)], kernel=kernel)
+    wrong = Partial(torch.zeros(1, 6, 2, 64), torch.zeros(1, 6, 2))  # lse [B, Lq, H] instead of [B, H, Lq]
+    with pytest.raises(ValueError, match=r"lse \[1, 2, 6\]"):
+        attend_chunks([wrong], [q], [(k, k)], kernel=kernel)
+
+
+def test_the_fused_kernels_check_the_layouts_they_address() -> None:
+    """chunk_tables, which both fused kernels (Gluon, Triton) launch from: no chunk without rows (the Gluon kernel
+    would wait for a key tile forever), and state, output and lse exactly as the kernels index them."""
+    from streamfusion_diffusers.kernels.chunk_tables import chunk_tables
+
+    q, k = _rand(1, 6, 2, 64).half(), _rand(1, 5, 2, 64).half()
+    lse, state = torch.zeros(1, 2, 6), torch.zeros(1, 6, 2, 64)
+
+    def tables(kv=((k, k),), states=((None, lse),), outs=(q.new_empty(q.shape),), finalize=True) -> None:
+        chunk_tables([q], list(kv), list(states), list(outs), finalize, 128, 128)
+
+    tables()  # as the kernels want it
+    with pytest.raises(ValueError, match="L >= 1"):
+        tables(kv=[(k[:, :0], k[:, :0])])
+    with pytest.raises(ValueError, match="at least one query and one key/value chunk"):
+        tables(kv=[])
+    with pytest.raises(ValueError, match="writes lse as a contiguous torch.float32"):
+        tables(states=[(None, torch.zeros(1, 6, 2).transpose(1, 2))])
+    with pytest.raises(ValueError, match="writes out as a contiguous torch.float16"):
+        tables(outs=[torch.zeros(1, 6, 2, 64)])  # finalized: the query dtype
+    with pytest.raises(ValueError, match="writes out as a contiguous torch.float32"):
+        tables(outs=[q.new_empty(q.shape)], finalize=False)  # a running state: float32
+    with pytest.raises(ValueError, match="writes state as a contiguous"):
+        tables(states=[(torch.zeros(1, 2, 6, 64).transpose(1, 2), lse)], outs=[state], finalize=False)

@@ -3,7 +3,11 @@ lengths drawn at random, so almost never multiples of a tile)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,9 +58,9 @@ def test_chunks_match_float32_attention(dtype: torch.dtype, dim: int, kernel: st
     """Uneven head-sliced query chunks over three calls (fresh state, loaded state, finalize)."""
     from streamfusion_diffusers.kernels import fused, triton_attention
 
-    if kernel in ("fused-triton", "fused-pointers"):  # as if this device's first launch had settled on Triton's
-        device = torch.device("cuda", torch.cuda.current_device())
-        monkeypatch.setitem(fused._launched, device, triton_attention.multi_chunk_attention)
+    if kernel in ("fused-triton", "fused-pointers"):  # as if this device had no Gluon kernel: Triton's settles
+        monkeypatch.setattr(fused, "_launched", {})
+        monkeypatch.setattr(fused, "kernel_for", lambda device, variant=None: triton_attention.multi_chunk_attention)
     if kernel == "fused-pointers":  # the Triton variant without TMA
         cfg = dataclasses.replace(triton_attention.DEFAULT_CONFIGS[dim], use_tma=False, num_stages=2)
         monkeypatch.setitem(triton_attention.DEFAULT_CONFIGS, dim, cfg)
@@ -96,8 +100,46 @@ def test_hopper_takes_the_gluon_kernel() -> None:
 
     want = gluon_attention if _hopper() else triton_attention
     q = torch.randn(1, 100, 2, 128, device="cuda", dtype=torch.bfloat16)
-    attention_with_lse(q, q, q, kernel="fused")  # the device's first fused launch settles its kernel
-    assert fused.kernel_for(q.device) is want.multi_chunk_attention
+    attention_with_lse(q, q, q, kernel="fused")  # this variant's first fused launch settles its kernel
+    variant = fused.Variant(torch.bfloat16, 128, load_state=False, finalize=True)
+    assert fused.kernel_for(q.device, variant) is want.multi_chunk_attention
+    assert (q.device, variant) in fused._launched
+
+
+# Empty keys or queries through the fused path, in a child process so that a hang (the Gluon kernel waiting for a
+# key tile that never comes) fails the test at its timeout instead of stalling the suite.
+EMPTY_INPUTS = """
+import torch
+from streamfusion_diffusers.kernels import attention_with_lse, fused
+q = torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
+for name, (qq, kk) in {"keys": (q, q[:, :0]), "queries": (q[:, :0], q)}.items():
+    lse = torch.empty(1, 2, qq.shape[1], device="cuda")
+    calls = {"attention_with_lse": lambda: attention_with_lse(qq, kk, kk, kernel="fused"),  # the kernels' entry
+             "fused launch": lambda: fused.multi_chunk_attention(  # below it: the device's kernel (Gluon on Hopper)
+                 [qq], [(kk, kk)], [(None, lse)], [torch.empty_like(qq)], 0.1, True)}
+    for call, run in calls.items():
+        try:
+            run()
+        except ValueError as err:
+            print(f"empty {name}, {call}: refused: {err}")
+        else:
+            raise SystemExit(f"empty {name}, {call}: no error")
+torch.cuda.synchronize()
+print("done")
+"""
+
+
+def test_the_fused_path_refuses_empty_inputs_rather_than_hang() -> None:
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    try:
+        run = subprocess.run([sys.executable, "-c", EMPTY_INPUTS], capture_output=True, text=True, timeout=180,
+                             env=env, cwd=root)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the fused path hung on empty inputs (killed after {err.timeout} s)")
+    assert run.returncode == 0 and run.stdout.count("refused") == 4 and "done" in run.stdout, \
+        run.stdout + run.stderr[-3000:]
+    assert "no keys" in run.stdout and "no queries" in run.stdout and "L >= 1" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("name", ["triton", "gluon"])

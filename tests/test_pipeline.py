@@ -14,6 +14,7 @@ import torch.distributed as dist
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize
 from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae.tiles import is_split
 from streamfusion_diffusers.models.build import build_pipeline
 
@@ -48,7 +49,7 @@ def _pipeline_outputs(name: str, config: ParallelConfig) -> dict:
     full_tokens = seen[-1]
     parallelize(pipe, init_parallel(config))
     out = run()
-    return {"error": float(np.linalg.norm(out - reference) / np.linalg.norm(reference)),
+    return {"error": relative_error(torch.from_numpy(out), torch.from_numpy(reference)),
             "full_tokens": full_tokens, "block_tokens": seen[-1], "rank": dist.get_rank(),
             "vae_split": is_split(pipe.vae)}
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from plan_cases import Case, check, expect_error, wan_pipeline_vae
+from diffusers.hooks import HookRegistry
+from plan_cases import Case, check, context, expect_error, wan_pipeline_vae
 
-from streamfusion_diffusers import ParallelConfig
+from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.diffusers.plans import plan_for
+from streamfusion_diffusers.diffusers.routing import streamfusion_attention
+from streamfusion_diffusers.diffusers.sharding import FORWARD_HOOK
 
 WORLD = 4
 LAYOUTS = {
@@ -69,6 +72,41 @@ def test_other_plan_models_match(pool, case):
 def test_key_masks_of_the_split_attention_are_refused_naming_the_input(pool, case, name):
     errors = pool.run(expect_error, config("torus-U2R2"), case)
     assert all(e.startswith(f"{name} masks out some keys") for e in errors), errors
+
+
+def _mask_guard(config: ParallelConfig, mask: str) -> dict:
+    """On every rank: a Qwen-Image forward's key-mask check (its encoder_hidden_states_mask kept whole, or not
+    given), then what its routed attention says to a mask that drops a key."""
+    case = NEW["qwen-image"]
+    model = case.model(0)
+    parallelize(model, context(config))
+    try:
+        inputs = case.inputs(1)
+        if mask == "absent":
+            inputs["encoder_hidden_states_mask"] = None
+        hook = HookRegistry.check_if_exists_or_initialize(model).get_hook(FORWARD_HOOK)
+        hook.pre_forward(model, **inputs)
+        route = model.transformer_blocks[0].attn.processor._parallel_config
+        q = torch.zeros(1, 4, 2, 8)
+        drops = torch.ones(1, 1, 1, 4, dtype=torch.bool)
+        drops[..., -1] = False
+        try:
+            streamfusion_attention(q, q, q, attn_mask=drops, _parallel_config=route)
+            answer = "taken"
+        except ValueError as err:
+            answer = str(err)
+        return {"checked": route.state.masks_checked, "answer": answer}
+    finally:
+        unparallelize(model)
+
+
+def test_the_attention_trusts_only_a_mask_that_was_checked(pool):
+    """A key mask the forward was given and found whole is what the attention's mask was built from; with none
+    given, a mask reaching the attention that drops a key is refused there, plan or no plan naming a mask input."""
+    for res in pool.run(_mask_guard, config("torus-U2R2"), "whole"):
+        assert res["checked"] == ("encoder_hidden_states_mask",), res
+    for res in pool.run(_mask_guard, config("torus-U2R2"), "absent"):
+        assert res["checked"] == () and "got an attention mask that masks out keys" in res["answer"], res
 
 
 def test_too_few_tokens_fail_naming_the_fix(pool):

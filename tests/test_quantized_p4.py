@@ -11,6 +11,7 @@ from sp_cases import Problem, context, reference, run_rank
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.backends.quantized import CODECS, hadamard
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.kernels import attention_with_lse_reference
 
 WORLD = 4
@@ -25,10 +26,6 @@ BAR = 2e-2  # issue 14: a Torus layer with 1-byte transfers within this of exact
 def pool():
     with ProcessPool(WORLD) as p:
         yield p
-
-
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref).norm() / ref.norm())
 
 
 def _outputs(pool, config: ParallelConfig, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +53,7 @@ def test_codec_round_trip(comm_dtype, rotate):
     amax = rows.abs().amax(-1, keepdim=True)
     step = amax * 2.0 ** -4 if comm_dtype == "fp8" else amax / 254  # half an e4m3 ulp / half an int8 step
     assert ((back_rows - rows).abs() <= step * 1.0001 + 1e-6 * amax).all()
-    assert _rel(back, x.double()) < TOL[comm_dtype] * 0.6  # fp8: about 2.5 % rms (half-ulp steps), int8 0.7 %
+    assert relative_error(back, x.double()) < TOL[comm_dtype] * 0.6  # fp8: about 2.5 % rms (half-ulp steps), int8 0.7 %
     for dtype in (torch.bfloat16, torch.float16):  # (value x scale) @ H in float32, rounded once into the output
         assert torch.equal(codec.decode(wire, torch.empty(x.shape, dtype=dtype)),
                            ((data.float() * scale.unsqueeze(-1)) @ h).to(dtype))
@@ -68,7 +65,7 @@ def test_rotation_spreads_outlier_channels():
     x = torch.randn(256, 128, generator=torch.Generator().manual_seed(1))
     x[:, :4] *= 30
     plain, rotated = (dataclasses.replace(CODECS["int8"], rotate=r) for r in (False, True))
-    err = {c.rotate: _rel(c.decode(c.encode(x), torch.empty_like(x)), x.double()) for c in (plain, rotated)}
+    err = {c.rotate: relative_error(c.decode(c.encode(x), torch.empty_like(x)), x.double()) for c in (plain, rotated)}
     assert err[True] < err[False] / 3, err
     odd = torch.randn(8, 72)
     assert torch.equal(rotated.decode(rotated.encode(odd), torch.empty_like(odd)),
@@ -92,7 +89,7 @@ def test_across_machines_is_close(pool, mesh, method, ulysses, comm_dtype):
     ref, ref_joint = reference(problem)
     plain, _ = _outputs(pool, config, problem)
     low, low_joint = _outputs(pool, dataclasses.replace(config, comm_dtype=comm_dtype), problem)
-    err, err_plain, err_joint = _rel(low, ref), _rel(plain, ref), _rel(low_joint, ref_joint)
+    err, err_plain, err_joint = relative_error(low, ref), relative_error(plain, ref), relative_error(low_joint, ref_joint)
     print(f"\n{mesh[0]}x{mesh[1]} {method} U{ulysses or '-'}: {comm_dtype} rel err {err:.2e} "
           f"(joint rows {err_joint:.2e}), plain {err_plain:.1e}")
     assert err_plain < 1e-5 and err <= TOL[comm_dtype] and err_joint <= TOL[comm_dtype]
@@ -110,8 +107,8 @@ def test_no_kind_of_chunk_is_averaged_away(pool):
     q = problem.tensors()[0]
     for comm_dtype, codec in CODECS.items():
         config = ParallelConfig(machines=4, gpus_per_machine=1, method="torus", torus=4, comm_dtype=comm_dtype)
-        err = _rel(_outputs(pool, config, problem)[0], ref)
-        per_value = _rel(codec.decode(codec.encode(q), torch.empty_like(q)), q.double())
+        err = relative_error(_outputs(pool, config, problem)[0], ref)
+        per_value = relative_error(codec.decode(codec.encode(q), torch.empty_like(q)), q.double())
         print(f"\n4x1 torus T4 {comm_dtype}: rel err {err:.2e} = {err / per_value:.2f} x per-value {per_value:.2e}")
         assert 0.8 * 3 ** 0.5 < err / per_value < 1.2 * 3 ** 0.5
         assert (err <= BAR) == (comm_dtype == "int8"), err
@@ -150,7 +147,7 @@ def _pipeline_difference(name: str, comm_dtype: str) -> dict:
         outs.append(torch.from_numpy(out.images if name == "tiny-flux" else out.frames))
         unparallelize(pipe)
     plain, low = outs
-    return {"rel": _rel(low, plain.double()), "max_pixel": float((low - plain).abs().max()) * 255}
+    return {"rel": relative_error(low, plain.double()), "max_pixel": float((low - plain).abs().max()) * 255}
 
 
 @pytest.mark.parametrize("comm_dtype", CODECS)
@@ -196,7 +193,7 @@ def test_int8_with_rotation_meets_the_bar_at_8k_tokens_with_outlier_channels(poo
     config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus", ulysses=2, comm_dtype="int8")
     err = {}
     for rotate in (False, True):
-        err[rotate] = _rel(torch.cat([o for o, _ in pool.run(_with_rotation, config, problem, rotate)], dim=1), ref)
+        err[rotate] = relative_error(torch.cat([o for o, _ in pool.run(_with_rotation, config, problem, rotate)], dim=1), ref)
     print(f"\n2x2 torus U2R2T2 int8, 8192 tokens with outlier channels: rel err {err[True]:.2e} rotated, "
           f"{err[False]:.2e} plain")
     assert err[True] <= BAR / 2 and err[True] < 0.7 * err[False], err

@@ -19,7 +19,9 @@ from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, u
 from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
-from streamfusion_diffusers.diffusers.sharded_weights import CANNOT_UNDO, NOT_WITH_GRAPHS, full_weights, local_bytes
+from streamfusion_diffusers.diffusers.sharded_weights import (CANNOT_UNDO, NOT_QUANTIZED, NOT_WITH_GRAPHS,
+                                                                full_weights, local_bytes)
+from streamfusion_diffusers.diffusers.stack.quantize import quantize
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
 
 WORLD = 4
@@ -194,11 +196,16 @@ def _refusals() -> list[str]:
     model = build_transformer(FLUX_CASES["text-sharded-uneven-image"].config, seed=3)
     ctx = init_parallel(ULYSSES)
     said = []
-    for kwargs in (dict(cuda_graph=True), ):
-        try:
-            parallelize(model, ctx, shard_weights=True, **kwargs)
-        except ValueError as e:
-            said.append(str(e))
+    try:
+        parallelize(model, ctx, shard_weights=True, cuda_graph=True)
+    except ValueError as e:
+        said.append(str(e))
+    quantized = build_transformer(FLUX_CASES["text-sharded-uneven-image"].config, seed=3)
+    quantize([quantized], "int8")  # generate --quantize int8
+    try:
+        parallelize(quantized, ctx, shard_weights=True)
+    except ValueError as e:
+        said.append(str(e))
     parallelize(model, ctx, shard_weights=True)
     try:
         unparallelize(model)
@@ -210,7 +217,7 @@ def _refusals() -> list[str]:
 
 def test_what_sharding_cannot_compose_with_is_refused_in_one_line(pool):
     for said in pool.run(_refusals):
-        assert said == [NOT_WITH_GRAPHS, CANNOT_UNDO, "True"], said
+        assert said == [NOT_WITH_GRAPHS, NOT_QUANTIZED, CANNOT_UNDO, "True"], said
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -228,6 +235,8 @@ def test_generate_with_sharded_weights_says_so(pool, tmp_path):
     assert run["shard_weights"] and run["sharded"] == ["transformer", "text_encoder"], run
 
 
-def test_generate_refuses_cuda_graph_with_sharded_weights():
-    with pytest.raises(ValueError, match="--shard-weights does not compose with --cuda-graph"):
-        generate.make_job(_args("--model", "tiny-wan", "--shard-weights", "--cuda-graph", "--cpu"))
+@pytest.mark.parametrize(("option", "message"), [(("--cuda-graph",), "with --cuda-graph"),
+                                               (("--quantize", "int8"), "with --quantize")])
+def test_generate_refuses_what_sharded_weights_cannot_compose_with(option, message):
+    with pytest.raises(ValueError, match=f"--shard-weights does not compose {message}"):
+        generate.make_job(_args("--model", "tiny-wan", "--shard-weights", *option, "--cpu"))

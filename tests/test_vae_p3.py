@@ -8,6 +8,7 @@ import torch.distributed as dist
 from diffusers import AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2
 
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae.tiles import TileGrid, share, split_decode, split_vae_decode, unsplit_vae_decode
 
 WORLD = 3
@@ -41,10 +42,6 @@ def _latents(family: str, height: int, width: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(height * 100 + width))
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
-
-
 def _decode_three_ways(family: str, height: int, width: int) -> dict:
     vae, z = _vae(family), _latents(family, height, width)
     calls: list[int] = []
@@ -58,8 +55,8 @@ def _decode_three_ways(family: str, height: int, width: int) -> dict:
         split_vae_decode(vae, dist.get_rank(), dist.get_world_size())
         via_decode = vae.decode(z).sample
         unsplit_vae_decode(vae)
-    return {"vs_tiled": _rel(split, tiled), "tiled_vs_untiled": _rel(tiled, untiled),
-            "split_vs_untiled": _rel(split, untiled), "via_decode": _rel(via_decode, split),
+    return {"vs_tiled": relative_error(split, tiled), "tiled_vs_untiled": relative_error(tiled, untiled),
+            "split_vs_untiled": relative_error(split, untiled), "via_decode": relative_error(via_decode, split),
             "shape_ok": split.shape == untiled.shape, "decoder_calls": mine, "all_calls": before}
 
 

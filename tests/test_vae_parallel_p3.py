@@ -2,7 +2,7 @@
 with uneven bands, for tiny random-weight VAEs of the real architectures (AutoencoderKL as Flux's, with its
 mid-block attention; Flux.2's; AutoencoderKLCogVideoX with its causal convolutions and frame batches; Wan 2.1's
 and Qwen-Image's causal 3D VAE, decoded frame by frame through its temporal cache, with its per-frame attention;
-Wan 2.2's residual, patchified one); a VAE neither split takes is decoded on rank 0 only."""
+Wan 2.2's residual, patchified one); a VAE neither split takes is decoded on one rank, its group's first."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +12,7 @@ from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2
                        AutoencoderKLQwenImage, AutoencoderKLWan, AutoencoderTiny)
 
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae import decode_over_ranks
 from streamfusion_diffusers.diffusers.vae.bands import Bands, banded, parallel_decode, unsupported
 from streamfusion_diffusers.diffusers.vae.tiles import is_split, split_vae_decode, unsplit_vae_decode
@@ -80,7 +81,7 @@ def _decode_both(family: str, height: int, width: int) -> dict:
         via_decode = vae.decode(z).sample
         unsplit_vae_decode(vae)
     patched_left = [n for n, m in vae.named_modules() if "forward" in m.__dict__]
-    return {"rel": float((ours - whole).norm() / whole.norm()), "shape_ok": ours.shape == whole.shape,
+    return {"rel": relative_error(ours, whole), "shape_ok": ours.shape == whole.shape,
             "via_decode": float((via_decode - ours).abs().max()), "band_rows": band_rows,
             "patched_left": patched_left, "tiling_kept": vae.use_tiling}
 
@@ -106,7 +107,7 @@ def _decode_in_a_pair(height: int) -> float | None:
     with torch.no_grad():
         whole = _untiled(vae, z)
         ours = parallel_decode(vae, z, dist.get_rank(), 2, group)
-    return float((ours - whole).norm() / whole.norm())
+    return relative_error(ours, whole)
 
 
 def test_two_of_three_ranks_decode_in_their_own_group(pool):
@@ -126,7 +127,7 @@ def _group_norm_bf16() -> dict:
         ours = norm.to(torch.bfloat16)(whole.to(torch.bfloat16)[..., top:top + bands.rows[bands.rank], :])
     exact = torch.nn.functional.group_norm(whole, 4, norm.weight.float(), norm.bias.float(), norm.eps)
     exact = exact[..., top:top + bands.rows[bands.rank], :]
-    return {"rel": float((ours.float() - exact).norm() / exact.norm()), "dtype": ours.dtype}
+    return {"rel": relative_error(ours.float(), exact), "dtype": ours.dtype}
 
 
 def test_group_norm_of_a_bf16_band_uses_the_whole_image(pool):
@@ -141,8 +142,12 @@ def test_bands_are_even_and_refuse_too_few_rows():
         Bands.even(2, 3, 0)
 
 
-def _decode_on_rank_0() -> dict:
-    """An LTX VAE (its decode hands _decode a temb) through decode_over_ranks: how often each rank's decoder ran."""
+def _decode_on_one_rank(ranks: list[int] | None) -> dict | None:
+    """An LTX VAE (its decode hands _decode a temb) through decode_over_ranks over `ranks` (None: the job): how
+    often each rank's decoder ran."""
+    group = dist.new_group(ranks) if ranks else None  # every rank creates it; the others then stay out
+    if ranks and dist.get_rank() not in ranks:
+        return None
     torch.manual_seed(0)
     vae = AutoencoderKLLTXVideo(latent_channels=4, block_out_channels=(8, 8), decoder_block_out_channels=(8, 8),
                                 layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
@@ -152,19 +157,27 @@ def _decode_on_rank_0() -> dict:
     z = torch.randn(1, 4, 2, 5, 4, generator=torch.Generator().manual_seed(5))
     calls: list[int] = []
     vae.decoder.register_forward_pre_hook(lambda *_: calls.append(1))
+    members = ranks or list(range(dist.get_world_size()))
     with torch.no_grad():
         whole = vae.decode(z).sample
         calls.clear()
-        mode = decode_over_ranks(vae, dist.get_rank(), dist.get_world_size())
+        mode = decode_over_ranks(vae, members.index(dist.get_rank()), len(members), group)
         ours = vae.decode(z, return_dict=False)[0]
         unsplit_vae_decode(vae)
     return {"mode": mode, "same": bool(torch.equal(ours, whole)), "decoder_calls": len(calls)}
 
 
 def test_a_vae_neither_split_takes_is_decoded_on_rank_0_only(pool):
-    results = pool.run(_decode_on_rank_0)
+    results = pool.run(_decode_on_one_rank, None)
     assert all(r["mode"] == "one-rank" and r["same"] for r in results), results
     assert [r["decoder_calls"] for r in results] == [1] + [0] * (WORLD - 1), results
+
+
+def test_a_group_decodes_on_its_own_first_rank_and_broadcasts_from_it(pool):
+    """Ranks 1 and 2 of 3: rank 1 (the group's first, not the job's) decodes, and rank 2 receives its result."""
+    results = pool.run(_decode_on_one_rank, [1, 2])
+    assert results[0] is None and all(r["mode"] == "one-rank" and r["same"] for r in results[1:]), results
+    assert [r["decoder_calls"] for r in results[1:]] == [1, 0], results
 
 
 def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
@@ -173,10 +186,9 @@ def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
     assert "Linear is none of AutoencoderKL" in unsupported(torch.nn.Linear(2, 2))
     vae.decoder.conv_in.padding_mode = "reflect"
     assert "conv_in" in unsupported(vae)
-    decode_over_ranks(vae, 0, 1)  # a single rank: no collective is called by installing
+    assert decode_over_ranks(vae, 0, 1) == "whole" and not is_split(vae)  # a group of one rank: nothing to share
+    split_vae_decode(vae, 0, 1)  # a single rank: no collective is called by installing
     assert is_split(vae)
-    unsplit_vae_decode(vae)
-    split_vae_decode(vae, 0, 1)
     unsplit_vae_decode(vae)
     tiny = AutoencoderTiny(encoder_block_out_channels=(8,), decoder_block_out_channels=(8,),
                            num_encoder_blocks=(1,), num_decoder_blocks=(1,), latent_channels=4)

@@ -9,6 +9,7 @@ from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case, context
 
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.waves import TILE_ROWS, auto_waves, wave_sizes
 from streamfusion_diffusers.models.build import build_transformer
 
@@ -45,8 +46,7 @@ def waves_vs_one(config: ParallelConfig, case: Case, seed: int) -> dict:
             outs[waves] = model(**inputs).sample
             outs[f"rows{waves}"] = list(rows)
             unparallelize(model)
-    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
-    return {"vs_one_wave": rel(outs[2], outs[1]), "vs_reference": rel(outs[2], reference),
+    return {"vs_one_wave": relative_error(outs[2], outs[1]), "vs_reference": relative_error(outs[2], reference),
             "rows1": outs["rows1"], "rows2": outs["rows2"]}
 
 

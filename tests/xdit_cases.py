@@ -14,6 +14,7 @@ import torch.distributed as dist
 from model_cases import Case
 
 from streamfusion_diffusers import init_parallel
+from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.mesh import GroupCache
 from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.xdit.install import install, uninstall
@@ -83,7 +84,7 @@ def run(case: Case, method: str, machines: int, cfg: int, seed: int = 0, **overr
         restored = [m.processor for m in model.modules() if hasattr(m, "processor")]
     expected = _cut(reference, cfg, cfg_rank, 0)
     expected = _cut(expected, sp, sp_rank, 1 if case.family == "flux" else 3)
-    return {"error": ((out - expected).norm() / expected.norm()).item(), "shape": tuple(out.shape),
+    return {"error": relative_error(out, expected), "shape": tuple(out.shape),
             "expected_shape": tuple(expected.shape), "layout": str(ctx.layout(case.config["num_attention_heads"])),
             "restored": all(a is b for a, b in zip(originals, restored)) and len(originals) == len(restored),
             "chosen": sorted(c.why for c in ctx.chosen.values()), "rank": rank}

@@ -18,7 +18,8 @@ rows travel unrotated (both sides know D).
 
 None of these errors is averaged away by the softmax: each kind of chunk (Q, K, V, O) adds its codec's
 per-value error to the output about in full (Q and K more with sharper attention), so a Torus layer over
-T machines is off by about sqrt(4 (T-1) / T) x that error: 2 x 1 T2, fp8 3.7e-2, int8 1.0e-2 (measured).
+T machines is off by about sqrt(4 (T-1) / T) x that error: 2 x 1 T2, fp8 3.7e-2, int8 1.0e-2 (measured, Flux 4096 px
+layer on 2 x H200: benchmarks/results/2026-11-23-h200x2/layer-fp8.log).
 No e4m3 variant meets a 2e-2 bar once two kinds travel (BENCHMARKS.md, 2026-11-24: the study by kind, codec,
 rotation and scale granularity); int8 with the rotation does with every kind travelling, outlier rows included.
 """

@@ -115,7 +115,7 @@ def schedule_key(lay: Layout) -> tuple:
 def ranked(w: Workload, cluster: Cluster, gpu: Gpu, elem_bytes: int = 2) -> list[Prediction]:
     """Every distinct layout of every method, fastest predicted layer first (ties: by name, so every rank and
     every run orders them alike). Layouts that run the same schedule on the same ranks appear once; Torus
-    inside one machine only where the measured rule (rules.py) lets it."""
+    inside one machine only where the rule from the measurements (rules.py) lets it."""
     seen, out = set(), []
     for method in METHODS:
         for lay in candidate_layouts(method, cluster.machines, cluster.gpus_per_machine, w.heads):
@@ -165,7 +165,8 @@ def auto_layout(ctx: ParallelContext, q: Tensor, seq_lens: Sequence[int], joint_
     cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
     decide = ctx.global_rank == 0
     box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
-    # every branch runs the same shapes together: one choice for all, bounded by timeout_s
+    # every branch runs the same shapes together, and with worlds given every world too (the process groups of a
+    # layout's mesh are made by every rank of the job at once): one choice for all, bounded by timeout_s
     dist.broadcast_object_list(box, src=0, group=ctx.groups.world(config.timeout_s))
     if decide:
         logger.info("streamfusion auto: %s (%s)", box[0].layout, box[0].why)

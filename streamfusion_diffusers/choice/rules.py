@@ -1,29 +1,42 @@
-"""Measured rules that overrule the cost model where it is known to be optimistic.
+"""Rules from measurements that overrule the cost model where it is known to be optimistic.
 
 Torus inside one machine (issue 11, part 4). On one machine every Torus stage moves its chunk over NVLink in a
 fraction of the attention it overlaps, so what Torus hides is small, while its fixed costs stay: T stage
 launches, per-chunk layout copies, T x R attention calls instead of one, log-sum-exp merges, a barrier per
-layer. The cost model counts none of these and ranks Torus a close second everywhere. Measured with
-`streamfusion bench` (BENCHMARKS.md, 2026-11-22, H200, one layer unless said, per-GPU share = (image + text
-tokens) / P):
+layer. The cost model counts none of these and ranks Torus a close second everywhere.
 
-| 1 x P, workload | tokens per GPU | Torus best | best of the others |
-|---|---|---|---|
-| 1 x 4, Flux 1024 px | 1,152 | 2.07 - 5.40 ms | 0.66 ms (usp U4R1) |
-| 1 x 4, Flux 2048 px | 4,224 | 2.69 - 3.13 ms | 1.78 ms (usp U1R4) |
-| 1 x 2, Flux 2048 px, whole step | 8,448 | 475.1 ms | 467.3 ms (usp U1R2) |
-| 1 x 4, CogVideoX 49 frames | 13,317 | 21.46 ms | 21.06 ms (usp U1R4) |
-| 1 x 4, Flux 4096 px | 16,512 | 23.30 ms | 23.22 ms (usp U1R4), a tie |
+Where the rule comes from (issue 34): the one-machine records are `streamfusion tune` on 1 x 2 H200
+(2026-11-23, `bash benchmarks/tune_suite.sh`; the layer timings are `recipes/measurements.json`, the log
+`benchmarks/results/2026-11-23-h200x2/tune-1x2-real.log`). At every share they hold Torus (U2R1T2) lost to the
+best other layout, by less as the share grows (ms per layer, NCCL):
 
-So on one machine Torus (T > 1) is a candidate only from TORUS_MIN_TOKENS_PER_GPU tokens per GPU, the smallest
-share where it came within noise of the best; across machines it always is (there it hides slow transfers).
+| workload on 1 x 2 | tokens per GPU | Torus U2R1T2 | best other |
+|---|---:|---:|---:|
+| Flux 1024 px | 2,304 | 1.184 | 0.586 (tas U1R2) |
+| Flux 2048 px | 8,448 | 3.531 | 3.155 (torus U1R2, a ring) |
+| Flux 3072 px | 18,688 | 15.97 | 15.13 (ring U1R2) |
+| CogVideoX 49 frames 768 x 1360 | 26,633 | 43.04 | 41.84 (torus U1R2) |
+| Flux 4096 px | 33,024 | 48.83 | 45.82 (torus U1R2) |
+| CogVideoX 161 frames 768 x 1360 | 83,753 | 402.8 | 397.0 (ring U1R2), +1.5% |
+
+(NVSHMEM alike: +2.1%, +4.7% and +2.0% at Flux 2048, 4096 and CogVideoX 49.) So on one machine Torus (T > 1)
+is a candidate only above the largest share at which it was recorded losing: TORUS_MIN_TOKENS_PER_GPU, which
+tests/test_torus_rule.py derives from measurements.json again. Beyond it nothing was measured and the cost model
+decides; across machines Torus always is a candidate (there it hides slow transfers). A recipe entry that
+`streamfusion tune` measures on your machine comes before this rule.
+
+No 1 x 4 or 1 x 8 record is kept. An earlier version of this note quoted 1 x 4 layer timings (H200, 2026-11-22)
+and set the threshold at 16,384 tokens per GPU from them; they come from hand-written session notes outside this
+repository (the device notes, "Turn-2 measurements"), with no raw output or exact command, so they are not a
+record. They said the same as the records above: Torus never faster on one machine (behind at 1,152 to 13,317
+tokens per GPU, level with the best at 16,512).
 """
 from __future__ import annotations
 
 from ..core.config import Layout
 from .workloads import Workload
 
-TORUS_MIN_TOKENS_PER_GPU = 16384
+TORUS_MIN_TOKENS_PER_GPU = 83_754  # CogVideoX-5b 161 frames on 1 x 2 (167,506 tokens): the last share Torus lost
 
 
 def tokens_per_gpu(w: Workload, world: int) -> float:
@@ -37,7 +50,7 @@ def torus_off(lay: Layout, w: Workload) -> bool:
 
 def why_torus_off(w: Workload, world: int) -> str:
     return (f"Torus left out: one machine, {tokens_per_gpu(w, world):.0f} tokens per GPU < "
-            f"{TORUS_MIN_TOKENS_PER_GPU} (measured rule, choice/rules.py)")
+            f"{TORUS_MIN_TOKENS_PER_GPU} (below it Torus lost at every share measured on 1 x 2: choice/rules.py)")
 
 
 __all__ = ["TORUS_MIN_TOKENS_PER_GPU", "torus_off", "tokens_per_gpu", "why_torus_off"]

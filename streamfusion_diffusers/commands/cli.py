@@ -9,12 +9,15 @@ from typing import NoReturn
 from ..bench import command as bench
 from ..core.extras import missing
 from ..core.logs import quiet_third_party
+from ..models.configs import MODELS
 from . import generate, launch, plan, tune, verify
 from .options import Parser, check
 from .spawn import RankFailure
 
 COMMANDS = {
-    "generate": (generate, "run a Flux or CogVideoX pipeline sequence-parallel; writes the output and run.json"),
+    "generate": (generate, f"run a pipeline sequence-parallel (--model "
+                           f"{', '.join(m for m in MODELS if not m.startswith('tiny-'))}, or a tiny one of each); "
+                           f"writes the output and run.json"),
     "verify": (verify, "check every method against single-process attention on this cluster, with timings"),
     "launch": (launch, "run a script on N x M GPUs through torchrun, with the NVSHMEM heap sized for the model"),
     "bench": (bench, "time a layer, block or step for every method and layout, against xDiT and diffusers"),

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,8 @@ def _write_output(job: Job, result: Any) -> list[str]:
         from diffusers.utils import export_to_video
 
         return [export_to_video(frames, str(out / "video.mp4"), fps=8)]
-    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)", install_hint("video"))
+    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)",
+                   install_hint("diffusers"))
     (out / "frames").mkdir(exist_ok=True)
     paths = [out / "frames" / f"{i:03d}.png" for i in range(len(frames))]
     for frame, path in zip(frames, paths):
@@ -83,6 +85,7 @@ def run_rank(job: Job) -> dict | None:
     from ..models.build import build_pipeline, load_pipeline
     from ..models.full import build_full_pipeline, encode_first
     from ..diffusers.parallel_pipeline import parallelize
+    from ..diffusers.stack.apply import apply_stack
 
     family = family_of(job.model)
     rank = dist.get_rank()
@@ -108,6 +111,7 @@ def run_rank(job: Job) -> dict | None:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=home)
+    stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights)
     if home != device:  # what was not sharded (the VAE, small encoders); the shards are on the GPU already
         for name, part in pipe.components.items():
@@ -142,6 +146,7 @@ def run_rank(job: Job) -> dict | None:
         "cuda_graph": job.cuda_graph,
         "shard_weights": job.shard_weights,
         "sharded": list(transformer._streamfusion.sharded),  # what FSDP2 sharded (empty on one rank: nothing to)
+        "stack": stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
@@ -153,6 +158,13 @@ def run_rank(job: Job) -> dict | None:
     record["outputs"] = _write_output(job, result)
     (Path(job.output) / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _stacked(value: Any) -> str:
+    """One part of run.json's "stack" as the summary line says it (LoRAs as PATH:SCALE)."""
+    if isinstance(value, list):
+        return ", ".join(f"{lora['path']}:{lora['scale']:g}" for lora in value)
+    return str(value)
 
 
 def _memory_line(job: Job) -> str:
@@ -167,9 +179,15 @@ def _memory_line(job: Job) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    began = time.perf_counter()
     job = make_job(args)
     if real_size(job.model) and not job.gpu and not launched():
         print(_memory_line(job), file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # under a launcher every rank runs main: rank 0 speaks
+        print(f"streamfusion generate: starting {job.model} ({job.weights or 'random weights'}) on {job.world_size} "
+              f"{'GPU' if job.gpu else 'CPU'} processes as {job.parallel.machines} machines x "
+              f"{job.parallel.gpus_per_machine}, method {job.parallel.label}; start-up (processes, imports, the "
+              f"pipeline's build) comes first", flush=True)
     # no bound on the whole run: a rank that fails or dies ends it, and one that stalls makes its peers'
     # collectives fail after timeout_s
     record = run_job(run_rank, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
@@ -178,9 +196,14 @@ def main(args: argparse.Namespace) -> int:
         steps = record["step_latency_s"]
         mean_ms = 1e3 * sum(steps) / max(len(steps), 1)
         cfg = f"cfg {record['cfg']} x " if record["cfg"] > 1 else ""
+        wall = time.perf_counter() - began
         print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}, "
-              f"{record['backend']}), {len(steps)} steps, {mean_ms:.1f} ms/step, {record['total_s']:.2f} s in all")
+              f"{record['backend']}), {len(steps)} steps, {mean_ms:.1f} ms/step; {record['generate_s']:.2f} s "
+              f"generating, {wall - record['generate_s']:.2f} s start-up and writing (processes, imports, the "
+              f"pipeline's build {record['build_s']:.2f} s), {wall:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
+        if record["stack"]:
+            print("stack: " + "; ".join(f"{part} {_stacked(value)}" for part, value in record["stack"].items()))
         if job.parallel.method == "auto":
             print("method auto: " + "; ".join(sorted({a["why"] for a in record["attention"]})))
         print(f"wrote {', '.join(record['outputs'][:3])}{' ...' if len(record['outputs']) > 3 else ''} and "

@@ -19,6 +19,7 @@ from ..choice.recipe import load_recipes
 from ..core.config import METHODS, cfg_shape, resolve_layout
 from ..core.extras import missing
 from ..core.join import launched
+from ..diffusers.stack.spec import QUANTIZE, Stack, parse_stack
 from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import FAMILIES
 
@@ -89,6 +90,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every rank holds 1/P of the transformer's and text encoders' weights (torch FSDP2), "
                              "each block gathered just before it runs: the same output in less memory per GPU "
                              "(`streamfusion plan --memory` says how much)")
+    parser.add_argument("--cache", default=None, metavar="NAME[:VALUE]",
+                        help="one of diffusers' caches, its skip decisions agreed over the ranks: first-block[:T] "
+                             "(skip the other blocks while the first block's residual changes by less than T, "
+                             "default 0.05), taylorseer[:N] (a full step every N, default 5), magcache[:T] (Flux.1, "
+                             "default 0.06), pab[:N] (self-attention every N-th step in timesteps 100..800, default 2)")
+    parser.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
+                        help="a local LoRA (.safetensors file, or the folder save_lora_weights wrote) fused into the "
+                             "weights with SCALE (default 1); repeat for several (extra lora)")
+    parser.add_argument("--quantize", choices=QUANTIZE, default=None,
+                        help="torchao weight-only quantization of the transformer's Linear layers: int8, or fp8 "
+                             "(GPUs of compute capability 8.9+) (extra quantize)")
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,7 @@ class Job:
     vae_split: bool = True
     cuda_graph: bool = False
     shard_weights: bool = False
+    stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
 
     @property
     def spec(self) -> ModelSpec:
@@ -234,12 +247,20 @@ def make_job(args: argparse.Namespace) -> Job:
     if args.cuda_graph and args.shard_weights:
         raise ValueError("--shard-weights does not compose with --cuda-graph (FSDP2 gathers and frees each block's "
                          "weights every forward, which a captured graph cannot replay): drop one")
+    if args.quantize and args.shard_weights:
+        raise ValueError("--shard-weights does not compose with --quantize (torchao's quantized weights, which FSDP2 "
+                         "cannot split): drop one")
+    if args.cuda_graph and args.cache:
+        raise ValueError(f"--cache {args.cache} decides per step what to run, which a CUDA graph replays unchanged; "
+                         f"drop --cuda-graph or --cache")
     if args.cuda_graph and not gpu:
         from ..diffusers.graphs import NO_GPU
         raise ValueError(NO_GPU)
+    steps = given(args.steps, spec.steps)
+    stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
-               steps=given(args.steps, spec.steps), guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
+               steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph,
-               shard_weights=args.shard_weights)
+               shard_weights=args.shard_weights, stack=stack)

@@ -19,8 +19,8 @@ from ..kernels.state import KernelState
 from .config import Layout, ParallelConfig, cfg_shape, machine_shape, resolve_layout
 from .join import join_job
 from .links import parse_link
-from .logs import forget_said
-from .mesh import CfgGroups, GroupCache, Mesh
+from .logs import forget_said, quiet_other_ranks
+from .mesh import CfgGroups, Group, GroupCache, Mesh
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +135,16 @@ class ParallelContext:
     @property
     def world_size(self) -> int:
         return self.cfg.sp.size
+
+    @property
+    def pipeline_group(self) -> Group:
+        """The ranks that run one pipeline together and so hold the same latents: the whole job (both guidance
+        branches too), or with `worlds` given, this rank's world only (another world runs its own prompt). What
+        work outside the transformer, such as the VAE decode, is shared over. Collective on first use."""
+        if self.worlds:
+            return self.cfg.sp
+        pg = self.groups.world(self.config.timeout_s) if self.job_size > 1 else None
+        return Group(tuple(range(self.job_size)), self.global_rank, pg, "job")
 
     @property
     def branch_shape(self) -> tuple[int, int]:
@@ -260,6 +270,7 @@ def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequenc
     groups: another context's `groups`, whose process groups the new context then reuses.
     """
     ctx = ParallelContext(config or ParallelConfig(), worlds, chooser, groups)
+    quiet_other_ranks()  # a job started without a launcher's RANK knows its ranks from here
     config = ctx.config
     fixed = config.ulysses is not None or config.ring is not None or config.method in ("ulysses", "ring")
     if fixed and config.cfg != "auto":

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 EXTRAS = {  # top-level module -> the extra that installs it (pyproject.toml's optional-dependencies)
     "diffusers": "diffusers", "transformers": "diffusers", "accelerate": "diffusers", "PIL": "diffusers",
-    "imageio": "video", "imageio_ffmpeg": "video",
+    "imageio": "diffusers", "imageio_ffmpeg": "diffusers",
     "xfuser": "xdit", "distvae": "xdit", "yunchang": "bench", "matplotlib": "bench",
     "nvshmem": "nvshmem", "cuda": "nvshmem", "triton": "triton", "pytest": "test",
+    "torchao": "quantize", "peft": "lora",
 }
 
 

@@ -36,6 +36,20 @@ def forget_said() -> None:
     _said.clear()
 
 
+# Loggers of other libraries whose notices every process of a job prints alike: transformers' optional backends
+# it falls back from ("`CLIPImageProcessor` requires torchvision (not installed)", at diffusers' import).
+PER_PROCESS_NOTICES = ("transformers.utils.import_utils",)
+
+
+def quiet_other_ranks() -> None:
+    """On every rank but the job's rank 0, drop PER_PROCESS_NOTICES below ERROR: a job of 8 ranks says each one
+    once, not 8 times. Called at this package's import (the launcher's RANK) and by init_parallel (the group's
+    rank); the level is set on loggers by name, so it holds whether transformers is imported yet or not."""
+    if not is_rank0():
+        for name in PER_PROCESS_NOTICES:
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def quiet_third_party(verbose: bool) -> None:
     """Silence other libraries' Python warnings and their logs below ERROR (transformers' and diffusers': optional
     backends they fall back from, tokenizer truncation), unless `verbose`. Set in the environment too, so that

@@ -24,8 +24,10 @@ from .cfg import CFG_HOOK, cfg_hook
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .plans import ModelPlan, plan_for
 from .routing import route_attention
-from .sharded_weights import CANNOT_UNDO, NOT_WITH_GRAPHS, NOT_WITH_WAVES, is_sharded, shard_pipeline
+from .sharded_weights import (CANNOT_UNDO, NOT_QUANTIZED, NOT_WITH_GRAPHS, NOT_WITH_WAVES, is_sharded, plain_weights,
+                              shard_pipeline)
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
+from .stack.skips import release_skips
 from .vae import decode_over_ranks, is_split, unsplit_vae_decode
 from .wave_blocks import WAVES_HOOK, WavesHook, blocks_to_cut
 
@@ -47,7 +49,7 @@ def _transformer(target: Any) -> torch.nn.Module:
     return target.transformer if hasattr(target, "transformer") else target
 
 
-def _transformers(target: Any) -> list[torch.nn.Module]:
+def transformers_of(target: Any) -> list[torch.nn.Module]:
     """Every transformer the target runs: a pipeline's (Wan 2.2 A14B's two experts), or the bare one."""
     second = getattr(target, "transformer_2", None)
     return [_transformer(target), *([second] if second is not None else [])]
@@ -70,9 +72,10 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
     With `vae` (and a pipeline), the VAE decode is split over the ranks too: patch-parallel, exact
     (`streamfusion_diffusers.diffusers.vae.bands`), else diffusers' tiles shared out (`streamfusion_diffusers.diffusers.vae.tiles`),
-    else (VAEs of neither kind) on rank 0, broadcast; `transformer._streamfusion.vae_decode` says which. Every
-    rank must then decode (no output_type="latent" on some ranks only). A pipeline with two transformers (Wan 2.2
-    A14B's experts) gets both parallelized. Returns the (first) transformer.
+    else (VAEs of neither kind) on one rank, broadcast; `transformer._streamfusion.vae_decode` says which. It is
+    shared over `ctx.pipeline_group`: the job, or with worlds given, this rank's world (each world decodes its own
+    latents). Every rank must then decode (no output_type="latent" on some ranks only). A pipeline with two
+    transformers (Wan 2.2 A14B's experts) gets both parallelized. Returns the (first) transformer.
     """
     if waves is not None:
         warnings.warn("parallelize(waves=...) is deprecated and goes in the next release (it measured no gain); "
@@ -80,7 +83,7 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
                       DeprecationWarning, stacklevel=2)
         if waves != "auto" and (not isinstance(waves, int) or waves < 1):
             raise ValueError(f"waves must be a positive integer or 'auto', got {waves!r}")
-    transformers = _transformers(target)
+    transformers = transformers_of(target)
     plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
     if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
@@ -88,6 +91,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         raise ValueError(NOT_WITH_GRAPHS if cuda_graph else NOT_WITH_WAVES)
     if shard_weights and any(is_sharded(t) for t in transformers):
         raise ValueError("the transformer is already sharded (fully_shard): pass it unsharded to parallelize")
+    if shard_weights and not all(plain_weights(t) for t in transformers):
+        raise ValueError(NOT_QUANTIZED)
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
     if ctx.config.method != "auto" and ctx.config.cfg != "auto":
         ctx.layout(transformers[0].config.get("num_attention_heads"))
@@ -98,8 +103,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     transformer = transformers[0]
     if shard_weights:  # after the hooks: a refusal above leaves nothing sharded
         transformer._streamfusion.sharded = tuple(shard_pipeline(target, transformers, ctx))
-    if vae and getattr(target, "vae", None) is not None:  # every rank of the job decodes the same latents
-        transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, ctx.global_rank, ctx.job_size)
+    if vae and getattr(target, "vae", None) is not None:  # over the ranks that hold the same latents
+        group = ctx.pipeline_group
+        transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, group.index, group.size, group.pg)
     say_once(logger, logging.INFO, "parallelized %s over %d ranks (%s, cfg=%s, plan: %s)",
              type(transformer).__name__, ctx.job_size, ctx.config.label, ctx.config.cfg,
              plans[0].source)
@@ -127,7 +133,7 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
 def unparallelize(target: Any) -> torch.nn.Module:
     """Undo `parallelize`: the original processors back, the hooks removed. Returns the transformer. Refuses (and
     changes nothing) where the weights were sharded: FSDP2 has no inverse."""
-    transformers = _transformers(target)
+    transformers = transformers_of(target)
     if getattr(transformers[0], "_streamfusion", None) is None:
         raise ValueError("this transformer is not parallelized")
     if transformers[0]._streamfusion.sharded:
@@ -137,6 +143,7 @@ def unparallelize(target: Any) -> torch.nn.Module:
         for module, name in reversed(installed.hooks):
             module._diffusers_hook.remove_hook(name, recurse=False)
         transformer.set_attn_processor(dict(installed.processors))
+        release_skips(transformer)
         transformer._streamfusion = None
     if is_split(getattr(target, "vae", None)):
         unsplit_vae_decode(target.vae)

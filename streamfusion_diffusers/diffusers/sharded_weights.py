@@ -40,26 +40,26 @@ NOT_WITH_GRAPHS = ("shard_weights=True does not compose with cuda_graph=True: FS
                    "weights every forward, which a captured graph cannot replay; drop one (torch.compile cuts a "
                    "step's fixed cost with sharded weights)")
 NOT_WITH_WAVES = "shard_weights=True does not compose with the deprecated waves=...; leave waves out"
+NOT_QUANTIZED = ("shard_weights=True does not compose with quantized weights (torchao's tensor subclasses, which "
+                 "FSDP2 cannot split): drop one")
+
+
+def plain_weights(model: nn.Module) -> bool:
+    """Whether every parameter is a plain tensor (no torchao quantized subclass), which FSDP2 can shard."""
+    return all(type(p) in (torch.Tensor, nn.Parameter) for p in model.parameters())
 # FSDP2's unshard under torch.inference_mode() raised "Inference tensors do not track version counter" until
 # pytorch/pytorch#197327 (2026-09); torch 2.13 runs it (tests/test_shard_weights_p4.py).
 INFERENCE_MODE_FIXED = (2, 13)
 
 
-def weight_group(ctx: ParallelContext) -> tuple[dist.ProcessGroup | None, tuple[int, ...]]:
-    """The process group the weights shard over, and its global ranks: the whole job, or this rank's world when
-    the caller placed the worlds (their forwards are independent)."""
-    if ctx.worlds:
-        return ctx.cfg.sp.pg, ctx.cfg.sp.ranks
-    ranks = tuple(range(ctx.job_size))
-    return (ctx.groups.world(ctx.config.timeout_s) if ctx.job_size > 1 else None), ranks
-
-
 def weight_mesh(ctx: ParallelContext, device_type: str) -> DeviceMesh | None:
-    """A 1-D DeviceMesh over `weight_group` (None on one rank: nothing to shard)."""
-    pg, ranks = weight_group(ctx)
-    if pg is None:
+    """A 1-D DeviceMesh over the context's pipeline group (the ranks that run every forward together: the job, or
+    this rank's world); None on one rank: nothing to shard."""
+    group = ctx.pipeline_group
+    if group.pg is None:
         return None
-    return DeviceMesh.from_group(pg, device_type=device_type, mesh=torch.tensor(ranks), mesh_dim_names=("weights",))
+    return DeviceMesh.from_group(group.pg, device_type=device_type, mesh=torch.tensor(group.ranks),
+                                 mesh_dim_names=("weights",))
 
 
 def blocks_of(model: nn.Module) -> list[list[nn.Module]]:
@@ -159,5 +159,5 @@ def local_bytes(model: nn.Module) -> tuple[int, int]:
     return held, whole
 
 
-__all__ = ["CANNOT_UNDO", "NOT_WITH_GRAPHS", "NOT_WITH_WAVES", "blocks_of", "full_weights", "is_sharded", "local_bytes", "shard_model", "shard_pipeline", "weight_group",
-           "weight_mesh"]
+__all__ = ["CANNOT_UNDO", "NOT_QUANTIZED", "NOT_WITH_GRAPHS", "NOT_WITH_WAVES", "blocks_of", "full_weights", "is_sharded", "local_bytes",
+           "plain_weights", "shard_model", "shard_pipeline", "weight_mesh"]

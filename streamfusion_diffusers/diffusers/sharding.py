@@ -25,6 +25,7 @@ from ..core.context import ParallelContext
 from ..core.sequence import gather, shard, split_sizes
 from .plans import ModelPlan
 from .processors import ShardState, TokenLayout
+from .stack.skips import agree_skips
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +36,12 @@ IMAGE, TEXT = "hidden_states", "encoder_hidden_states"  # the token streams the 
 
 @dataclass
 class PlanState(ShardState):
-    """ShardState plus what the hooks learn during one forward: the split streams' token counts, and whether
-    the key masks were checked (then a mask reaching the attention keeps every key and is dropped)."""
+    """ShardState plus what the hooks learn during one forward: the split streams' token counts, and the key-mask
+    inputs this forward was given and found to keep every token (a mask the attention then receives is built from
+    them and is dropped unread; with none checked, the attention checks any mask it gets itself)."""
 
     streams: dict[str, int] = field(default_factory=dict)
-    masks_checked: bool = False
+    masks_checked: tuple[str, ...] = ()
     joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
     text_last: bool = False
 
@@ -132,7 +134,8 @@ class PlanGatherHook(ModelHook):
 
 
 class ForwardHook(ModelHook):
-    """Around the whole transformer forward: a fresh layout, and the plan's key masks checked once."""
+    """Around the whole transformer forward: a fresh layout, the plan's key masks checked once, and the skip
+    decision of any First Block Cache agreed over the ranks (stack/skips.py)."""
 
     def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...]):
         super().__init__()
@@ -144,22 +147,28 @@ class ForwardHook(ModelHook):
         return module
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        if not torch.compiler.is_compiling():  # a cache enabled before or after parallelize (none compiles whole)
+            agree_skips(module, self.ctx)
         arguments = {**dict(zip(self.names, args)), **kwargs}
+        checked = []
         for name in self.key_masks:
             mask = arguments.get(name)
-            if mask is not None and not bool(mask.bool().all()):
+            if mask is None:
+                continue
+            if not bool(mask.bool().all()):
                 raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
                                  f"attention does not take key masks; run one prompt per call (batch 1) or pad "
                                  f"no prompt, so that {name} keeps every token")
+            checked.append(name)
         text = arguments.get(TEXT)
         text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
         self.state.streams.clear()
         self.state.joint_text = text if text < self.ctx.world_size else 0
-        self.state.layout, self.state.masks_checked = None, bool(self.key_masks)
+        self.state.layout, self.state.masks_checked = None, tuple(checked)
         return args, kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
-        self.state.layout, self.state.masks_checked = None, False
+        self.state.layout, self.state.masks_checked = None, ()
         return output
 
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..core.mesh import Group
 from . import dispatch
+from .inputs import check_chunks, check_state
 from .merge import merge_into
 from .optional import has_triton
 from .reference import attention_with_lse_reference
@@ -36,9 +37,12 @@ def attention_with_lse(
     """Attention of q over (k, v) in [B, L, H, D] layout, returning (out, lse [B, H, Lq] float32).
 
     kernel "auto" takes PyTorch's fused SDPA for half precision on CUDA and the float32 reference otherwise.
+    Inputs no kernel computes (no keys or queries, mismatched shapes) are refused first (inputs.check_chunks).
     """
+    check_chunks([q], [(k, v)])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if kernel == "fused":
+        _check_fused(q)
         partial = Partial()
         _attend_fused([(partial, q)], [(k, v)], scale, finalize=True)
         return partial.out, partial.lse
@@ -109,6 +113,10 @@ def attend_chunks(
             for p, q in pairs:
                 p.finalize(q.dtype)
         return
+    check_chunks([q for _, q in pairs], kv)  # empty chunks were skipped above: a ring step may hold none
+    for p, q in pairs:
+        if p.out is not None and not p.final:
+            check_state(p.out, p.lse, q)
     scale = 1.0 / math.sqrt(pairs[0][1].shape[-1]) if scale is None else scale
     path = _choose_path(kernel, pairs, kv, scale, finalize)
     if path == "fused":
@@ -161,8 +169,8 @@ def _attend_fused(pairs: Pairs, kv: KV, scale: float, finalize: bool) -> None:
                 p.lse.fill_(float("-inf"))
             elif not finalize:
                 p.out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        elif p.out.dtype != torch.float32 or not p.out.is_contiguous():
-            raise ValueError("fused attention needs a float32 contiguous state; do not mix with float64 partials")
+        elif p.out.dtype != torch.float32:
+            raise ValueError("fused attention needs a float32 state; do not mix with float64 partials")
         states.append((p.out if load_state else None, p.lse))
         outs.append(q.new_empty(q.shape) if finalize else p.out)
     multi_chunk_attention([q for _, q in pairs], kv, states, outs, scale, finalize)
@@ -175,9 +183,7 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
     """Resolve "auto" to reference, sdpa or fused; a forced kernel is checked and kept."""
     q = pairs[0][1]
     if kernel == "fused":
-        if not (has_triton() and _fused_supports(q)):
-            raise ValueError(f"kernel 'fused' needs triton and float16/bfloat16 inputs with head dim 64 or 128 "
-                             f"(got {q.dtype}, head dim {q.shape[-1]})")
+        _check_fused(q)
         return "fused"
     if kernel != "auto":
         return kernel
@@ -218,6 +224,12 @@ def agreed_choices(state: KernelState, group: Group, signature: Hashable, q: Ten
 def _agreeing(state: KernelState, group: Group, signature: Hashable) -> Iterator[None]:
     with owned_by(state), dispatch.layer(signature, group):
         yield
+
+
+def _check_fused(q: Tensor) -> None:
+    if not (has_triton() and _fused_supports(q)):
+        raise ValueError(f"kernel 'fused' needs triton and float16/bfloat16 inputs with head dim 64 or 128 "
+                         f"(got {q.dtype}, head dim {q.shape[-1]}); use kernel='auto'")
 
 
 def _fused_supports(q: Tensor) -> bool:

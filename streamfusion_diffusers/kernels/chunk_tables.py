@@ -43,7 +43,12 @@ def chunk_tables(
     block_m: int,
     block_n: int,
 ) -> ChunkTables:
-    """The tables of one launch, checked: every chunk half precision [B, L, H, D], aligned (see `aligned`)."""
+    """The tables of one launch, checked on the host (a launch with a bad table faults or, with no key tile to
+    wait for, hangs): every chunk half precision [B, L >= 1, H, D], aligned (see `aligned`); every state, output and
+    lse laid out as the kernels address them (`_check_layout`)."""
+    if not q_chunks or not kv_chunks:
+        raise ValueError(f"fused attention needs at least one query and one key/value chunk, got {len(q_chunks)} "
+                         f"and {len(kv_chunks)}")
     q0 = q_chunks[0]
     batch, _, heads, dim = q0.shape
     load_state = states[0][0] is not None
@@ -51,6 +56,7 @@ def chunk_tables(
     q_rows, q_tiles = [], 0
     for q, (state, lse), out in zip(q_chunks, states, outs, strict=True):
         _check(q, batch, heads, dim)
+        _check_layout(q, state, lse, out, load_state, finalize)
         out_base = x_base if finalize else f_base
         q_rows.append([_offset(q, x_base), *q.stride()[:3], q.shape[1], q_tiles,
                        _offset(state, f_base) if load_state else 0, _offset(out, out_base), _offset(lse, f_base)])
@@ -94,10 +100,27 @@ def aligned(x: Tensor) -> bool:
 
 def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:
     if x.dtype not in (torch.float16, torch.bfloat16) or not aligned(x) or x.shape[0] != batch or \
-            x.shape[2:] != (heads, dim):
-        raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L, H={heads}, D={dim}] chunks, "
+            x.shape[2:] != (heads, dim) or x.shape[1] == 0:
+        raise ValueError(f"fused attention needs float16/bfloat16 [B={batch}, L >= 1, H={heads}, D={dim}] chunks, "
                          f"16-byte aligned with strides (but the last, 1) multiples of 8; got {tuple(x.shape)} "
                          f"{x.dtype} strides {x.stride()}")
+
+
+def _check_layout(q: Tensor, state: Tensor | None, lse: Tensor, out: Tensor, load_state: bool,
+                  finalize: bool) -> None:
+    """The layouts the kernels address by q's shape alone: state and output contiguous [B, Lq, H, D] (float32, or
+    the query dtype when finalized), lse contiguous float32 [B, H, Lq], all on q's device."""
+    b, length, h, _ = q.shape
+    want = [("lse", lse, (b, h, length), torch.float32),
+            ("out", out, tuple(q.shape), q.dtype if finalize else torch.float32)]
+    if (state is not None) != load_state:
+        raise ValueError("fused attention loads a state for every query chunk of a launch or for none")
+    if load_state:
+        want.append(("state", state, tuple(q.shape), torch.float32))
+    for name, x, shape, dtype in want:
+        if tuple(x.shape) != shape or x.dtype != dtype or not x.is_contiguous() or x.device != q.device:
+            raise ValueError(f"fused attention writes {name} as a contiguous {dtype} tensor {list(shape)} on "
+                             f"{q.device}; got {list(x.shape)} {x.dtype} strides {x.stride()} on {x.device}")
 
 
 @cache  # Triton's allocator is process-wide and this one holds nothing: set once, it serves every context

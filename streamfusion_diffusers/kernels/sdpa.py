@@ -17,7 +17,22 @@ from ..core.logs import say_once
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("cudnn", "flash", "efficient")
-_failed: set[str] = set()  # what this process's torch build and GPU cannot run: a capability, not a choice
+# How torch's SDPA kernels answer "not for this input" (their TORCH_CHECKs, and cuDNN frontend's plan search): the
+# GPU, build, dtype, head dim or lengths are outside what the backend takes. Anything else is a real failure.
+UNSUPPORTED = (
+    "only support",  # flash: "FlashAttention only supports Ampere GPUs or newer", "... only support fp16 and bf16"
+    "is only supported on",  # flash: "bfloat16 is only supported on Ampere GPUs or newer"
+    "supports head dimension",  # flash: "FlashAttention forward only supports head dimension at most 256"
+    "must be a multiple of",  # flash: "head_size must be a multiple of 8"
+    "not enabled for build",  # "USE_FLASH_ATTENTION was not enabled for build." (and USE_MEM_EFF_ATTENTION)
+    "no execution plans support the graph",  # cuDNN frontend: no engine for this graph
+    "not supported", "not_supported",  # cuDNN: "... is not supported", CUDNN_STATUS_NOT_SUPPORTED
+    "no available kernel",  # F.scaled_dot_product_attention with no backend left for the input
+    "could not run",  # NotImplementedError: the op has no kernel for this device in this build
+)
+# (backend, device, dtype, q shape, k shape) that a backend refused: a capability of this GPU and torch build for
+# that input, not a choice, so module-level as the other probes; other shapes still try the backend first.
+_unsupported: set[tuple] = set()
 
 
 def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float, lse: bool = True) -> tuple[Tensor, Tensor]:
@@ -50,12 +65,14 @@ def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
                             backends: Sequence[str] = BACKENDS) -> tuple[Tensor, Tensor]:
     """q [B, Lq, H, D], k, v [B, Lk, H, D] on CUDA -> (out [B, Lq, H, D] in q.dtype, lse [B, H, Lq] float32).
 
-    Tries the given backends in order; one that rejects a shape or dtype is skipped from then on (said once).
-    Running out of memory is not a rejection: it is raised, with the sizes, and every backend stays usable.
+    Tries the given backends in order. One that answers "not supported for this input" (`unsupported`) is skipped
+    for this input's shape and dtype from then on, said once; any other error (a CUDA fault, a bad argument) is
+    raised, and the backend stays first for every shape. Running out of memory is raised with the sizes.
     """
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    shape = (q.device, q.dtype, tuple(q.shape), tuple(k.shape))
     for backend in backends:
-        if backend in _failed:
+        if (backend, *shape) in _unsupported:
             continue
         try:
             out, lse = _call(backend, qt, kt, vt, scale)
@@ -66,12 +83,24 @@ def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
                 f"sequence over more ranks (a longer ring holds less K/V), lower the batch, or free memory "
                 f"first ({err})") from err
         except RuntimeError as err:
-            _failed.add(backend)
-            say_once(logger, logging.WARNING, "SDPA backend %s unavailable (%s); falling back to the next one",
-                     backend, err)
+            if not unsupported(err):
+                raise
+            _unsupported.add((backend, *shape))
+            say_once(logger, logging.WARNING, "SDPA backend %s does not take q %s, k %s %s (%s); the next backend "
+                     "runs this shape", backend, list(q.shape), list(k.shape), q.dtype,
+                     str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__)
             continue
         if lse.dim() == 4:
             lse = lse.squeeze(-1)
         return out.transpose(1, 2), lse[..., : q.shape[1]].float()
-    raise RuntimeError(f"no SDPA backend of {list(backends)} returned the log-sum-exp for this input; "
-                       "use kernel='reference'")
+    raise RuntimeError(f"no SDPA backend of {list(backends)} takes attention of q {list(q.shape)}, k "
+                       f"{list(k.shape)} {q.dtype} with the log-sum-exp on this GPU; use kernel='reference'")
+
+
+def unsupported(err: RuntimeError) -> bool:
+    """Whether an SDPA backend's error says it does not take this input (UNSUPPORTED), not that it failed. A CUDA
+    error ("CUDA error: operation not supported ..." included) is a fault of the device or the launch: never."""
+    text = str(err).lower()
+    if isinstance(err, torch.AcceleratorError) or "cuda error" in text:
+        return False
+    return any(phrase in text for phrase in UNSUPPORTED)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import torch.distributed as dist
 from torch import nn
 
 from ...core.logs import say_once
@@ -19,24 +20,27 @@ from .tiles import TILED, is_split, split_vae_decode, unsplit_vae_decode
 logger = logging.getLogger(__name__)
 
 
-def decode_over_ranks(vae: nn.Module, rank: int, world: int) -> str:
-    """The job's VAE decode over its ranks: patch-parallel where supported, else the tile split, else on rank 0
-    only. Says which once and returns it (run.json's `vae_decode`): "patch-parallel", "tiles" or "one-rank";
-    "whole" (every rank decodes, untouched) for a VAE with no `_decode` to replace."""
+def decode_over_ranks(vae: nn.Module, rank: int, world: int, group: dist.ProcessGroup | None = None) -> str:
+    """The VAE decode shared out over `group` (None: the default group), of which this rank is `rank` of `world`:
+    patch-parallel where supported, else the tile split, else on the group's first rank only. Says which once and
+    returns it (run.json's `vae_decode`): "patch-parallel", "tiles" or "one-rank"; "whole" (every rank decodes,
+    untouched) for a group of one rank or a VAE with no `_decode` to replace."""
+    if world == 1:
+        return "whole"
     if not hasattr(type(vae), "_decode"):  # e.g. AutoencoderTiny: no _decode below its decode to take over
         say_once(logger, logging.INFO, "VAE decode: %s is decoded whole on every rank", type(vae).__name__)
         return "whole"
     reason = unsupported(vae)
     if reason is None:
-        parallel_vae_decode(vae, rank, world)
+        parallel_vae_decode(vae, rank, world, group)
         return "patch-parallel"
     if not isinstance(vae, TILED):
         say_once(logger, logging.INFO, "VAE decode: neither bands nor tiles can split it (%s)", reason)
-        one_rank_vae_decode(vae, rank, world)
+        one_rank_vae_decode(vae, world, group)
         return "one-rank"
     say_once(logger, logging.INFO, "VAE decode: patch-parallel not possible (%s); falling back to the tile split",
              reason)
-    split_vae_decode(vae, rank, world)
+    split_vae_decode(vae, rank, world, group)
     return "tiles"
 
 

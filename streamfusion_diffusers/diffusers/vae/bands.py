@@ -73,7 +73,8 @@ def banded(decoder: nn.Module, bands: Bands) -> Iterator[None]:
 
 def parallel_decode(vae: nn.Module, z: Tensor, rank: int, world: int,
                     group: dist.ProcessGroup | None = None) -> Tensor:
-    """Decode z over `world` ranks, one band of latent rows each (every rank calls it with the same z).
+    """Decode z over the `world` ranks of `group` (None: the default group), one band of latent rows each, this
+    rank taking band `rank` (its place in the group); every rank of the group calls it with the same z.
 
     Equals the untiled `type(vae)._decode(z)` (diffusers' tiling settings are ignored: a band needs no tiles).
     """
@@ -89,8 +90,9 @@ def parallel_decode(vae: nn.Module, z: Tensor, rank: int, world: int,
     return bands.gather_rows(band)
 
 
-def parallel_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
-    """Make `vae.decode` (and so the pipeline's decode) run patch-parallel over the default group's ranks.
+def parallel_vae_decode(vae: nn.Module, rank: int, world: int, group: dist.ProcessGroup | None = None) -> None:
+    """Make `vae.decode` (and so the pipeline's decode) run patch-parallel over `group`'s ranks (None: the
+    default group's), this rank being `rank` of `world` in it.
 
     Replaces the instance's `_decode` as the tile split does (undo with `vae.unsplit_vae_decode`).
     """
@@ -104,7 +106,7 @@ def parallel_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
                      z.shape[-2], world)
             sample = type(vae)._decode(vae, z).sample
         else:
-            sample = parallel_decode(vae, z, rank, world)
+            sample = parallel_decode(vae, z, rank, world, group)
         return DecoderOutput(sample=sample) if return_dict else (sample,)
 
     vae._decode = _decode

@@ -1,8 +1,9 @@
-"""The VAE decode on one rank: rank 0 decodes, the others wait for its result instead of decoding it too.
+"""The VAE decode on one rank: the group's first rank decodes, the others wait for its result instead of decoding
+it too.
 
 The fallback for VAEs that neither the band split nor the tile split can take (e.g. LTX's, HunyuanVideo's):
 every rank of a sequence-parallel job holds the same final latents and diffusers would have each decode all of
-them, P times the work and the decoder's peak memory on every GPU. Here rank 0 runs diffusers' own `_decode`
+them, P times the work and the decoder's peak memory on every GPU. Here one rank runs diffusers' own `_decode`
 and broadcasts the sample (its shape first), so every rank's pipeline still returns the same image or video.
 """
 from __future__ import annotations
@@ -21,12 +22,13 @@ from .tiles import is_split
 logger = logging.getLogger(__name__)
 
 
-def one_rank_decode(vae: nn.Module, z: Tensor, rank: int, *args: Any, group: dist.ProcessGroup | None = None,
+def one_rank_decode(vae: nn.Module, z: Tensor, *args: Any, group: dist.ProcessGroup | None = None,
                     **kwargs: Any) -> Tensor:
-    """Decode z on rank 0 of the group and hand the sample to every rank (every rank calls it with the same z).
-    `args` / `kwargs` go to the class's `_decode` (LTX's temb, LTX-2's causal)."""
+    """Decode z on the first rank of `group` (None: the default group) and hand the sample to every rank of it
+    (every rank of the group calls it with the same z). `args` / `kwargs` go to the class's `_decode` (LTX's temb,
+    LTX-2's causal). The decoding rank and the broadcast's source are one global rank, read from the group."""
     source = dist.get_global_rank(group, 0) if group is not None else 0
-    sample = type(vae)._decode(vae, z, *args, **kwargs).sample.to(z.dtype) if rank == 0 else None
+    sample = type(vae)._decode(vae, z, *args, **kwargs).sample.to(z.dtype) if dist.get_rank() == source else None
     shape = torch.tensor(sample.shape if sample is not None else [0] * z.dim(), device=z.device)
     dist.broadcast(shape, source, group=group)
     if sample is None:
@@ -35,8 +37,9 @@ def one_rank_decode(vae: nn.Module, z: Tensor, rank: int, *args: Any, group: dis
     return sample
 
 
-def one_rank_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
-    """Make `vae.decode` (and so the pipeline's decode) run on rank 0 of the default group only.
+def one_rank_vae_decode(vae: nn.Module, world: int, group: dist.ProcessGroup | None = None) -> None:
+    """Make `vae.decode` (and so the pipeline's decode) run on the first rank of `group` (None: the default
+    group, `world` ranks) only, its result broadcast to the others.
 
     Replaces the instance's `_decode` as the other splits do (undo with `unsplit_vae_decode`).
     """
@@ -44,11 +47,11 @@ def one_rank_vae_decode(vae: nn.Module, rank: int, world: int) -> None:
         raise ValueError("this VAE's decode is already split; call unsplit_vae_decode(vae) first")
 
     def _decode(z: Tensor, *args: Any, return_dict: bool = True, **kwargs: Any) -> DecoderOutput | tuple[Tensor]:
-        sample = one_rank_decode(vae, z, rank, *args, **kwargs)
+        sample = one_rank_decode(vae, z, *args, group=group, **kwargs)
         return DecoderOutput(sample=sample) if return_dict else (sample,)
 
     vae._decode = _decode
-    say_once(logger, logging.INFO, "VAE decode: %s on rank 0 only, its result broadcast to the other %d ranks",
+    say_once(logger, logging.INFO, "VAE decode: %s on one rank only, its result broadcast to the other %d ranks",
              type(vae).__name__, world - 1)
 
 

@@ -119,7 +119,8 @@ def _blend(vae: torch.nn.Module, grid: TileGrid, rows: list[list[Tensor]]) -> Te
 
 def split_decode(vae: torch.nn.Module, z: Tensor, rank: int, world: int,
                  group: dist.ProcessGroup | None = None) -> Tensor:
-    """Decode z over `world` ranks (every rank calls it with the same z): diffusers' tiled decode, split.
+    """Decode z over the `world` ranks of `group` (None: the default group), this rank being `rank` in it (every
+    rank of the group calls it with the same z): diffusers' tiled decode, split.
 
     A latent that fits one tile is decoded whole on every rank, as diffusers decodes it untiled.
     """
@@ -139,18 +140,19 @@ def split_decode(vae: torch.nn.Module, z: Tensor, rank: int, world: int,
     return _blend(vae, grid, [decoded[k:k + cols] for k in range(0, len(decoded), cols)])
 
 
-def split_vae_decode(vae: torch.nn.Module, rank: int, world: int) -> None:
-    """Make `vae.decode` (and so the pipeline's decode) split its tiles over the ranks of the default group.
+def split_vae_decode(vae: torch.nn.Module, rank: int, world: int, group: dist.ProcessGroup | None = None) -> None:
+    """Make `vae.decode` (and so the pipeline's decode) split its tiles over `group`'s ranks (None: the default
+    group's), this rank being `rank` of `world` in it.
 
     Replaces the instance's `_decode`, below diffusers' `decode`: slicing, offload hooks and the return types
-    stay diffusers'. Every rank must then decode the same latents together.
+    stay diffusers'. Every rank of the group must then decode the same latents together.
     """
     TileGrid.of(vae)  # refuses VAEs it cannot split, naming the fix
     if is_split(vae):
         raise ValueError("this VAE's decode is already split; call unsplit_vae_decode(vae) first")
 
     def _decode(z: Tensor, return_dict: bool = True) -> DecoderOutput | tuple[Tensor]:
-        sample = split_decode(vae, z, rank, world)
+        sample = split_decode(vae, z, rank, world, group)
         return DecoderOutput(sample=sample) if return_dict else (sample,)
 
     vae._decode = _decode

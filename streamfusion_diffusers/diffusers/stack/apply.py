@@ -1,0 +1,27 @@
+"""`apply_stack`: what the job stacks on its pipeline, in the order in which the parts compose."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..parallel_pipeline import transformers_of
+from .caches import enable_cache
+from .lora import load_loras
+from .quantize import quantize
+from .spec import Stack
+
+
+def apply_stack(pipe: Any, stack: Stack) -> dict:
+    """LoRAs first (fused into full-precision weights), then quantization of the fused weights, then the cache
+    (before `parallelize`: caches.py says why). Returns what ran, for run.json and the responses; {} for none."""
+    record: dict[str, Any] = {}
+    transformers = transformers_of(pipe)
+    if stack.loras:
+        record["lora"] = load_loras(pipe, stack.loras)
+    if stack.quantize:
+        record["quantize"] = quantize(transformers, stack.quantize)
+    if stack.cache:
+        record["cache"] = enable_cache(pipe, transformers, stack.cache)
+    return record
+
+
+__all__ = ["apply_stack"]
