@@ -96,12 +96,14 @@ def run(spec: str, repeats: int, modes: list[str], ctx: ParallelContext, device:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            with torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
-                step = _steps(model, inputs, repeats, 1 if mode == "eager" else 2, device)
+            row = {"workload": workload.name, "model": name, "ranks": world, "sharded": shard, "mode": mode}
+            try:  # a compile failure (the same on every rank) is a row, and the job goes on
+                with torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
+                    row["step_ms"] = round(1e3 * _steps(model, inputs, repeats, 1 if mode == "eager" else 2, device), 1)
+            except Exception as err:  # noqa: BLE001
+                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
             held, whole = local_bytes(model)
-            row = {"workload": workload.name, "model": name, "ranks": world, "sharded": shard, "mode": mode,
-                   "step_ms": round(1e3 * step, 1), "weights_held_gib": round(_worst(held) / GIB, 2),
-                   "weights_whole_gib": round(whole / GIB, 2)}
+            row.update(weights_held_gib=round(_worst(held) / GIB, 2), weights_whole_gib=round(whole / GIB, 2))
             if device.type == "cuda":
                 row["peak_gib"] = round(_worst(torch.cuda.max_memory_allocated()) / GIB, 2)
                 row["between_forwards_gib"] = round(_worst(torch.cuda.memory_allocated()) / GIB, 2)
