@@ -110,18 +110,27 @@ def prepare(job: Job) -> Prepared:
     ctx = init_parallel(job.parallel)
     started = time.perf_counter()
     prompt: dict[str, Any] = {"prompt": job.prompt}
+    # sharded weights (on more than one rank; on one they are a no-op): built (or loaded) in host memory, each
+    # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model
+    shards = job.shard_weights and job.world_size > 1
+    home = torch.device("cpu") if shards and real_size(job.model) else device
     if job.weights:
-        pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=device)
-    elif real_size(job.model) and family.encode_first:  # encoder and transformer do not fit one GPU together
+        pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=home)
+    elif real_size(job.model) and family.encode_first and not shards:  # encoder and transformer do
+        # not fit one GPU together
         pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.seed, dtype=dtype,
                                     device=device)
         prompt = {"prompt_embeds": embeds}
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
-        pipe = build(job.model, seed=job.seed, dtype=dtype, device=device)
+        pipe = build(job.model, seed=job.seed, dtype=dtype, device=home)
     stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
-    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph)
+    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights)
+    if home != device:  # what was not sharded (the VAE, small encoders); the shards are on the GPU already
+        for name, part in pipe.components.items():
+            if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
+                part.to(device)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started)
 
@@ -154,6 +163,8 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "vae_decode": prepared.transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded
         "encoded_first": "prompt_embeds" in prepared.prompt,  # encoder freed before the transformer was built
         "cuda_graph": job.cuda_graph,
+        "shard_weights": job.shard_weights,
+        "sharded": list(prepared.transformer._streamfusion.sharded),  # what FSDP2 sharded (none on one rank)
         "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
@@ -165,13 +176,19 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
     }
 
 
+def no_autograd(job: Job) -> Any:
+    """How the pipeline call runs: inference_mode, or with sharded weights no_grad, as diffusers' pipelines run
+    (FSDP2 fails under inference_mode before torch 2.13)."""
+    return torch.no_grad() if job.shard_weights else torch.inference_mode()
+
+
 def run_rank(job: Job) -> dict | None:
     """One rank's share of the job; rank 0 decodes, writes the output and returns the run record."""
     prepared = prepare(job)
     kwargs = call_kwargs(job, prepared)
     phases = PhaseTimer(prepared.device)
     built = time.perf_counter()
-    with torch.inference_mode():
+    with no_autograd(job):
         result = phases.call(prepared.pipe, **kwargs)
     finished = phases.now()
     if dist.get_rank() != 0:
@@ -233,4 +250,5 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Job", "Prepared", "add_arguments", "call_kwargs", "main", "make_job", "prepare", "run_rank", "run_record"]
+__all__ = ["Job", "Prepared", "add_arguments", "call_kwargs", "main", "make_job", "no_autograd", "prepare", "run_rank",
+           "run_record"]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..commands.generate import Prepared, call_kwargs, prepare, run_record
+from ..commands.generate import Prepared, call_kwargs, no_autograd, prepare, run_record
 from ..commands.job import Job
 from ..commands.phases import PhaseTimer
 from ..commands.spawn import note
@@ -95,7 +95,7 @@ def _generate(served: Served, params: Params, index: int, deadline: float) -> tu
     started = time.perf_counter()
     pipe = served.prepared.pipe
     try:
-        with torch.inference_mode():
+        with no_autograd(job):
             result = phases.call(pipe, callback_on_step_end=_step_end(served, deadline, job.steps), **kwargs)
     except _Late:  # stopped mid-call: reset what a finished call resets (a cache's state), as the pipeline would
         pipe.maybe_free_model_hooks()
