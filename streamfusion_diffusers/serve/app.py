@@ -10,6 +10,7 @@ import hmac
 import json
 import logging
 import time
+from contextlib import asynccontextmanager
 from importlib.resources import files
 from types import FrameType
 from typing import Any
@@ -77,10 +78,8 @@ class Guard:
 
 def make_app(service: Service, api_key: str | None, max_body_bytes: int) -> FastAPI:
     """The app over a started-or-starting service (the lifespan starts it and closes it)."""
-    from contextlib import asynccontextmanager
-
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(_: FastAPI) -> Any:
         await service.start()
         yield
         await service.close()
