@@ -86,6 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-vae-split decodes untiled on rank 0 only")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
+    parser.add_argument("--shard-weights", action="store_true",
+                        help="every rank holds 1/P of the transformer's and text encoders' weights (torch FSDP2), "
+                             "each block gathered just before it runs: the same output in less memory per GPU "
+                             "(`streamfusion plan --memory` says how much)")
     parser.add_argument("--cache", default=None, metavar="NAME[:VALUE]",
                         help="one of diffusers' caches, its skip decisions agreed over the ranks: first-block[:T] "
                              "(skip the other blocks while the first block's residual changes by less than T, "
@@ -121,6 +125,7 @@ class Job:
     output: str
     vae_split: bool = True
     cuda_graph: bool = False
+    shard_weights: bool = False
     stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
 
     @property
@@ -239,6 +244,12 @@ def make_job(args: argparse.Namespace) -> Job:
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
+    if args.cuda_graph and args.shard_weights:
+        raise ValueError("--shard-weights does not compose with --cuda-graph (FSDP2 gathers and frees each block's "
+                         "weights every forward, which a captured graph cannot replay): drop one")
+    if args.quantize and args.shard_weights:
+        raise ValueError("--shard-weights does not compose with --quantize (torchao's quantized weights, which FSDP2 "
+                         "cannot split): drop one")
     if args.cuda_graph and args.cache:
         raise ValueError(f"--cache {args.cache} decides per step what to run, which a CUDA graph replays unchanged; "
                          f"drop --cuda-graph or --cache")
@@ -252,4 +263,4 @@ def make_job(args: argparse.Namespace) -> Job:
                max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph,
-               stack=stack)
+               shard_weights=args.shard_weights, stack=stack)

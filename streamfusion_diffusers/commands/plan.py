@@ -1,8 +1,11 @@
-"""`streamfusion plan`: predict every method and layout on a cluster shape, and recommend one.
+"""`streamfusion plan`: predict every method and layout on a cluster shape, and recommend one; with --memory, what
+one GPU holds at its peak, with and without sharded weights, and which GPUs that fits.
 
 For clusters nobody here can rent: the cost model (choice/costmodel.py) walks our schedules for N x M GPUs
-and a real-size workload, with an inter-machine link preset or any bandwidth/latency pair, using the figures
-fitted from measurements in the recipe's `calibration` header (the model's packaged recipe unless --recipe).
+and a workload of any model `generate` runs (models/configs.py MODELS), with an inter-machine link preset or any
+bandwidth/latency pair, using the figures fitted from measurements in the recipe's `calibration` header (the
+model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe). The memory estimate is
+models/memory.py's, from the real configs on the meta device.
 """
 from __future__ import annotations
 
@@ -11,21 +14,28 @@ import json
 
 from ..choice.choose import gpu_of
 from ..choice.costmodel import candidate_layouts, predict
-from ..choice.recipe import load_recipe
-from ..choice.workloads import COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH, cogvideox, flux
+from ..choice.recipe import PACKAGED, load_recipe
+from ..choice.workloads import COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH, Workload, cogvideox, flux
+from ..choice.workloads import MODELS as WORKLOADS
 from ..core.config import METHODS
 from ..core.links import PRESETS, parse_link
+from ..models import MODELS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--machines", type=int, required=True, help="machines N")
     parser.add_argument("--gpus-per-machine", type=int, default=8, help="GPUs per machine M (default 8)")
-    parser.add_argument("--model", choices=("flux-dev", "cogvideox-5b"), default="flux-dev")
+    parser.add_argument("--model", choices=sorted(MODELS), default="flux-dev", help="any model generate runs")
     parser.add_argument("--resolution", type=int, default=None,
-                        help=f"Flux: square side in pixels (default 1024); CogVideoX: height "
-                             f"(default {COGVIDEOX_PLAN_HEIGHT})")
-    parser.add_argument("--width", type=int, default=None, help=f"CogVideoX width (default {COGVIDEOX_PLAN_WIDTH})")
-    parser.add_argument("--frames", type=int, default=49, help="CogVideoX frames (4k + 1)")
+                        help=f"height in pixels (default: the model's; flux-dev 1024, cogvideox-5b "
+                             f"{COGVIDEOX_PLAN_HEIGHT}); an image model's width too unless --width")
+    parser.add_argument("--width", type=int, default=None,
+                        help=f"width in pixels (default: the model's; cogvideox-5b {COGVIDEOX_PLAN_WIDTH})")
+    parser.add_argument("--frames", type=int, default=None, help="video models: frames (default: the model's)")
+    parser.add_argument("--memory", action="store_true",
+                        help="per-GPU memory at its peak, whole weights and sharded (--shard-weights), and which "
+                             "GPUs (24/40/48/80/141 GB) it fits, instead of the layouts")
+    parser.add_argument("--cfg", type=int, choices=(1, 2), default=1, help="--memory: the CFG split's degree")
     parser.add_argument("--link", default="dgx", help=f"inter-machine link: {', '.join(PRESETS)} or GBPS:LATENCY_US")
     parser.add_argument("--recipe", default=None,
                         help="recipe whose calibration header the cost model uses (default: the model's packaged one)")
@@ -33,13 +43,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.model == "flux-dev":
-        workload = flux(args.resolution or 1024)
+def size_of(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(frames, height, width) asked for: the model's own where not given (CogVideoX-5b: the plan's 768 x 1360)."""
+    spec = MODELS[args.model]
+    if args.model == "cogvideox-5b":
+        height, width = args.resolution or COGVIDEOX_PLAN_HEIGHT, args.width or COGVIDEOX_PLAN_WIDTH
+    elif spec.video:
+        height, width = args.resolution or spec.height, args.width or spec.width
     else:
-        workload = cogvideox(args.frames, args.resolution or COGVIDEOX_PLAN_HEIGHT, args.width or COGVIDEOX_PLAN_WIDTH)
+        height = args.resolution or spec.height
+        width = args.width or args.resolution or spec.width
+    if args.frames is not None and not spec.video:
+        raise ValueError(f"--frames is for video models; {args.model} makes images")
+    return (args.frames or spec.frames) if spec.video else 1, height, width
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    """The cost model's workload: the real-size model's (choice/workloads.py), or a tiny model's attention shape."""
+    frames, height, width = size_of(args)
+    if args.model == "flux-dev":
+        return flux(width, height)
+    if args.model == "cogvideox-5b":
+        return cogvideox(frames, height, width)
+    if args.model in WORKLOADS:
+        return WORKLOADS[args.model](*((frames, height, width) if MODELS[args.model].video else (width, height)))
+    spec, cfg = MODELS[args.model], MODELS[args.model].transformer
+    return Workload(f"{args.model} {width}x{height}", spec.image_tokens(height, width, frames), 0,
+                    cfg["num_attention_heads"], cfg["attention_head_dim"],
+                    cfg.get("num_layers", 1) + cfg.get("num_single_layers", 0))
+
+
+def memory(args: argparse.Namespace) -> int:
+    """--memory: models/memory.py's estimate, whole weights and sharded, as a table or JSON."""
+    from ..models.memory import GPUS_GB, RUNTIME_GIB, estimate, pipeline_parts
+
+    frames, height, width = size_of(args)
+    ranks = args.machines * args.gpus_per_machine
+    if args.cfg > ranks:
+        raise ValueError(f"--cfg {args.cfg} needs at least {args.cfg} GPUs")
+    parts = pipeline_parts(args.model)
+    rows = [estimate(args.model, height, width, frames, ranks, cfg=args.cfg, sharded=s, parts=parts)
+            for s in (False, True)]
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        return 0
+    print(f"{args.model} {rows[0].size} on {args.machines} x {args.gpus_per_machine} GPUs (cfg {args.cfg}), bf16, "
+          f"GiB per GPU at its peak")
+    print(f"{'weights':<8} {'held':>6} {'gathered':>8} {'activ.':>7} {'attn':>6} {'vae dec':>7} {'encode':>7} "
+          f"{'peak':>6}  fits (GB, {RUNTIME_GIB:g} GiB runtime beside)")
+    for r in rows:
+        fits = ", ".join(map(str, r.fits)) or f"none of {', '.join(map(str, GPUS_GB))}"
+        print(f"{'sharded' if r.sharded else 'whole':<8} {r.weights:>6.1f} {r.gathered:>8.1f} {r.activations:>7.2f} "
+              f"{r.attention:>6.2f} {r.vae_decode:>7.2f} {r.text_encoder:>7.1f} {r.peak:>6.1f}  {fits}")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.memory:
+        return memory(args)
+    workload = workload_of(args)
     link = parse_link(args.link)
-    gpu = gpu_of(load_recipe(args.recipe or args.model).calibration)
+    packaged = (PACKAGED / f"{args.model}.yaml").is_file()
+    gpu = gpu_of(load_recipe(args.recipe or (args.model if packaged else "flux-dev")).calibration)
     predictions = {m: [predict(lay, workload, link, gpu) for lay in
                        candidate_layouts(m, args.machines, args.gpus_per_machine, workload.heads)] for m in METHODS}
     best = {m: min(ps, key=lambda p: p.step_ms) for m, ps in predictions.items() if ps}

@@ -1,0 +1,129 @@
+"""Per-GPU memory of a model's generation at a size and cluster shape, with and without sharded weights.
+
+What a rank holds at its peak, counted from the real configs built on the meta device (no memory, no weights): the
+pipeline's weights as `streamfusion generate` holds them (transformers, text encoders, VAE; Flux.2-dev unsharded
+encodes its prompt first and frees the encoder before the transformer is built), each whole or, sharded
+(`parallelize(..., shard_weights=True)`, FSDP2 over the job's ranks), 1/P of it plus what is gathered while a
+block runs (the root's own parameters, the running block and the prefetched next one); then one block's
+activations for this rank's share of the tokens, the attention's transfer buffers (queries, keys, values sent and
+received), and the VAE decode's peak for this rank's band of rows (measured per pixel). The activation terms are
+estimates (a few live tensors per block), checked against the measured one-GPU peaks (BENCHMARKS.md, "Planning
+memory").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from ..diffusers.sharded_weights import blocks_of
+from .configs import MODELS, ModelSpec
+from .pipelines import family_of
+
+GIB = 2**30
+GPUS_GB = (24, 40, 48, 80, 141)  # the GPU memory sizes `plan --memory` checks (GB as sold: 10^9 bytes)
+RUNTIME_GIB = 2.0  # CUDA context, NCCL buffers and allocator slack beside what torch allocates (not in the peaks)
+BLOCK_LIVE = 4.0  # live tensors of a block's width beside its MLP's (input, normed input, attention output, residual)
+ATTENTION_BUFFERS = 6.0  # Q, K, V of the local tokens, sent and received by the all-to-all (ring: K, V in flight)
+# The VAE decode's peak per output pixel (per pixel of one frame for video), bf16, measured on one H200
+# (BENCHMARKS.md, "VAE decode of the newer models"): Flux.2's VAE 9.7 GiB at 2048^2 (Flux.1's is the same
+# architecture), Qwen-Image's 7.2 GiB at 1328^2, Wan 2.1's 10.2 GiB at 49 x 720 x 1280 (Wan 2.2's 11.5 GiB at
+# 49 x 704 x 1280); CogVideoX's is not measured: Wan's figure stands in.
+VAE_BYTES_PER_PIXEL = {"flux": 2.5e3, "flux2": 2.5e3, "qwen-image": 4.4e3, "wan": 12e3, "cogvideox": 12e3}
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Parameter bytes of one module: all of them, those of the root alone (outside every block) and the largest
+    block's."""
+
+    total: int
+    root: int
+    block: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One rank's peak, in GiB, by part; `fits` names the GPU sizes it fits with RUNTIME_GIB beside it."""
+
+    model: str
+    size: str
+    ranks: int
+    cfg: int
+    sharded: bool
+    weights: float
+    gathered: float
+    activations: float
+    attention: float
+    vae_decode: float
+    text_encoder: float
+
+    @property
+    def peak(self) -> float:
+        denoise = self.weights + self.gathered + self.activations + self.attention
+        return max(denoise, self.text_encoder, self.weights + self.vae_decode)
+
+    @property
+    def fits(self) -> tuple[int, ...]:
+        return tuple(gb for gb in GPUS_GB if self.peak + RUNTIME_GIB <= gb * 1e9 / GIB)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "peak": self.peak, "fits_gb": list(self.fits)}
+
+
+def _parts(module: nn.Module) -> Parts:
+    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    blocks = [b for group in blocks_of(module) for b in group]
+    total = size(module)
+    return Parts(total, total - sum(size(b) for b in blocks), max((size(b) for b in blocks), default=0))
+
+
+def pipeline_parts(model: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, Parts]:
+    """Parameter bytes of each module of MODELS[model]'s pipeline as generate builds it, on the meta device."""
+    from .build import build_pipeline
+    from .full import build_full_pipeline
+
+    build = build_pipeline if model.startswith("tiny-") else build_full_pipeline
+    pipe = build(model, dtype=dtype, device="meta")
+    return {name: _parts(c) for name, c in pipe.components.items() if isinstance(c, nn.Module)}
+
+
+def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cfg: int = 1, sharded: bool = False,
+             parts: dict[str, Parts] | None = None, bytes_per_value: int = 2) -> Estimate:
+    """One rank's peak memory for MODELS[model] at height x width (x frames) on `ranks` GPUs (cfg: the CFG split's
+    degree), bf16 unless bytes_per_value says otherwise."""
+    spec: ModelSpec = MODELS[model]
+    family = family_of(model)
+    parts = parts or pipeline_parts(model)
+    experts = [n for n in parts if n.startswith("transformer")]
+    encoders = [n for n in parts if n.startswith("text_encoder")]
+    share = ranks if sharded else 1
+    held = lambda names: sum(parts[n].total for n in names) / share  # noqa: E731
+    running = max((parts[n] for n in experts), key=lambda p: p.total)
+    encode_first = family.encode_first and not sharded and not model.startswith("tiny-")
+    weights = held(experts) + parts["vae"].total + (0 if encode_first else held(encoders))
+    gathered = running.root + 2 * running.block if sharded and ranks > 1 else 0
+    cfg_t = spec.transformer
+    hidden = cfg_t["num_attention_heads"] * cfg_t["attention_head_dim"]
+    mlp = cfg_t.get("mlp_ratio", cfg_t.get("ffn_dim", 4 * hidden) / hidden)
+    batch = 2 if family.name == "cogvideox" and cfg == 1 and (spec.guidance_scale or 0) > 1 else 1
+    text = family.joint_text(spec, spec.max_sequence_length) or 0
+    tokens = batch * (math.ceil(spec.image_tokens(height, width, frames) / (ranks // cfg)) + text)
+    activations = tokens * hidden * (BLOCK_LIVE + 2 * mlp) * bytes_per_value
+    attention = tokens * hidden * ATTENTION_BUFFERS * bytes_per_value if ranks // cfg > 1 else 0
+    rows = math.ceil(height / ranks) if ranks > 1 else height
+    vae = rows * width * VAE_BYTES_PER_PIXEL[family.name] * bytes_per_value / 2
+    encoder_peak = 0.0
+    if encoders:
+        enc = max((parts[n] for n in encoders), key=lambda p: p.total)
+        gathered_enc = enc.root + 2 * enc.block if sharded and ranks > 1 else 0
+        encoder_peak = (sum(parts[n].total for n in encoders) / share + gathered_enc + parts["vae"].total
+                        + (0 if encode_first else held(experts)))
+    size = f"{frames}x{height}x{width}" if spec.video else f"{height}x{width}"
+    return Estimate(model, size, ranks, cfg, sharded, weights / GIB, gathered / GIB, activations / GIB,
+                    attention / GIB, vae / GIB, encoder_peak / GIB)
+
+
+__all__ = ["GPUS_GB", "Estimate", "Parts", "RUNTIME_GIB", "estimate", "pipeline_parts"]

@@ -1,0 +1,50 @@
+"""`streamfusion plan` for every model generate runs, and `plan --memory`'s per-GPU estimate (models/memory.py)
+against the peaks measured on GPUs (benchmarks/plan_memory_check.py: the one-GPU pipelines of Qwen-Image, Flux.2-dev
+and Wan 2.2 A14B, Flux.1-dev's transformer step); sharded weights cut what a rank holds by P."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamfusion_diffusers.commands import plan
+from streamfusion_diffusers.models import MODELS
+from streamfusion_diffusers.models.memory import GIB, estimate
+
+ROOT = Path(__file__).resolve().parent.parent
+WITHIN = 0.05  # relative, estimate against a measured peak
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_plan_takes_every_model_generate_runs(model, capsys):
+    assert plan.main(_args("--machines", "1", "--gpus-per-machine", "4", "--model", model)) == 0
+    assert "recommended:" in capsys.readouterr().out
+
+
+def test_the_estimate_meets_the_measured_peaks(tmp_path):
+    """benchmarks/plan_memory_check.py: the pipelines' one-GPU peaks and Flux.1-dev's step, within WITHIN."""
+    out = tmp_path / "check.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_memory_check.py"), "--out", str(out)], check=True,
+                   cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True)
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 and all(abs(r["planned_over_measured"] - 1) <= WITHIN for r in rows), rows
+
+
+def test_sharding_divides_the_held_weights_and_fits_smaller_gpus(capsys):
+    whole, sharded = (estimate("flux2-dev", 1024, 1024, 1, 4, sharded=s) for s in (False, True))
+    assert sharded.peak < 40e9 / GIB < whole.peak and 40 in sharded.fits and 40 not in whole.fits
+    assert plan.main(_args("--machines", "1", "--gpus-per-machine", "4", "--model", "flux2-dev", "--memory",
+                           "--json")) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["sharded"] for r in rows] == [False, True] and rows[1]["peak"] == pytest.approx(sharded.peak)
