@@ -11,8 +11,9 @@ from pathlib import Path
 RANGES: dict[str, tuple[float, float | None]] = {
     **dict.fromkeys(("machines", "gpus_per_machine", "nnodes", "nproc_per_node", "ulysses", "ring", "torus",
                      "height", "width", "resolution", "frames", "steps", "max_sequence_length", "heads", "head_dim",
-                     "seq_len", "batch", "iters", "top", "gpu_memory"), (1, None)),
+                     "seq_len", "batch", "iters", "top"), (1, None)),
     **dict.fromkeys(("joint", "warmup", "seed", "node_rank", "guidance_scale", "true_cfg_scale"), (0, None)),
+    "gpu_memory": (1, None),  # GB
     "timeout": (1, None),
     "master_port": (1, 65535),
 }
