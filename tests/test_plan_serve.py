@@ -41,6 +41,13 @@ def test_every_record_is_its_file():
             assert r.step_s == pytest.approx(row["ms"] / 1e3 * r.calls, abs=1e-3)
 
 
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{r.model}-P{r.ranks}")
+def test_at_a_records_own_size_and_ranks_the_step_is_the_record(record):
+    """The calibration reproduces what it was fitted on: every one-GPU record, and the 2-GPU ones (sigma fitted)."""
+    predicted, _ = step_s(record.model, record.frames, record.height, record.width, record.ranks, GPU)
+    assert predicted == pytest.approx(record.step_s, rel=1e-6)
+
+
 @pytest.mark.parametrize("model, frames, height, width, ranks, record, measured_s, calls", [
     # flux-dev 1024 on one H200, eager, our processors (compile bench)
     ("flux-dev", 1, 1024, 1024, 1, "2026-11-24-h200-compile/compile_bench_flux-dev_1024.json", 0.17368, 1),
