@@ -4,6 +4,7 @@ their files; the step prediction against recorded steps it was not fitted on; sp
 with the reason; bad input is one line. CPU only, no process started."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -48,20 +49,14 @@ def test_at_a_records_own_size_and_ranks_the_step_is_the_record(record):
     assert predicted == pytest.approx(record.step_s, rel=1e-6)
 
 
-@pytest.mark.parametrize("model, frames, height, width, ranks, record, measured_s, calls", [
-    # flux-dev 1024 on one H200, eager, our processors (compile bench)
-    ("flux-dev", 1, 1024, 1024, 1, "2026-11-24-h200-compile/compile_bench_flux-dev_1024.json", 0.17368, 1),
-    # qwen-image 2048 on 2 x H200, the best of ours (bench --level step)
-    ("qwen-image", 1, 2048, 2048, 2, "2026-11-24-h200x2-step-new-models/qwen1024-2048.results.json", 0.48617, 1),
-    # Wan 2.2 TI2V-5B 121 f on 2 x H200, one transformer call (the step makes two under CFG)
-    ("wan2.2-ti2v-5b", 121, 704, 1280, 2, "2026-11-24-h200x2-step-new-models/wan-qwen1328.results.json", 0.56205, 2),
-    # Wan 2.2 TI2V-5B 17 f on one H200, whole generation's denoise over 2 steps
-    ("wan2.2-ti2v-5b", 17, 704, 1280, 1, "2026-11-24-h200-e2e-new-models/results.json", 0.535 / 2, 1),
-])
-def test_the_step_meets_records_it_was_not_fitted_on(model, frames, height, width, ranks, record, measured_s, calls):
-    assert (ROOT / "benchmarks/results" / record).is_file()
-    predicted, _ = step_s(model, frames, height, width, ranks, GPU)
-    assert abs(predicted / calls / measured_s - 1) <= WITHIN, (predicted / calls, measured_s)
+def test_the_step_meets_records_it_was_not_fitted_on():
+    """benchmarks/plan_serve_check.py: each recorded step read from its file, the prediction within WITHIN (a record
+    its own job contradicts is reported there, not held against the prediction)."""
+    spec = importlib.util.spec_from_file_location("plan_serve_check", ROOT / "benchmarks" / "plan_serve_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    rows = [r for r in check.rows() if "suspect" not in r]
+    assert len(rows) == 4 and all(abs(r["predicted_over_measured"] - 1) <= WITHIN for r in rows), rows
 
 
 def test_table_for_flux_dev_on_four_gpus(capsys):
