@@ -62,7 +62,8 @@ def rows() -> list[dict]:
         measured = figure(record)
         size = f"{frames} x {height} x {width}" if frames > 1 else f"{height} x {width}"
         out.append({"what": f"{model} {size}, P = {ranks}", "record": f"benchmarks/results/{record}",
-                    "calls": calls, "measured_s": round(measured, 4), "predicted_s": round(per_call, 4), "layout": layout,
+                    "calls": calls, "measured_s": round(measured, 4), "predicted_s": round(per_call, 4),
+                    "layout": layout,
                     "predicted_over_measured": round(per_call / measured, 3)})
         if out[-1]["what"] in SUSPECT:
             out[-1]["suspect"] = SUSPECT[out[-1]["what"]]
@@ -76,7 +77,7 @@ def main() -> None:
     table = rows()
     for row in table:
         print(f"{row['what']:<38} measured {row['measured_s']:6.3f} s  predicted {row['predicted_s']:6.3f} s "
-              f"({row['layout']})  x{row['predicted_over_measured']:.3f}" + (" (suspect record)" if "suspect" in row else ""))
+              f"({row['layout']})  x{row['predicted_over_measured']:.3f}{' (suspect record)' if 'suspect' in row else ''}")
     Path(args.out).write_text(json.dumps({"command": "python benchmarks/plan_serve_check.py", "rows": table},
                                          indent=1) + "\n")
 

@@ -14,16 +14,15 @@ What is predicted, and from what:
 - Text encoding and the VAE decode of one request: the records' (decode scaled by output pixels), the same at any
   P' (the decode's band split over ranks is not modelled: the 2-GPU records show 1.00x for Flux 2048, 1.80x for
   Wan 49 f, so 1 x P's latency is over-predicted by at most the decode's share).
-- Memory: models/memory.py's per-GPU peak for P' ranks, whole and sharded weights; a split neither fits is
-  listed with the reason. Sharded weights' all-gathers per step are not in the step time (not measured yet).
+- Memory: the per-GPU peak for P' ranks, whole and sharded weights, that the caller passes (`plan --serve`:
+  models/memory.py's, which sits a floor above this one); a split neither fits is listed with the reason.
+  Sharded weights' all-gathers per step are not in the step time (not measured yet).
 All records are whole generations on one NVIDIA H200 (times on other GPUs scale by their speed).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 from ..core.config import divisors
 from ..models.configs import MODELS
@@ -53,7 +52,8 @@ class Record:
 
 
 RECORDS = (
-    Record("flux-dev", 1, 2048, 2048, 1, 1, 4.254 / 5, 0.032, 0.403, "2026-11-23-h200x2/e2e-flux/results.json", "one-gpu"),
+    Record("flux-dev", 1, 2048, 2048, 1, 1, 4.254 / 5, 0.032, 0.403, "2026-11-23-h200x2/e2e-flux/results.json",
+           "one-gpu"),
     Record("flux-dev", 1, 2048, 2048, 2, 1, 2.354 / 5, 0.042, 0.412, "2026-11-23-h200x2/e2e-flux/results.json", "ours"),
     Record("wan2.2-ti2v-5b", 49, 704, 1280, 1, 2, 3.076 / 4, 0.096, 2.358,
            "2026-11-24-h200x2-step-new-models/wan-e2e.results.json", "one-gpu"),
@@ -62,7 +62,8 @@ RECORDS = (
     Record("qwen-image", 1, 1328, 1328, 1, 1, 0.597 / 2, 0.023, 0.118,
            "2026-11-24-h200-e2e-new-models/results.json", "one-gpu"),
     Record("qwen-image", 1, 1328, 1328, 2, 1, 0.2004, 0.0, 0.0,
-           "2026-11-24-h200x2-step-new-models/wan-qwen1328.results.json", "auto"),  # the step alone
+           "2026-11-24-h200x2-step-new-models/wan-qwen1328.results.json", "auto",
+           "bench --level step: the transformer step alone (no text, no decode; only its step is used)"),
     Record("flux2-dev", 1, 1024, 1024, 1, 1, 1.085 / 2, 0.0, 0.088,
            "2026-11-24-h200-e2e-new-models/results.json", "one-gpu",
            "its prompt was encoded at build (random weights): the 24B encoder's time per request is not in it"),
@@ -176,4 +177,4 @@ def record_path(record: Record) -> str:
     return f"{RESULTS}/{record.record}"
 
 
-__all__ = ["RECORDS", "Record", "Split", "plan_replicas", "recommend", "records_of", "step_s"]
+__all__ = ["RECORDS", "Record", "Split", "plan_replicas", "recommend", "record_path", "records_of", "step_s"]
