@@ -76,8 +76,9 @@ def main() -> None:
     args = parser.parse_args()
     table = rows()
     for row in table:
+        suspect = " (suspect record)" if "suspect" in row else ""
         print(f"{row['what']:<38} measured {row['measured_s']:6.3f} s  predicted {row['predicted_s']:6.3f} s "
-              f"({row['layout']})  x{row['predicted_over_measured']:.3f}{' (suspect record)' if 'suspect' in row else ''}")
+              f"({row['layout']})  x{row['predicted_over_measured']:.3f}{suspect}")
     Path(args.out).write_text(json.dumps({"command": "python benchmarks/plan_serve_check.py", "rows": table},
                                          indent=1) + "\n")
 
