@@ -46,6 +46,8 @@ LEFT_OUT = {  # how a command starts -> why it is not run here
     "streamfusion bench --cpu --level e2e": "tests/test_bench_e2e.py runs these workloads",
     "streamfusion tune --from-cost-model": "rewrites the packaged recipes",
     "streamfusion tune --merge-from": "merges a device run's output",
+    "streamfusion serve": "a server that runs until stopped: tests/test_serve*.py start it and talk to it",
+    "curl": "talks to a running server: tests/test_serve.py sends these requests",
 }
 
 

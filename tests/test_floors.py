@@ -20,7 +20,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "integrations": ("streamfusion_diffusers.diffusers", "streamfusion_diffusers.parallelize", "streamfusion_diffusers.xdit",
                      "streamfusion_diffusers.models"),
     "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.commands",
-                 "streamfusion_diffusers.xdit.__main__", "streamfusion_diffusers.bench"),
+                 "streamfusion_diffusers.xdit.__main__", "streamfusion_diffusers.bench", "streamfusion_diffusers.serve"),
 }
 BENCH = "streamfusion_diffusers.bench"
 

@@ -10,6 +10,7 @@ from ..bench import command as bench
 from ..core.extras import missing
 from ..core.logs import quiet_third_party
 from ..models.configs import MODELS
+from ..serve import command as serve
 from . import generate, launch, plan, tune, verify
 from .options import Parser, check
 from .spawn import RankFailure
@@ -22,6 +23,7 @@ COMMANDS = {
     "launch": (launch, "run a script on N x M GPUs through torchrun, with the NVSHMEM heap sized for the model"),
     "bench": (bench, "time a layer, block or step for every method and layout, against xDiT and diffusers"),
     "tune": (tune, "measure the fastest layout per workload on this cluster and write it into YAML recipes"),
+    "serve": (serve, "serve a pipeline over HTTP with an OpenAI-compatible API, built once and kept warm"),
     "plan": (plan, "predict each method and layout on a cluster shape from the cost model, and recommend one"),
 }
 

@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,21 @@ def _output_size(job: Job, result: Any) -> dict:
     return {"height": height, "width": width, "frames": len(frames)}
 
 
-def run_rank(job: Job) -> dict | None:
-    """One rank's share of the job; rank 0 decodes, writes the output and returns the run record."""
+@dataclass
+class Prepared:
+    """One rank's pipeline, built and parallelized once: `generate` calls it once, `serve` once per request."""
+
+    pipe: Any
+    ctx: ParallelContext
+    transformer: Any
+    device: torch.device
+    prompt: dict[str, Any]  # {"prompt": text}, or the job's prompt encoded before the transformer was built
+    stack: dict[str, Any]  # the cache, LoRAs and quantization that ran ({} for none)
+    build_s: float
+
+
+def prepare(job: Job) -> Prepared:
+    """Build the job's pipeline on this rank and parallelize it: the one place `generate` and `serve` do it."""
     from diffusers.utils import logging as diffusers_logging  # diffusers is an extra: imported only to run
 
     from ..models.build import build_pipeline, load_pipeline
@@ -118,22 +132,27 @@ def run_rank(job: Job) -> dict | None:
             if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
                 part.to(device)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
-    kwargs: dict[str, Any] = dict(**prompt, height=job.height, width=job.width,
-                                  num_inference_steps=job.steps,
-                                  generator=torch.Generator("cpu").manual_seed(job.seed),
-                                  output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent",
-                                  **family.call_kwargs(job.spec, job.frames, job.guidance_scale, job.true_cfg_scale,
-                                                       job.max_sequence_length))
-    built = time.perf_counter()
-    phases = PhaseTimer(device)
-    # sharded weights: no_grad, as diffusers' pipelines run (FSDP2 fails under inference_mode before torch 2.13)
-    with torch.no_grad() if job.shard_weights else torch.inference_mode():
-        result = phases.call(pipe, **kwargs)
-    finished = phases.now()
-    if rank != 0:
-        return None
-    heads = transformer.config.num_attention_heads
-    record = {
+    return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started)
+
+
+def call_kwargs(job: Job, prepared: Prepared) -> dict[str, Any]:
+    """The pipeline call for the job's prompt, size, steps and seed (a fresh seeded CPU generator per call, so
+    the same job gives the same pixels however often it runs); rank 0 decodes to PIL."""
+    rank = dist.get_rank()
+    prompt = prepared.prompt if "prompt_embeds" in prepared.prompt else {"prompt": job.prompt}
+    return dict(**prompt, height=job.height, width=job.width, num_inference_steps=job.steps,
+                generator=torch.Generator("cpu").manual_seed(job.seed),
+                output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent",
+                **family_of(job.model).call_kwargs(job.spec, job.frames, job.guidance_scale, job.true_cfg_scale,
+                                                   job.max_sequence_length))
+
+
+def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, generate_s: float,
+               build_s: float) -> dict:
+    """What ran (run.json, and `serve`'s answers): sizes, layout and why, backend, per-step and phase times."""
+    ctx = prepared.ctx
+    heads = prepared.transformer.config.num_attention_heads
+    return {
         "model": job.model, "weights": job.weights or "random", "prompt": job.prompt,
         "height": job.height, "width": job.width, "frames": job.frames if job.spec.video else None,
         "output_size": _output_size(job, result),
@@ -141,20 +160,40 @@ def run_rank(job: Job) -> dict | None:
         "seed": job.seed, "dtype": job.dtype,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
-        "vae_decode": transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded over the ranks
-        "encoded_first": "prompt_embeds" in prompt,  # encoder freed before the transformer was built (in build_s)
+        "vae_decode": prepared.transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded
+        "encoded_first": "prompt_embeds" in prepared.prompt,  # encoder freed before the transformer was built
         "cuda_graph": job.cuda_graph,
         "shard_weights": job.shard_weights,
-        "sharded": list(transformer._streamfusion.sharded),  # what FSDP2 sharded (empty on one rank: nothing to)
-        "stack": stack,  # the cache, LoRAs and quantization that ran ({} for none)
+        "sharded": list(prepared.transformer._streamfusion.sharded),  # what FSDP2 sharded (none on one rank)
+        "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
-        "generate_s": finished - built, "build_s": built - started,
-        "total_s": finished - started,
-        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if job.gpu else None,  # rank 0's
+        "generate_s": generate_s, "build_s": build_s,
+        "total_s": build_s + generate_s,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(prepared.device) / 2**30 if job.gpu else None,  # rank 0's
     }
+
+
+def no_autograd(job: Job) -> Any:
+    """How the pipeline call runs: inference_mode, or with sharded weights no_grad, as diffusers' pipelines run
+    (FSDP2 fails under inference_mode before torch 2.13)."""
+    return torch.no_grad() if job.shard_weights else torch.inference_mode()
+
+
+def run_rank(job: Job) -> dict | None:
+    """One rank's share of the job; rank 0 decodes, writes the output and returns the run record."""
+    prepared = prepare(job)
+    kwargs = call_kwargs(job, prepared)
+    phases = PhaseTimer(prepared.device)
+    built = time.perf_counter()
+    with no_autograd(job):
+        result = phases.call(prepared.pipe, **kwargs)
+    finished = phases.now()
+    if dist.get_rank() != 0:
+        return None
+    record = run_record(job, prepared, result, phases, finished - built, prepared.build_s)
     record["outputs"] = _write_output(job, result)
     (Path(job.output) / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
@@ -211,4 +250,5 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Job", "add_arguments", "main", "make_job", "run_rank"]
+__all__ = ["Job", "Prepared", "add_arguments", "call_kwargs", "main", "make_job", "no_autograd", "prepare", "run_rank",
+           "run_record"]

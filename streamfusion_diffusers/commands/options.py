@@ -11,11 +11,14 @@ from pathlib import Path
 RANGES: dict[str, tuple[float, float | None]] = {
     **dict.fromkeys(("machines", "gpus_per_machine", "nnodes", "nproc_per_node", "ulysses", "ring", "torus",
                      "height", "width", "resolution", "frames", "steps", "max_sequence_length", "heads", "head_dim",
-                     "seq_len", "batch", "iters", "top"), (1, None)),
+                     "seq_len", "batch", "iters", "top", "replicas", "max_queue", "max_n", "max_steps", "max_pixels",
+                     "max_frames", "max_prompt_chars", "max_body_bytes"), (1, None)),
     **dict.fromkeys(("joint", "warmup", "seed", "node_rank", "guidance_scale", "true_cfg_scale"), (0, None)),
     "gpu_memory": (1, None),  # GB
     "timeout": (1, None),
+    "request_timeout": (0.001, None),
     "master_port": (1, 65535),
+    "port": (0, 65535),
 }
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as the Hugging Face hub names a repository
 

@@ -5,7 +5,7 @@ ranks (`run_local`). `ProcessPool` keeps the same ranks and process group alive 
 module pays the start-up cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out of
 memory, exited) or raises ends the whole job within seconds, naming the rank and the cause, and its peers are
 stopped; a rank that stalls ends it when its peers' collectives give up (`timeout_s`); ranks whose parent
-dies exit too.
+dies exit too. While a function runs, a rank may `note` its progress; the pool keeps the latest (`last_note`).
 """
 from __future__ import annotations
 
@@ -73,8 +73,20 @@ def _exit_with(parent: int) -> None:
     os._exit(1)
 
 
-def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float) -> None:
+_OUTBOX: mp.Queue | None = None  # in a rank process: where `note` sends (the pool's outbox, set at start)
+
+
+def note(value: Any) -> None:
+    """Tell the parent how a running function is getting on (e.g. steps done); the pool keeps the latest
+    note as `last_note`. Outside a pool's rank it does nothing."""
+    if _OUTBOX is not None:
+        _OUTBOX.put((int(os.environ["RANK"]), None, value))
+
+
+def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
+          env: dict[str, str] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.update(env or {})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     import torch
@@ -84,13 +96,15 @@ def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float)
 
 
 def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: float, parent: tuple[int, int, list],
-            inbox: mp.Queue, outbox: mp.Queue) -> None:
+            env: dict[str, str], inbox: mp.Queue, outbox: mp.Queue) -> None:
+    global _OUTBOX
+    _OUTBOX = outbox
     pid, log_level, warning_filters = parent
     threading.Thread(target=_exit_with, args=(pid,), daemon=True).start()
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
     warnings.filters[:] = warning_filters
     try:
-        _init(rank, world_size, port, backend, timeout_s)
+        _init(rank, world_size, port, backend, timeout_s, env)
     except Exception:  # noqa: BLE001 - report start-up failures to the parent instead of hanging it
         outbox.put((rank, False, traceback.format_exc()))
         return
@@ -109,27 +123,34 @@ class ProcessPool:
 
     timeout_s: the process group's (how long a collective waits for a peer). wait_s: how long one call may
     take in all before the pool gives up on it (None: timeout_s; math.inf: as long as every rank runs).
+    env: variables set in every rank before it joins (e.g. CUDA_VISIBLE_DEVICES: which GPUs the pool's ranks get).
     """
 
     def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 wait_s: float | None = None):
+                 wait_s: float | None = None, env: dict[str, str] | None = None):
         self.world_size, self.timeout_s = world_size, timeout_s
         self.wait_s = timeout_s if wait_s is None else wait_s
+        self.last_note: Any = None  # the latest `note` a rank sent while a call ran
         ctx = mp.get_context("spawn")
         port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._outbox = ctx.Queue()
         parent = (os.getpid(), logging.getLogger().getEffectiveLevel(), list(warnings.filters))
         self._procs = [
-            ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, parent, self._inboxes[r],
-                                              self._outbox), daemon=True)
+            ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, parent, dict(env or {}),
+                                              self._inboxes[r], self._outbox), daemon=True)
             for r in range(world_size)
         ]
         for p in self._procs:
             p.start()
-        self._collect("start-up")
+        self._collect("start-up", self.wait_s)
 
-    def _collect(self, what: str) -> list[Any]:
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids, rank order (empty once closed)."""
+        return [p.pid for p in self._procs]
+
+    def _collect(self, what: str, wait_s: float) -> list[Any]:
         """Every rank's answer; on the first failure (an error, a rank gone) the others get GRACE_S to report
         theirs, then the pool stops and raises RankFailure."""
         results: list[Any] = [None] * self.world_size
@@ -137,10 +158,13 @@ class ProcessPool:
         died: set[int] = set()
         pending = set(range(self.world_size))
         started = time.monotonic()
-        give_up = started + self.wait_s
+        give_up = started + wait_s
         while pending:
             try:
                 rank, ok, value = self._outbox.get(timeout=POLL_S)
+                if ok is None:  # a note, not an answer
+                    self.last_note = value
+                    continue
                 pending.discard(rank)
                 if ok:
                     results[rank] = value
@@ -157,7 +181,7 @@ class ProcessPool:
             if failures:
                 give_up = min(give_up, now + GRACE_S)
             if pending and now > give_up:
-                why = "stopped, no answer yet" if failures else f"no answer within {self.wait_s:.0f} s (stalled)"
+                why = "stopped, no answer yet" if failures else f"no answer within {wait_s:.0f} s (stalled)"
                 failures.update(dict.fromkeys(pending, why))
                 break
         if failures:
@@ -167,11 +191,16 @@ class ProcessPool:
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Run fn(*args, **kwargs) on every rank (fn must be importable by name); return the per-rank results."""
+        return self.run_within(self.wait_s, fn, *args, **kwargs)
+
+    def run_within(self, wait_s: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """`run`, given up on (RankFailure, the pool stopped) past `wait_s` seconds instead of the pool's wait_s."""
         if not self._procs:
             raise RuntimeError("the process pool is closed")
+        self.last_note = None
         for inbox in self._inboxes:
             inbox.put((fn, args, kwargs))
-        return self._collect(getattr(fn, "__name__", "task"))
+        return self._collect(getattr(fn, "__name__", "task"), wait_s)
 
     def close(self, stop: bool = False) -> None:
         """Let the ranks finish (their shutdown is collective), or with `stop` end them at once."""

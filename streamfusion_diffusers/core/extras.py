@@ -3,7 +3,8 @@ from __future__ import annotations
 
 EXTRAS = {  # top-level module -> the extra that installs it (pyproject.toml's optional-dependencies)
     "diffusers": "diffusers", "transformers": "diffusers", "accelerate": "diffusers", "PIL": "diffusers",
-    "imageio": "diffusers", "imageio_ffmpeg": "diffusers",
+    "imageio": "diffusers", "imageio_ffmpeg": "diffusers", "fastapi": "serve", "uvicorn": "serve",
+    "starlette": "serve",
     "xfuser": "xdit", "distvae": "xdit", "yunchang": "bench", "matplotlib": "bench",
     "nvshmem": "nvshmem", "cuda": "nvshmem", "triton": "triton", "pytest": "test",
     "torchao": "quantize", "peft": "lora",

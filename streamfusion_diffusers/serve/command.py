@@ -1,0 +1,167 @@
+"""`streamfusion serve`: build and parallelize a pipeline once, keep it warm, and serve it over HTTP with an
+OpenAI-compatible API (POST /v1/images/generations; /v1/videos for video models; /v1/models, /health, /metrics,
+and a page to try it at /).
+
+It takes the model and every parallel option of `generate` (the same job options) and starts the ranks as
+`generate` does: one process per visible GPU, else 4 gloo processes on the CPU. `--replicas R` splits them into
+R parallel groups of P / R ranks that each serve a request at once, behind one queue. The HTTP front and the
+supervisor are this process; the ranks are its children. Binds 127.0.0.1 unless --host says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib.util
+import os
+import socket
+import sys
+
+import torch
+
+from ..commands.job import Job, add_arguments as add_job_arguments, cluster, make_job, real_size
+from ..core.extras import install_hint
+from ..core.join import launched
+from ..models.pipelines import family_of
+from .validation import Limits
+
+API_KEY_ENV = "STREAMFUSION_API_KEY"
+# generate's options that mean something else here (what a request does not give, and the warm-up)
+RETITLED = {"prompt": "the warm-up generation's prompt", "seed": "the seed random weights are built from (as generate builds them) and the warm-up's",
+            "height": "default height of a request (default: the model's)",
+            "width": "default width of a request (default: the model's)",
+            "frames": "default frames of a video request (default: the model's)",
+            "steps": "default num_inference_steps of a request (default: the model's)",
+            "output": argparse.SUPPRESS}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_job_arguments(parser)
+    for action in parser._actions:
+        if action.dest in RETITLED:
+            action.help = RETITLED[action.dest]
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every one)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one, printed)")
+    parser.add_argument("--api-key", default=None,
+                        help=f"every /v1 route needs 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="parallel groups that each serve a request at once, P / R ranks each (default 1: "
+                             "all ranks on every request, the lowest latency)")
+    parser.add_argument("--max-queue", type=int, default=16,
+                        help="requests that may wait for a group; beyond it 429 with Retry-After (default 16)")
+    parser.add_argument("--request-timeout", type=float, default=600.0,
+                        help="seconds from arrival to answer; past it 504, the ranks stopping together at a step "
+                             "(default 600)")
+    parser.add_argument("--max-n", type=int, default=4, help="most images per request (default 4)")
+    parser.add_argument("--max-steps", type=int, default=100, help="most num_inference_steps (default 100)")
+    parser.add_argument("--max-pixels", type=int, default=None,
+                        help="most width x height of a request (default: 4 x the model's default size)")
+    parser.add_argument("--max-frames", type=int, default=None,
+                        help="most frames of a video request (default: 2 x the model's default frames)")
+    parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+
+
+def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, int]:
+    """(machines, processes per machine) of one of `replicas` groups: whole machines each where they divide,
+    else an equal share of every machine's processes."""
+    if machines % replicas == 0:
+        return machines // replicas, per_machine
+    if replicas % machines == 0 and per_machine % (replicas // machines) == 0:
+        return 1, per_machine // (replicas // machines)
+    raise ValueError(f"--replicas {replicas} does not split {machines} machine(s) x {per_machine} process(es) into "
+                     f"equal groups: use a divisor of {machines * per_machine}")
+
+
+def group_devices(replicas: int, size: int, gpu: bool) -> list[list[str] | None]:
+    """Each group's GPUs (as CUDA_VISIBLE_DEVICES entries, within what this process sees); None on the CPU."""
+    if not gpu:
+        return [None] * replicas
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    return [ids[g * size:(g + 1) * size] for g in range(replicas)]
+
+
+def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
+    """The job one group runs, and each group's devices; everything checked before any process starts."""
+    if launched():
+        raise ValueError("streamfusion serve starts its own ranks (one per GPU of this machine, or 4 gloo processes "
+                         "on the CPU): run it directly, not under torchrun or streamfusion launch (serving across "
+                         "machines is not supported yet)")
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise ValueError(f"streamfusion serve needs fastapi and uvicorn: {install_hint('serve')}")
+    machines, per_machine, gpu = cluster(args)
+    args.machines, args.gpus_per_machine = replica_shape(machines, per_machine, args.replicas)
+    job = make_job(args)
+    if real_size(job.model) and family_of(job.model).encode_first and not job.weights:
+        raise ValueError(f"{job.model} with random weights encodes its one prompt before the transformer is built "
+                         f"(the two do not fit one GPU together), so it cannot take a prompt per request: serve it "
+                         f"with --weights, or serve another model")
+    if job.spec.video and importlib.util.find_spec("imageio_ffmpeg") is None:
+        raise ValueError(f"serving video needs an mp4 encoder: {install_hint('diffusers')}")
+    return job, group_devices(args.replicas, job.world_size, gpu)
+
+
+def limits(args: argparse.Namespace, job: Job) -> Limits:
+    return Limits(max_n=args.max_n, max_steps=args.max_steps,
+                  max_pixels=args.max_pixels or 4 * job.spec.height * job.spec.width,
+                  max_frames=args.max_frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before any rank starts (a busy port is one line, not a failed job)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        hint = "choose another --port (0: any free one)" if err.errno == errno.EADDRINUSE else "check --host"
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}; {hint}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def main(args: argparse.Namespace) -> int:
+    job, devices = serve_job(args)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"streamfusion serve: listening on {args.host} without --api-key: anyone who reaches this port can "
+              f"run the GPUs", file=sys.stderr)
+    sock = listen(args.host, args.port)
+    import uvicorn
+
+    from .app import DrainingServer, make_app
+    from .service import Service
+
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    server: DrainingServer | None = None
+    exit_code = 0
+
+    def ready(service: Service) -> None:
+        info = service.groups[0].info["record"]
+        groups = f"{len(service.groups)} x " if len(service.groups) > 1 else ""
+        cfg = f"cfg {info['cfg']} x " if info["cfg"] > 1 else ""
+        print(f"serving {job.model} on http://{shown}:{port} ({groups}{cfg}{info['layout']}, {info['backend']})",
+              flush=True)
+
+    def stop(code: int) -> None:
+        nonlocal exit_code
+        exit_code = max(exit_code, code)
+        if server is not None:
+            server.should_exit = True
+
+    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop)
+    config = uvicorn.Config(make_app(service, api_key, args.max_body_bytes), log_level="info" if args.verbose
+                            else "warning", timeout_graceful_shutdown=5, access_log=args.verbose)
+    server = DrainingServer(config, service)
+    server.run(sockets=[sock])
+    if service.failure is not None:
+        raise service.failure
+    return exit_code
+
+
+__all__ = ["add_arguments", "main", "replica_shape"]

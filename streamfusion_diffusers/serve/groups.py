@@ -1,0 +1,82 @@
+"""The parallel groups: each a pool of rank processes with the pipeline built on them, and its supervision.
+
+`--replicas R` splits the P ranks into R groups of P / R. Each group is its own job (its own process group,
+a `ProcessPool` from commands/spawn.py) rather than one slice of a shared world (`init_parallel(worlds=...)`):
+a rank that dies then takes down only its own group, which is restarted and rebuilt while the others keep
+serving, and a group runs exactly what `generate` runs on P / R ranks. The pool sees a rank end within its poll
+(0.5 s) and a stalled one at the request's hard deadline, stops the group's other ranks, and raises; the
+supervisor (service.py) answers the request with 5xx and calls `start` again.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from ..commands.job import Job
+from ..commands.spawn import ProcessPool, RankFailure
+from . import ranks
+from .validation import Params
+
+logger = logging.getLogger(__name__)
+
+HARD_GRACE_S = 30.0  # past its deadline, how long a request may still take to stop at a step before its group is
+# declared stalled and restarted (a step, then the decode of a large video, fits in it on a GPU)
+
+
+class Group:
+    """One parallel group: `job.world_size` ranks on `devices` (GPU indices; None on the CPU)."""
+
+    def __init__(self, index: int, job: Job, devices: list[str] | None):
+        self.index, self.job, self.devices = index, job, devices
+        self.state = "starting"  # starting | ready | recovering | failed | stopped
+        self.pool: ProcessPool | None = None
+        self.info: dict[str, Any] = {}  # rank 0's answer to `build`: build and warm-up times, the warm-up's record
+        self.restarts = 0
+
+    def start(self) -> dict[str, Any]:
+        """Start the ranks, build and warm up the pipeline (blocking: the service runs it in a thread)."""
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices else None
+        self.pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
+                                timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env)
+        self.info = self.pool.run(ranks.build, self.job)[0]
+        self.state = "ready"
+        return self.info
+
+    def run(self, params: Params, deadline_s: float) -> dict[str, Any]:
+        """One request on every rank (blocking). Raises RankFailure (the pool already stopped) when a rank died,
+        failed, or did not stop within HARD_GRACE_S past the deadline."""
+        assert self.pool is not None
+        return self.pool.run_within(deadline_s + HARD_GRACE_S, ranks.serve, params, deadline_s)[0]
+
+    @property
+    def progress(self) -> tuple[int, int] | None:
+        """(steps done, steps) of the running request, from rank 0's notes."""
+        return self.pool.last_note if self.pool is not None else None
+
+    @property
+    def pids(self) -> list[int]:
+        return self.pool.pids if self.pool is not None else []
+
+    def stop(self, now: bool = False) -> None:
+        """End the ranks: together (their shutdown is collective), or with `now` at once."""
+        if self.pool is not None:
+            self.pool.close(stop=now)
+            self.pool = None
+        self.state = "stopped"
+
+    def describe(self) -> dict[str, Any]:
+        """What /health says of the group."""
+        record = self.info.get("record") or {}
+        return {"index": self.index, "state": self.state, "ranks": self.job.world_size, "pids": self.pids,
+                "layout": record.get("layout"), "backend": record.get("backend"), "restarts": self.restarts,
+                "devices": self.devices}
+
+
+def failure_status(err: RankFailure) -> int:
+    """504 when the group only stalled past the deadline, else 500 (a rank died or failed)."""
+    stalled = not err.died and all("stalled" in text for text in err.failures.values())
+    return 504 if stalled else 500
+
+
+__all__ = ["Group", "RankFailure", "failure_status"]

@@ -1,0 +1,218 @@
+"""The front and supervisor: one queue, the parallel groups, and what happens when a rank fails or a stop is asked.
+
+The HTTP process (rank-free) owns the queue and one supervising task per group. The task starts its group
+(ranks spawned, pipeline built and warmed), then takes the oldest queued request whenever the group is free and
+runs it in a thread (the ranks block on their collectives, the event loop never does). When a rank dies, fails
+or stalls, the request in flight is answered 5xx at once, the group's other ranks are stopped, /health says 503,
+and the task starts the group again (rebuilt from scratch: nothing of the failed job is reused), then goes on
+with the queue; a group that fails MAX_RESTARTS times in a row is given up, and once no group is left every
+queued request is answered 503 and the server stops with an error. Drain (SIGTERM): new requests get 503, the
+requests already accepted run, then the server exits.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from ..commands.job import Job
+from .errors import ApiError
+from .groups import Group, RankFailure, failure_status
+from .metrics import Metrics
+from .validation import Checker, Limits, Params
+from .videos import VideoJob, VideoStore
+from .work import Work, WorkQueue
+
+logger = logging.getLogger(__name__)
+
+MAX_RESTARTS = 3  # consecutive failed restarts of one group before it is given up
+POLL_S = 0.25  # how often a waiting request checks that its client is still there
+
+
+class Service:
+    """The served job on `len(devices)` groups, behind one bounded queue."""
+
+    def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
+                 request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None]):
+        self.job, self.checker = job, Checker(job, limits)
+        self.groups = [Group(i, job, d) for i, d in enumerate(devices)]
+        self.metrics = Metrics()
+        self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
+        self.videos = VideoStore()
+        self.request_timeout_s = request_timeout_s
+        self.on_ready, self.on_exit = on_ready, on_exit
+        self.started = time.monotonic()
+        self.created = int(time.time())
+        self.ready_once = False
+        self.draining = False
+        self.failure: Exception | None = None  # why the first start failed (the command reports it)
+        self.running = 0
+        self._tasks: list[asyncio.Task] = []
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
+
+    # ---- the groups
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._tasks = [asyncio.create_task(self._supervise(g)) for g in self.groups]
+
+    async def _supervise(self, group: Group) -> None:
+        failures = 0
+        while True:
+            if group.state != "ready":
+                try:
+                    await asyncio.to_thread(group.start)
+                except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
+                    group.stop(now=True)
+                    if self.draining or self.queue.closed:
+                        return
+                    if not self.ready_once:  # a job that never built: a configuration error, said by the command
+                        self.failure = err
+                        self.on_exit(1)
+                        return
+                    failures += 1
+                    logger.warning("group %d: restart %d failed: %s", group.index, failures,
+                                   getattr(err, "summary", err))
+                    if failures >= MAX_RESTARTS:
+                        group.state = "failed"
+                        await self._lost_group()
+                        return
+                    group.state = "recovering"
+                    await asyncio.sleep(min(2.0**failures, 30.0))
+                    continue
+                failures = 0
+                self._group_ready()
+            work = await self.queue.take()
+            if work is None:
+                return
+            await self._run(group, work)
+
+    def _group_ready(self) -> None:
+        if not self.ready_once and all(g.state == "ready" for g in self.groups):
+            self.ready_once = True
+            self.metrics.build_s = time.monotonic() - self.started
+            self.on_ready(self)
+
+    async def _lost_group(self) -> None:
+        if all(g.state == "failed" for g in self.groups):
+            logger.error("every parallel group failed to restart %d times: stopping", MAX_RESTARTS)
+            await self.queue.close(ApiError(503, "no parallel group is left to run requests: the server is stopping",
+                                            code="unavailable"))
+            self.on_exit(1)
+
+    async def _run(self, group: Group, work: Work) -> None:
+        work.started, work.group = time.monotonic(), group
+        self.running += 1
+        try:
+            result = await asyncio.to_thread(group.run, work.params, work.deadline - work.started)
+        except Exception as err:  # noqa: BLE001 - RankFailure (the pool stopped its ranks), or the pool's own error
+            summary = err.summary if isinstance(err, RankFailure) else f"{type(err).__name__}: {err}"
+            status = failure_status(err) if isinstance(err, RankFailure) else 500
+            work.fail(ApiError(status, f"the request failed on parallel group {group.index}: {summary}; the group "
+                                       f"restarts", code="rank_failed"))
+            logger.warning("group %d: %s; restarting it", group.index, summary)
+            group.stop(now=True)
+            group.state = "recovering"
+            group.restarts += 1
+            self.metrics.restarts += 1
+            return
+        finally:
+            self.running -= 1
+        if "late" in result:
+            work.fail(ApiError(504, f"the request ran past --request-timeout {self.request_timeout_s:g} s and was "
+                                    f"stopped after step {result['late']} of {result['steps']}", code="timeout"))
+            return
+        self.metrics.ran(result["records"], time.monotonic() - work.started)
+        work.finish(result)
+
+    # ---- requests
+
+    async def submit(self, kind: str, params: Params) -> Work:
+        """Queue a checked request (429 when full, 503 when draining or stopped)."""
+        work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s)
+        await self.queue.put(work)
+        return work
+
+    async def wait(self, work: Work, disconnected: Callable[[], Any]) -> dict[str, Any]:
+        """The request's result; a client that leaves before its request starts drops it from the queue."""
+        while True:
+            done, _ = await asyncio.wait({work.done}, timeout=POLL_S)
+            if done:
+                return work.done.result()
+            if work.started is None and time.monotonic() > work.deadline and self.queue.drop(work):
+                raise ApiError(504, "the request waited past --request-timeout in the queue and did not run",
+                               code="timeout")
+            if work.started is None and await disconnected() and self.queue.drop(work):
+                self.metrics.dropped += 1
+                raise ApiError(499, "the client closed the connection before the request started", code="dropped")
+
+    async def submit_video(self, params: Params) -> VideoJob:
+        work = await self.submit("video", params)
+        job = self.videos.add(self.job.model, work)
+        work.done.add_done_callback(lambda _: self._video_done(job))
+        return job
+
+    def _video_done(self, job: VideoJob) -> None:
+        error = job.work.done.exception()
+        if error is None:
+            result = job.work.done.result()
+            self.videos.complete(job, result["outputs"][0], what_ran(job.work, result))
+        elif isinstance(error, ApiError):
+            self.videos.fail(job, error.code or "failed", error.message)
+        else:
+            self.videos.fail(job, "failed", str(error))
+
+    # ---- state
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """200 only when every group is ready and the server takes requests; else 503 and why."""
+        states = {g.state for g in self.groups}
+        if self.draining:
+            status = "draining"
+        elif states == {"ready"}:
+            status = "ready"
+        elif "failed" in states and states <= {"failed", "stopped"}:
+            status = "failed"
+        else:
+            status = "recovering" if self.ready_once else "starting"
+        body = {"status": status, "model": self.job.model, "queue": len(self.queue), "running": self.running,
+                "groups": [g.describe() for g in self.groups]}
+        return (200 if status == "ready" else 503), body
+
+    def render_metrics(self) -> str:
+        return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))
+
+    async def drain(self) -> None:
+        """Refuse new requests (503), let the accepted ones run, then ask the server to exit (0)."""
+        if self.draining:
+            return
+        self.draining = True
+        await self.queue.close()
+        while len(self.queue) or self.running:
+            if not any(g.state in ("ready", "starting", "recovering") for g in self.groups):
+                break
+            await asyncio.sleep(0.1)
+        self.on_exit(0)
+
+    async def close(self) -> None:
+        """Stop everything: answer what still waits with 503, end the supervising tasks, stop the ranks (a
+        ready group together, the others at once), remove the finished videos."""
+        await self.queue.close(ApiError(503, "the server stopped before the request ran", code="unavailable"))
+        for task in self._tasks:
+            task.cancel()
+        for group in self.groups:
+            await asyncio.to_thread(group.stop, group.state != "ready" or self.running > 0)
+        self.videos.close()
+
+
+def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
+    """The answer's extra field: the group, the time queued and in all, the seeds, and each generation's record
+    (what run.json holds)."""
+    return {"group": work.group.index, "queued_s": work.started - work.arrived, "seconds": time.monotonic() -
+            work.arrived, "seeds": [work.params.seed + i for i in range(work.params.n)], "runs": result["records"]}
+
+
+__all__ = ["Service", "what_ran"]

@@ -1,0 +1,99 @@
+"""The one bounded queue in front of the parallel groups: arrival order, a free group takes the oldest.
+
+Beyond `limit` waiting requests a new one gets 429 with Retry-After (the expected wait for a place); a client
+that disconnects while its request waits is dropped from the queue; a request whose deadline passes while it
+waits is answered 504 without running. Closing (drain) refuses new requests with 503 and lets the groups take
+what is already queued.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ApiError
+from .validation import Params
+
+
+@dataclass(eq=False)
+class Work:
+    """One accepted request, from arrival to answer (`done` holds the result or an ApiError)."""
+
+    kind: str  # "image" or "video"
+    params: Params
+    deadline: float  # time.monotonic() past which it is answered 504
+    arrived: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    group: Any = None  # the group running it
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def finish(self, result: Any) -> None:
+        if not self.done.done():
+            self.done.set_result(result)
+
+    def fail(self, error: ApiError) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+            self.done.exception()  # retrieved: an unawaited failure (a video job) is not logged as lost
+
+
+class WorkQueue:
+    """FIFO of Work, at most `limit` waiting; `service_s()` estimates one request's seconds (for Retry-After)."""
+
+    def __init__(self, limit: int, groups: int, service_s: Callable[[], float]):
+        self.limit, self.groups, self.service_s = limit, groups, service_s
+        self._items: deque[Work] = deque()
+        self._changed = asyncio.Condition()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def put(self, work: Work) -> None:
+        if self.closed:
+            raise ApiError(503, "the server is shutting down and takes no new requests", code="draining")
+        if len(self._items) >= self.limit:
+            wait = math.ceil(self.service_s() * (len(self._items) + 1) / self.groups)
+            raise ApiError(429, f"the queue is full ({self.limit} waiting, --max-queue): retry after {max(wait, 1)} s",
+                           code="queue_full", kind="rate_limit_exceeded", headers={"Retry-After": str(max(wait, 1))})
+        async with self._changed:
+            self._items.append(work)
+            self._changed.notify_all()
+
+    async def take(self) -> Work | None:
+        """The oldest waiting request (requests past their deadline are answered 504 here); None once closed and
+        empty."""
+        async with self._changed:
+            while True:
+                while self._items:
+                    work = self._items.popleft()
+                    if time.monotonic() < work.deadline:
+                        return work
+                    work.fail(ApiError(504, "the request waited past --request-timeout in the queue and did not run",
+                                       code="timeout"))
+                if self.closed:
+                    return None
+                await self._changed.wait()
+
+    def drop(self, work: Work) -> bool:
+        """Remove a request that has not started (its client left); False if it already started."""
+        try:
+            self._items.remove(work)
+        except ValueError:
+            return False
+        return True
+
+    async def close(self, fail: ApiError | None = None) -> None:
+        """No new requests; with `fail`, answer every waiting one with it (no group will run them)."""
+        self.closed = True
+        async with self._changed:
+            while fail is not None and self._items:
+                self._items.popleft().fail(fail)
+            self._changed.notify_all()
+
+
+__all__ = ["Work", "WorkQueue"]

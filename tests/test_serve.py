@@ -1,0 +1,217 @@
+"""`streamfusion serve --model tiny-flux` on 4 gloo ranks, one server for the module, talked to on loopback as
+users do: the official openai client, curl-like requests (httpx), a real browser for the page."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from serve_cases import ROOT, Server, browser_page
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPT = "a lighthouse on a cliff at dawn"
+MAX_QUEUE = 3
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server("--model", "tiny-flux", "--api-key", KEY, "--max-queue", str(MAX_QUEUE), "--max-n", "2",
+                "--max-steps", "400", "--request-timeout", "8") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(api_key=KEY, base_url=server.url + "/v1", max_retries=0)
+
+
+def png(b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))))
+
+
+def test_ready_line_and_health(server):
+    assert server.layout == "usp 2x2 U2R2, torch over gloo"
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200
+    assert health.json()["status"] == "ready" and health.json()["groups"][0]["ranks"] == 4
+    assert httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["id"] == "tiny-flux"
+
+
+def test_openai_client_generates_images(client):
+    answer = client.images.generate(model="tiny-flux", prompt=PROMPT, n=2, size="64x48", response_format="b64_json",
+                                    extra_body={"seed": 11, "num_inference_steps": 3})
+    images = [png(d.b64_json) for d in answer.data]
+    assert [i.shape for i in images] == [(48, 64, 3)] * 2
+    assert not np.array_equal(images[0], images[1])  # seeds 11 and 12
+    ran = answer.model_extra["streamfusion"]
+    assert ran["seeds"] == [11, 12]
+    assert [r["seed"] for r in ran["runs"]] == [11, 12]
+    run = ran["runs"][0]
+    assert run["layout"] == "usp 2x2 U2R2" and len(run["step_latency_s"]) == 3
+    assert run["output_size"] == {"height": 48, "width": 64} and run["build_s"] == 0.0
+
+
+def test_a_served_image_is_pixel_identical_to_generate(client, tmp_path):
+    subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", "tiny-flux", "--prompt",
+                    PROMPT, "--seed", "0", "--output", str(tmp_path)], cwd=ROOT, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    generated = np.asarray(Image.open(tmp_path / "image.png"))
+    # random weights are seeded by --seed in both (the server's default 0): the request's seed is the same one
+    answer = client.images.generate(model="tiny-flux", prompt=PROMPT, response_format="b64_json",
+                                    extra_body={"seed": 0})
+    served = png(answer.data[0].b64_json)
+    assert served.shape == generated.shape
+    assert np.array_equal(served, generated)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert answer.model_extra["streamfusion"]["runs"][0]["layout"] == run["layout"]
+
+
+BAD = [  # (body, status, param, words the message must hold)
+    ("{not json", 400, None, "not valid JSON"),
+    ("[1, 2]", 400, None, "not an object"),
+    ({}, 400, "prompt", "missing"),
+    ({"prompt": ""}, 400, "prompt", "empty"),
+    ({"prompt": 7}, 400, "prompt", "must be a string"),
+    ({"prompt": "x" * 4001}, 400, "prompt", "at most 4000"),
+    ({"prompt": "a", "model": "flux-pro"}, 404, "model", "tiny-flux"),
+    ({"prompt": "a", "n": 0}, 400, "n", "from 1 to 2"),
+    ({"prompt": "a", "n": 3}, 400, "n", "from 1 to 2"),
+    ({"prompt": "a", "n": "2"}, 400, "n", "integer"),
+    ({"prompt": "a", "n": True}, 400, "n", "integer"),
+    ({"prompt": "a", "size": "64"}, 400, "size", "WIDTHxHEIGHT"),
+    ({"prompt": "a", "size": "0x64"}, 400, "size", "positive multiples of 4"),
+    ({"prompt": "a", "size": "62x64"}, 400, "size", "multiples of 4"),
+    ({"prompt": "a", "size": "4096x4096"}, 400, "size", "at most 16384"),
+    ({"prompt": "a", "size": "4x4"}, 400, "size", "fewer than the 4 ranks"),
+    ({"prompt": "a", "size": [64, 64]}, 400, "size", "WIDTHxHEIGHT"),
+    ({"prompt": "a", "num_inference_steps": 0}, 400, "num_inference_steps", "from 1 to 400"),
+    ({"prompt": "a", "num_inference_steps": 401}, 400, "num_inference_steps", "from 1 to 400"),
+    ({"prompt": "a", "num_inference_steps": 2.5}, 400, "num_inference_steps", "integer"),
+    ({"prompt": "a", "seed": -1}, 400, "seed", "from 0"),
+    ({"prompt": "a", "seed": "7"}, 400, "seed", "integer"),
+    ({"prompt": "a", "seed": 2**64}, 400, "seed", "from 0 to"),
+    ({"prompt": "a", "guidance_scale": "high"}, 400, "guidance_scale", "number"),
+    ({"prompt": "a", "guidance_scale": 1000}, 400, "guidance_scale", "from 0 to 100"),
+    ({"prompt": "a", "negative_prompt": "blurry"}, 400, "negative_prompt", "guidance"),
+    ({"prompt": "a", "response_format": "url"}, 400, "response_format", "b64_json"),
+    ({"prompt": "a", "output_format": "jpeg"}, 400, "output_format", "png"),
+    ({"prompt": "a", "image_path": "/etc/passwd"}, 400, "image_path", "unknown field"),
+    ({"prompt": "a", "num_frames": 9}, 400, "num_frames", "unknown field"),
+]
+
+
+def test_bad_requests_get_openai_errors_naming_the_field_and_the_server_stays_up(server):
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
+        for body, status, param, words in BAD:
+            content = body if isinstance(body, str) else json.dumps(body)
+            answer = http.post("/v1/images/generations", content=content)
+            error = answer.json()["error"]
+            assert answer.status_code == status, (body, answer.text)
+            assert set(error) == {"message", "type", "param", "code"}, error
+            assert error["param"] == param and words in error["message"], (body, error)
+        big = http.post("/v1/images/generations", content=b" " * (2 << 20))
+        assert big.status_code == 413 and "1048576 bytes" in big.json()["error"]["message"]
+        assert http.post("/v1/videos", json={"prompt": "a"}).json()["error"]["param"] == "model"
+        assert http.get("/v1/nowhere").status_code == 404 and "error" in http.get("/v1/nowhere").json()
+        assert http.get("/health").status_code == 200
+        assert http.post("/v1/images/generations", json={"prompt": "a", "seed": 1}).status_code == 200
+
+
+def test_every_v1_route_needs_the_api_key(server):
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    wrong = httpx.post(server.url + "/v1/images/generations", json={"prompt": "a"},
+                       headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(api_key="nope", base_url=server.url + "/v1", max_retries=0).images.generate(prompt="a")
+    assert httpx.get(server.url + "/health").status_code == 200  # not under /v1: for load balancers
+    assert httpx.get(server.url + "/metrics").status_code == 200
+
+
+def _burst(url: str, count: int, clients: int) -> list[httpx.Response]:
+    def one(i: int) -> httpx.Response:
+        return httpx.post(url + "/v1/images/generations", headers=AUTH, timeout=60,
+                          json={"prompt": f"{PROMPT} {i}", "seed": i, "num_inference_steps": 2})
+
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def test_load_every_answer_is_200_or_429_none_lost_and_memory_flat(server):
+    _burst(server.url, 16, 8)  # warm: every size of buffer allocated once
+    before = server.rss_bytes()
+    answers = _burst(server.url, 50, 8)
+    grown = server.rss_bytes() - before
+    assert len(answers) == 50
+    codes = [a.status_code for a in answers]
+    assert set(codes) <= {200, 429}, codes
+    assert codes.count(200) >= MAX_QUEUE, codes  # the queue took some; the rest were told to retry
+    for answer in answers:
+        if answer.status_code == 429:
+            assert int(answer.headers["Retry-After"]) >= 1
+            assert answer.json()["error"]["code"] == "queue_full"
+        else:
+            assert png(answer.json()["data"][0]["b64_json"]).shape == (64, 64, 3)
+    assert grown < 64 * 2**20, f"the server and its ranks grew by {grown / 2**20:.0f} MiB over 50 requests"
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'streamfusion_requests_total{route="/v1/images/generations",status="429"}' in metrics
+    assert "streamfusion_queue_depth 0" in metrics
+
+
+def test_a_client_that_leaves_before_its_request_starts_is_dropped(server):
+    def dropped() -> int:
+        line = next(x for x in httpx.get(server.url + "/metrics").text.splitlines()
+                    if x.startswith("streamfusion_dropped_total"))
+        return int(float(line.split()[1]))
+
+    before = dropped()
+    long = threading.Thread(target=lambda: httpx.post(server.url + "/v1/images/generations", headers=AUTH,
+                                                      json={"prompt": "a", "num_inference_steps": 40}, timeout=60))
+    long.start()
+    time.sleep(0.5)
+    with pytest.raises(httpx.ReadTimeout):  # waits behind the long one, then its client gives up
+        httpx.post(server.url + "/v1/images/generations", headers=AUTH, json={"prompt": "b"}, timeout=0.5)
+    long.join()
+    assert dropped() == before + 1
+
+
+def test_a_request_past_the_timeout_gets_504_and_the_ranks_stay_in_step(server):
+    started = time.monotonic()
+    late = httpx.post(server.url + "/v1/images/generations", headers=AUTH, timeout=60,
+                      json={"prompt": "a", "num_inference_steps": 400})
+    assert late.status_code == 504 and late.json()["error"]["code"] == "timeout", late.text
+    assert time.monotonic() - started < 20
+    assert "stopped after step" in late.json()["error"]["message"]
+    after = httpx.post(server.url + "/v1/images/generations", headers=AUTH, json={"prompt": "a", "seed": 3},
+                       timeout=60)
+    assert after.status_code == 200  # the same ranks, no restart
+    assert "streamfusion_restarts_total 0" in httpx.get(server.url + "/metrics").text
+
+
+def test_the_page_generates_an_image_in_a_real_browser(server):
+    with browser_page() as page:
+        page.goto(server.url + "/")
+        assert page.text_content("#model") == "tiny-flux"
+        page.fill("#key", KEY)
+        page.fill("#seed", "5")
+        page.click("#generate")
+        page.wait_for_selector("#result", timeout=60_000)
+        width = page.eval_on_selector("#result", "img => img.naturalWidth")
+        status = page.text_content("#status")
+        ran = json.loads(page.text_content("#ran"))
+    assert width == 64
+    assert "usp 2x2 U2R2" in status and "seed 5" in status
+    assert ran["runs"][0]["seed"] == 5

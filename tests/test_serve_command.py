@@ -1,0 +1,54 @@
+"""`streamfusion serve`'s refusals: each one line naming the fix, before any process starts (no server here)."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.serve.command import replica_shape
+
+
+def _refused(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_replicas_split_whole_machines_first_then_each_machine():
+    assert replica_shape(2, 2, 2) == (1, 2)
+    assert replica_shape(1, 8, 4) == (1, 2)
+    assert replica_shape(2, 4, 4) == (1, 2)
+    assert replica_shape(2, 2, 1) == (2, 2)
+    with pytest.raises(ValueError, match="--replicas 3"):
+        replica_shape(2, 2, 3)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--replicas", "3"), "--replicas 3 does not split"),
+    (("--replicas", "0"), "--replicas 0: must be at least 1"),
+    (("--max-queue", "0"), "--max-queue 0: must be at least 1"),
+    (("--port", "70000"), "--port 70000: must be 0 .. 65535"),
+    (("--request-timeout", "0"), "--request-timeout 0: must be at least"),
+    (("--model", "flux-dev"), "real-size model and no GPU"),
+    (("--height", "62"), "--height 62: must be a multiple of 4"),
+])
+def test_bad_options_are_one_line(capsys, argv, words):
+    assert words in _refused(capsys, *argv)
+
+
+def test_a_busy_port_is_one_line(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert f"cannot listen on 127.0.0.1:{port}" in _refused(capsys, "--port", str(port))
+
+
+def test_under_torchrun_it_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert "not under torchrun" in _refused(capsys)

@@ -1,0 +1,79 @@
+"""`streamfusion serve` when things go wrong: a rank killed mid-request (5xx within seconds, /health 503, the
+group restarted and rebuilt, the queue served again) and SIGTERM (new requests 503, the one in flight finishes,
+exit 0, no process left). One server, in this order."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from serve_cases import Server
+
+FAULT_S = 15.0  # a killed rank's request is answered within this (the pool polls every 0.5 s, then 5 s of grace)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server("--model", "tiny-flux", "--max-steps", "2000") as s:
+        yield s
+
+
+def _generate(url: str, out: dict, **fields) -> None:
+    started = time.monotonic()
+    answer = httpx.post(url + "/v1/images/generations", json={"prompt": "a", **fields}, timeout=300)
+    out.update(status=answer.status_code, body=answer.json(), seconds=time.monotonic() - started)
+
+
+def _wait_for_steps(url: str) -> None:
+    """Until the running request has made a step (so the kill lands mid-request, not mid-build)."""
+    ends = time.monotonic() + 60
+    while time.monotonic() < ends and httpx.get(url + "/health").json()["running"] == 0:
+        time.sleep(0.1)
+    time.sleep(1.0)
+
+
+def test_a_killed_rank_fails_its_request_within_seconds_then_the_group_is_rebuilt(server):
+    answer: dict = {}
+    victim = httpx.get(server.url + "/health").json()["groups"][0]["pids"][2]
+    running = threading.Thread(target=_generate, args=(server.url, answer), kwargs={"num_inference_steps": 2000})
+    running.start()
+    _wait_for_steps(server.url)
+    killed = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    running.join(timeout=120)
+    assert answer["status"] == 500, answer
+    error = answer["body"]["error"]
+    assert error["code"] == "rank_failed" and "rank 2" in error["message"] and "SIGKILL" in error["message"]
+    assert time.monotonic() - killed < FAULT_S
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 503 and health.json()["status"] == "recovering"
+    ends = time.monotonic() + 240
+    while httpx.get(server.url + "/health").status_code != 200:
+        assert time.monotonic() < ends, "the group was not rebuilt"
+        time.sleep(0.5)
+    assert victim not in httpx.get(server.url + "/health").json()["groups"][0]["pids"]
+    after: dict = {}
+    _generate(server.url, after, seed=1)
+    assert after["status"] == 200
+    assert "streamfusion_restarts_total 1" in httpx.get(server.url + "/metrics").text
+
+
+def test_sigterm_refuses_new_requests_finishes_the_one_in_flight_and_exits_0(server):
+    answer: dict = {}
+    running = threading.Thread(target=_generate, args=(server.url, answer), kwargs={"num_inference_steps": 60})
+    running.start()
+    _wait_for_steps(server.url)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    refused = httpx.post(server.url + "/v1/images/generations", json={"prompt": "b"}, timeout=30)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+    assert httpx.get(server.url + "/health").status_code == 503
+    running.join(timeout=120)
+    assert answer["status"] == 200, answer
+    assert server.proc.wait(timeout=60) == 0, server.stderr
+    time.sleep(0.5)
+    assert server.left() == [], "processes left after exit"

@@ -1,0 +1,70 @@
+"""`streamfusion serve --model tiny-wan --replicas 2`: the video routes through the official openai client, and
+two parallel groups of 2 gloo ranks each serving requests at once behind one queue."""
+from __future__ import annotations
+
+import io
+import time
+
+import httpx
+import imageio.v3 as iio
+import openai
+import pytest
+
+from serve_cases import Server, browser_page
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server("--model", "tiny-wan", "--replicas", "2") as s:
+        yield s
+
+
+def test_two_groups_of_two_ranks(server):
+    assert server.layout.startswith("2 x ")
+    groups = httpx.get(server.url + "/health").json()["groups"]
+    assert [(g["state"], g["ranks"]) for g in groups] == [("ready", 2), ("ready", 2)]
+    assert len({pid for g in groups for pid in g["pids"]}) == 4
+
+
+@pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
+def test_openai_client_makes_videos_on_both_groups(server):
+    client = openai.OpenAI(api_key="unused", base_url=server.url + "/v1", max_retries=0)
+    jobs = [client.videos.create(model="tiny-wan", prompt=f"waves on a beach {i}", seconds="1", size="64x64")
+            for i in range(4)]
+    assert all(j.status in ("queued", "in_progress") and j.object == "video" for j in jobs)
+    ends = time.monotonic() + 240
+    done = []
+    for job in jobs:
+        while (job := client.videos.retrieve(job.id)).status in ("queued", "in_progress"):
+            assert time.monotonic() < ends
+            time.sleep(0.3)
+        done.append(job)
+    assert [j.status for j in done] == ["completed"] * 4, [j.error for j in done]
+    assert {j.model_extra["streamfusion"]["group"] for j in done} == {0, 1}
+    assert done[0].seconds == "1" and done[0].size == "64x64" and done[0].progress == 100
+    frames = iio.imread(io.BytesIO(client.videos.download_content(done[0].id).read()), index=None, extension=".mp4")
+    assert frames.shape[:3] == (9, 64, 64)  # 8 frames a second + 1
+    run = done[0].model_extra["streamfusion"]["runs"][0]
+    assert run["frames"] == 9 and run["world_size"] == 2
+
+
+def test_video_requests_are_checked(server):
+    with httpx.Client(base_url=server.url) as http:
+        bad = http.post("/v1/videos", json={"prompt": "a", "num_frames": 10})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "num_frames" and "4k + 1" in bad.text
+        files = {"prompt": (None, "a"), "input_reference": ("a.png", b"\x89PNG", "image/png")}
+        assert http.post("/v1/videos", files=files).json()["error"]["param"] == "input_reference"
+        assert http.post("/v1/videos", json={"prompt": "a", "seconds": "x"}).json()["error"]["param"] == "seconds"
+        assert http.post("/v1/images/generations", json={"prompt": "a"}).json()["error"]["code"] == "wrong_endpoint"
+        assert http.get("/v1/videos/video_nope").status_code == 404
+
+
+def test_the_page_makes_a_video_in_a_real_browser(server):
+    with browser_page() as page:
+        page.goto(server.url + "/")
+        assert page.is_visible("#frames") and not page.is_visible("#key")
+        page.fill("#seed", "2")
+        page.click("#generate")
+        page.wait_for_selector("video#result", timeout=120_000)
+        status = page.text_content("#status")
+    assert "done in" in status and "seed 2" in status
