@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import ROOT, command, request, start  # noqa: E402  (the serve branch's benchmarks/serve_load.py)
+from serve_load import ROOT, command, request, start  # noqa: E402
 
 SEQUENTIAL = 3  # requests one at a time: the latency of one request
 CPU_RANKS = 4  # serve's gloo processes on a machine without GPUs

@@ -5,7 +5,7 @@
 # requests per R), random weights, bf16: latency of one request and images per minute under a closed loop of 2 x R
 # clients from 127.0.0.1, beside `streamfusion plan --serve`'s prediction. One line per R, then which R the plan
 # recommends against which measured best; everything in $OUT/serve_replicas.json. Needs the serve extra (fastapi,
-# uvicorn) and httpx, and serve's benchmarks/serve_load.py. Run from the project root: bash benchmarks/serve_replicas.sh
+# uvicorn) and httpx; it reuses benchmarks/serve_load.py. Run from the project root: bash benchmarks/serve_replicas.sh
 # Other models / sizes: SERVE_MODEL=qwen-image SERVE_SIZE=1328 bash benchmarks/serve_replicas.sh
 # CPU dry run (tiny-flux on 4 gloo ranks as 1 x 4, 2 x 2, 4 x 1; no prediction: the tiny models have no record):
 #   SERVE_MODEL=tiny-flux SERVE_SIZE= SERVE_STEPS=2 SERVE_REQUESTS=8 SERVE_CPU=1 bash benchmarks/serve_replicas.sh
