@@ -17,7 +17,8 @@ What is predicted, and from what:
 - Memory: the per-GPU peak for P' ranks, whole and sharded weights, that the caller passes (`plan --serve`:
   models/memory.py's, which sits a floor above this one); a split neither fits is listed with the reason.
   Sharded weights' all-gathers per step are not in the step time (not measured yet).
-All records are whole generations on one NVIDIA H200 (times on other GPUs scale by their speed).
+Not in the latency: the HTTP round trip and the image's PNG / video's mp4 encoding on rank 0 (serve_load.py
+measures them). All records are whole generations on one NVIDIA H200 (times on other GPUs scale by their speed).
 """
 from __future__ import annotations
 
