@@ -14,6 +14,7 @@ RANGES: dict[str, tuple[float, float | None]] = {
                      "seq_len", "batch", "iters", "top", "replicas", "max_queue", "max_n", "max_steps", "max_pixels",
                      "max_frames", "max_prompt_chars", "max_body_bytes"), (1, None)),
     **dict.fromkeys(("joint", "warmup", "seed", "node_rank", "guidance_scale", "true_cfg_scale"), (0, None)),
+    "gpu_memory": (1, None),  # GB
     "timeout": (1, None),
     "request_timeout": (0.001, None),
     "master_port": (1, 65535),

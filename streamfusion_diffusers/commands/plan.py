@@ -5,7 +5,8 @@ For clusters nobody here can rent: the cost model (choice/costmodel.py) walks ou
 and a workload of any model `generate` runs (models/configs.py MODELS), with an inter-machine link preset or any
 bandwidth/latency pair, using the figures fitted from measurements in the recipe's `calibration` header (the
 model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe). The memory estimate is
-models/memory.py's, from the real configs on the meta device.
+models/memory.py's, from the real configs on the meta device. With --serve, every replica split of one machine
+for `streamfusion serve --replicas R` (choice/replicas.py): latency per request and images per minute.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 from ..choice.choose import gpu_of
 from ..choice.costmodel import candidate_layouts, predict
 from ..choice.recipe import PACKAGED, load_recipe
+from ..choice.replicas import Split, plan_replicas, recommend, record_path, records_of
 from ..choice.workloads import COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH, Workload, cogvideox, flux
 from ..choice.workloads import MODELS as WORKLOADS
 from ..core.config import METHODS
@@ -35,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", action="store_true",
                         help="per-GPU memory at its peak, whole weights and sharded (--shard-weights), and which "
                              "GPUs (24/40/48/80/141 GB) it fits, instead of the layouts")
+    parser.add_argument("--serve", action="store_true",
+                        help="every replica split R x P/R for `streamfusion serve --replicas R` on one machine: "
+                             "latency per request and images (videos) per minute, predicted from the cost model "
+                             "and recorded generations, and which split gives the lowest latency / the most")
+    parser.add_argument("--steps", type=int, default=None, help="--serve: denoising steps per request "
+                                                                "(default: the model's)")
+    parser.add_argument("--gpu-memory", type=float, default=80.0,
+                        help="--serve: GB of memory per GPU, as sold (default 80: an H100)")
     parser.add_argument("--cfg", type=int, choices=(1, 2), default=1, help="--memory: the CFG split's degree")
     parser.add_argument("--link", default="dgx", help=f"inter-machine link: {', '.join(PRESETS)} or GBPS:LATENCY_US")
     parser.add_argument("--recipe", default=None,
@@ -98,7 +108,61 @@ def memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    """--serve: every replica split of the machine's GPUs (choice/replicas.py), as a table or JSON."""
+    from ..models.memory import GIB, RUNTIME_GIB, estimate, pipeline_parts
+
+    one, two = records_of(args.model)
+    if args.machines != 1:
+        raise ValueError("plan --serve: `streamfusion serve` runs on one machine; use --machines 1 "
+                         "--gpus-per-machine P")
+    steps = args.steps or MODELS[args.model].steps
+    frames, height, width = size_of(args)
+    workload_of(args)  # the size's checks (multiples of the patch, frames = 4k + 1), one line each
+    parts = pipeline_parts(args.model)
+    peaks = lambda ranks: tuple(estimate(args.model, height, width, frames, ranks, sharded=s,  # noqa: E731
+                                         parts=parts).peak for s in (False, True))
+    packaged = (PACKAGED / f"{args.model}.yaml").is_file()
+    gpu = gpu_of(load_recipe(args.recipe or (args.model if packaged else "flux-dev")).calibration)
+    room = args.gpu_memory * 1e9 / GIB - RUNTIME_GIB
+    splits = plan_replicas(args.model, frames, height, width, args.gpus_per_machine, steps, gpu, peaks, room)
+    fastest, most = recommend(splits)
+    unit = "videos" if MODELS[args.model].video else "images"
+    size = f"{frames} x {height} x {width}" if MODELS[args.model].video else f"{height} x {width}"
+    based = sorted({record_path(r) for r in (one, two) if r is not None})
+    if args.json:
+        print(json.dumps({
+            "model": args.model, "size": size, "steps": steps, "gpus": args.gpus_per_machine,
+            "gpu_memory_gb": args.gpu_memory, "unit": unit, "records": based, "note": one.note,
+            "splits": [s.as_dict() for s in splits],
+            "lowest_latency": fastest.as_dict(), "most_per_minute": most.as_dict(),
+        }, indent=2))
+        return 0
+    print(f"{args.model} {size}, {steps} steps, on 1 x {args.gpus_per_machine} GPUs of {args.gpu_memory:g} GB: "
+          f"`streamfusion serve --replicas R`, each group one request at a time")
+    print(f"{'R x P/R':<8} {'layout':<14} {'step s':>7} {'text s':>7} {'decode s':>8} {'latency s':>9} "
+          f"{unit + '/min':>11} {'GiB whole':>9} {'sharded':>7}  weights")
+    for s in splits:
+        print(f"{f'{s.replicas} x {s.ranks}':<8} {s.layout:<14} {s.step_s:>7.3f} {s.text_s:>7.3f} {s.decode_s:>8.3f} "
+              f"{s.latency_s:>9.2f} {s.per_minute:>11.2f} {s.peak_whole_gib:>9.1f} {s.peak_sharded_gib:>7.1f}  "
+              + (s.weights if s.excluded is None else f"excluded: {s.excluded}"))
+    print(f"lowest latency: {_label(fastest)} ({fastest.latency_s:.2f} s per request); most {unit} per minute: "
+          f"{_label(most)} ({most.per_minute:.2f})")
+    print(f"predicted for one H200 per GPU: step = the cost model's attention (calibrated) + the rest of a recorded "
+          f"step scaled by tokens per rank; text and decode recorded ({', '.join(based)})")
+    if one.note:
+        print(f"note: {one.note}")
+    return 0
+
+
+def _label(split: Split) -> str:
+    sharded = " with --shard-weights" if split.weights == "sharded" else ""
+    return f"--replicas {split.replicas} ({split.replicas} x {split.ranks}{sharded})"
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.serve:
+        return serve(args)
     if args.memory:
         return memory(args)
     workload = workload_of(args)
