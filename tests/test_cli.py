@@ -1,6 +1,9 @@
 """`streamfusion verify` end to end, as a user runs it (spawns its own gloo job)."""
 from __future__ import annotations
 
+import os
+import warnings
+
 import pytest
 
 from streamfusion_diffusers.cli import main
@@ -22,3 +25,23 @@ def test_verify_rejects_a_bad_layout_before_starting(capsys):
         main(["verify", "--machines", "1", "--gpus-per-machine", "4", "--methods", "ulysses", "--heads", "6"])
     assert exit_info.value.code == 2
     assert "ulysses in [1, 2]" in capsys.readouterr().err
+
+
+def test_commands_quiet_the_import_notices_of_optional_libraries_in_every_rank(monkeypatch):
+    """torchao's "Failed to load" lines and torch's pytree Enum notice are dropped by a command (and its spawned
+    ranks, through STREAMFUSION_QUIET) unless -v; -v keeps them."""
+    import logging
+
+    from streamfusion_diffusers.core import logs
+
+    monkeypatch.setattr(warnings, "filters", warnings.filters[:])
+    for name in ("STREAMFUSION_QUIET", "TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY"):
+        monkeypatch.delenv(name, raising=False)
+    for name in logs.NOISY_LOGGERS:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    logs.quiet_third_party(verbose=True)
+    assert "STREAMFUSION_QUIET" not in os.environ
+    assert all(logging.getLogger(n).level == logging.NOTSET for n in logs.NOISY_LOGGERS)
+    logs.quiet_third_party(verbose=False)
+    assert os.environ["STREAMFUSION_QUIET"] == "1"
+    assert all(logging.getLogger(n).level == logging.ERROR for n in ("torchao", "torch.utils._pytree"))

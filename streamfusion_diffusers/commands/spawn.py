@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 from ..core.config import DEFAULT_TIMEOUT_S
 from ..context import shutdown
 from ..core.join import join_job, launched
+from ..core.logs import quiet_noisy_loggers
 
 POLL_S = 0.5  # how often the parent looks at its ranks while it waits
 GRACE_S = 5.0  # after the first failure, how long the other ranks may take to report theirs
@@ -103,6 +104,8 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: floa
     threading.Thread(target=_exit_with, args=(pid,), daemon=True).start()
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
     warnings.filters[:] = warning_filters
+    if os.environ.get("STREAMFUSION_QUIET"):
+        quiet_noisy_loggers()
     try:
         _init(rank, world_size, port, backend, timeout_s, env)
     except Exception:  # noqa: BLE001 - report start-up failures to the parent instead of hanging it

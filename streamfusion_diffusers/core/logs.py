@@ -56,8 +56,22 @@ def quiet_third_party(verbose: bool) -> None:
     the ranks a command spawns inherit it."""
     if verbose:
         return
+    os.environ["STREAMFUSION_QUIET"] = "1"  # the ranks a command spawns read it (quiet_noisy_loggers)
+    quiet_noisy_loggers()
     warnings.filterwarnings("ignore", module=r"(?!streamfusion_diffusers)")
     for library in ("transformers", "diffusers"):
         os.environ.setdefault(f"{library.upper()}_VERBOSITY", "error")
         if library in sys.modules:  # imported already: its logging read the environment then
             sys.modules[library].utils.logging.set_verbosity_error()
+
+
+# Loggers that print at import, in every process, what no user acts on: torchao's optional CUDA extensions it
+# could not load on this machine, and torch's notice on the Enum types torchao registers with pytree.
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def quiet_noisy_loggers() -> None:
+    """NOISY_LOGGERS below ERROR: by a command unless `-v`, and in the ranks it spawns (STREAMFUSION_QUIET)."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
