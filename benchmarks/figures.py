@@ -23,9 +23,10 @@ GROUPS = {  # README's words for a group of shares -> the kernel table's share n
 
 
 def kernel_records() -> list[Path]:
-    """Every kernel-table record of the Gluon kernel, in date order of their folders."""
-    return [p for p in sorted(RESULTS.glob("*/kernel_table*.json")) if json.loads(p.read_text()).get("fused_kernel")
-            == GLUON]
+    """Every kernel-table record of the shares (not of `--set p1`) with the Gluon kernel, in date order of folders."""
+    shares = {s for group in GROUPS.values() for s in group}
+    records = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.glob("*/kernel_table*.json"))]
+    return [p for p, r in records if r.get("fused_kernel") == GLUON and shares & {row["share"] for row in r["rows"]}]
 
 
 def fused_ratios(record: Path) -> dict[str, float]:

@@ -9,6 +9,8 @@ runs it on this GPU (kernels/fused.py: Gluon on Hopper), the Gluon and the porta
 and the Triton kernel with each tile config of the sweep (head dim 128).
 
     python benchmarks/kernel_table.py            # writes $OUT/kernel_table.json, prints a short table
+    python benchmarks/kernel_table.py --set p1   # each model's attention at P = 1 (self and cross): the backend
+                                                 # torch's default SDPA takes, beside ours without LSE
 """
 from __future__ import annotations
 
@@ -20,15 +22,21 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from streamfusion_diffusers.kernels import attention_with_lse
 from streamfusion_diffusers.kernels import fused as fused_kernels
-from streamfusion_diffusers.kernels.sdpa import BACKENDS, _call, attention_no_lse
+from streamfusion_diffusers.kernels.sdpa import BACKENDS, _call, attention_no_lse, attention_sdpa
 from streamfusion_diffusers.kernels.triton_attention import DEFAULT_CONFIGS, TileConfig, multi_chunk_attention
 
 # (name, query rows, key rows, heads, head dim): the issue's table
 SHARES = [("flux1024/P8", 576, 4608, 24, 128), ("flux2048/P2", 8448, 16896, 24, 128),
           ("flux4096/P2", 33024, 66048, 24, 128), ("cogvideox49-480x720/P2", 8888, 17776, 48, 64)]
+# (name, query rows, key rows, heads, head dim): one GPU's whole attention in each model's step (P = 1)
+P1 = [("wan2.2-ti2v-5b-720p121/self", 27280, 27280, 24, 128), ("wan2.2-ti2v-5b-720p121/cross", 27280, 512, 24, 128),
+      ("flux2-dev-1024", 4608, 4608, 48, 128), ("qwen-image-1328", 7017, 7017, 24, 128),
+      ("flux-dev-1024", 4608, 4608, 24, 128)]
+SETS = {"shares": SHARES, "p1": P1}
 SWEEP = [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 4, 3, True), TileConfig(128, 128, 8, 2, True),
          TileConfig(64, 128, 4, 3, True), TileConfig(128, 64, 8, 4, False)]
 
@@ -69,18 +77,20 @@ def fused(q, k, v, scale: float, cfg: TileConfig | None = None, gluon: bool = Fa
     return lambda: multi_chunk_attention([q], [(k, v)], [(None, lse)], [out], scale, True, cfg)
 
 
-def columns(q, k, v, scale: float) -> dict[str, Callable[[], object]]:
+def columns(q, k, v, scale: float, sweep: bool) -> dict[str, Callable[[], object]]:
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     cols: dict[str, Callable[[], object]] = {}
     for backend in BACKENDS:
         cols[f"{backend}+lse"] = lambda backend=backend: _call(backend, qt, kt, vt, scale)[0].transpose(1, 2)
         cols[f"{backend}"] = lambda backend=backend: attention_no_lse(backend, q, k, v, scale)
+    cols["torch default"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, scale=scale).transpose(1, 2)
+    cols["ours no-lse"] = lambda: attention_sdpa(q, k, v, scale)
     cols["ours sdpa"] = lambda: attention_with_lse(q, k, v, scale, "sdpa")
     cols["ours fused"] = lambda: attention_with_lse(q, k, v, scale, "fused")
     if torch.cuda.get_device_capability() == (9, 0):
         cols["fused gluon"] = fused(q, k, v, scale, gluon=True)
     cols["fused triton"] = fused(q, k, v, scale)
-    if q.shape[-1] == 128:
+    if q.shape[-1] == 128 and sweep:
         for cfg in SWEEP:
             cols[f"fused {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
                  f"{' tma' if cfg.use_tma else ''}"] = fused(q, k, v, scale, cfg)
@@ -90,17 +100,21 @@ def columns(q, k, v, scale: float) -> dict[str, Callable[[], object]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--set", choices=sorted(SETS), default="shares", help="which shapes (see above)")
     parser.add_argument("--budget-ms", type=float, default=200.0, help="graph length: about this much work")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = []
-    for name, lq, lk, heads, dim in SHARES:
+    for name, lq, lk, heads, dim in SETS[args.set]:
         q = torch.randn(1, lq, heads, dim, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(1, lk, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         scale = dim ** -0.5
         ref = attention_with_lse(q, k, v, scale, "sdpa")[0].float()
-        row = {"share": name, "q": lq, "k": lk, "heads": heads, "dim": dim, "ms": {}, "error": {}}
-        for col, fn in columns(q, k, v, scale).items():
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        default = torch.nn.attention.SDPBackend(torch._fused_sdp_choice(qt, kt, vt, scale=scale)).name
+        row = {"share": name, "q": lq, "k": lk, "heads": heads, "dim": dim, "torch_default": default, "ms": {},
+               "error": {}}
+        for col, fn in columns(q, k, v, scale, args.set == "shares").items():
             try:
                 once = graph_ms(fn, 1, 3)
                 times = graph_ms(fn, max(1, min(200, int(args.budget_ms / max(once) + 1))), args.reps)
@@ -121,12 +135,14 @@ def main() -> None:
               f"({med['ours sdpa'] / med['cudnn+lse']:.3f}x) ours-fused {med['ours fused']:.4f} "
               f"(cudnn+lse/fused {med['cudnn+lse'] / med['ours fused']:.3f}, triton "
               f"{med['cudnn+lse'] / med['fused triton']:.3f}) fastest fused {best_fused[1]} "
-              f"{best_fused[0]:.4f} no-LSE min {min(med[b] for b in BACKENDS if b in med):.4f}", flush=True)
+              f"{best_fused[0]:.4f} no-LSE min {min(med[b] for b in BACKENDS if b in med):.4f} torch default "
+              f"({default}) {med['torch default']:.4f} ours no-lse {med['ours no-lse']:.4f}", flush=True)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fused_kernel":
            fused_kernels.kernel_for(torch.device("cuda", torch.cuda.current_device())).__module__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "default_configs":
            {d: vars(c) for d, c in DEFAULT_CONFIGS.items()}, "rows": rows}
-    with open(os.path.join(os.environ.get("OUT", "."), "kernel_table.json"), "w") as f:
+    name = "kernel_table.json" if args.set == "shares" else f"kernel_table_{args.set}.json"
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
         json.dump(out, f, indent=1)
 
 

@@ -31,7 +31,7 @@ def test_single_rank(pool, method):
         check(pool, ParallelConfig(method=method), problem, pass_lens)
 
 
-def _strided_inputs_reach_the_kernel_as_they_lie() -> dict:
+def _strided_inputs_reach_the_kernel_as_they_lie(kernel: str) -> dict:
     """At P = 1, q, k, v cut from one fused projection (Flux.2's single blocks: QKV and MLP in one matmul, so each
     is a strided view): the error against the reference, whether the kernel got the very views (no copy), and
     whether the output is diffusers' own (torch's SDPA, as its native backend calls it), bit for bit."""
@@ -45,7 +45,7 @@ def _strided_inputs_reach_the_kernel_as_they_lie() -> dict:
 
     real, layer.attend_chunks = layer.attend_chunks, spy
     try:
-        out = sp_attention(q, k, v, context(ParallelConfig(method="ulysses")))
+        out = sp_attention(q, k, v, context(ParallelConfig(method="ulysses", kernel=kernel)))
     finally:
         layer.attend_chunks = real
     native = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
@@ -53,11 +53,14 @@ def _strided_inputs_reach_the_kernel_as_they_lie() -> dict:
             "as_they_lie": seen == [q.data_ptr(), k.data_ptr(), v.data_ptr()], "as_diffusers": torch.equal(out, native)}
 
 
-def test_one_rank_attends_as_diffusers_does(pool):
-    """Issue 34 item 7: at P = 1 nothing moves, so no layout copy either (Flux.2-dev paid one per single block),
-    and the kernel is diffusers' own: the step costs what plain diffusers' costs."""
-    res = pool.run(_strided_inputs_reach_the_kernel_as_they_lie)[0]
-    assert res["strided"] and res["as_they_lie"] and res["as_diffusers"] and res["error"] <= TOL, res
+@pytest.mark.parametrize("kernel", ["auto", "sdpa"])
+def test_one_rank_moves_nothing(pool, kernel):
+    """Issue 34 item 7: at P = 1 nothing moves, so no layout copy either (Flux.2-dev paid one per single block);
+    the sdpa kernel is then diffusers' own call, bit for bit (on a GPU "auto" times it against the fused kernel:
+    tests/test_kernels_gpu.py)."""
+    res = pool.run(_strided_inputs_reach_the_kernel_as_they_lie, kernel)[0]
+    assert res["strided"] and res["as_they_lie"] and res["error"] <= TOL, res
+    assert res["as_diffusers"] or kernel != "sdpa", res
 
 
 def _all_methods_in_one_job(problem: Problem) -> dict[str, torch.Tensor]:

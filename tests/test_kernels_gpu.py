@@ -16,7 +16,7 @@ from streamfusion_diffusers.core.exactness import reference_attention, relative_
 from streamfusion_diffusers.kernels import Partial, attend_chunks, attention_with_lse, dispatch
 from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
 from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
-from streamfusion_diffusers.kernels.sdpa import attention_with_lse_sdpa
+from streamfusion_diffusers.kernels.sdpa import BACKENDS, attention_no_lse, attention_sdpa, attention_with_lse_sdpa
 from streamfusion_diffusers.kernels.state import KernelState, current, owned_by
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -207,3 +207,16 @@ def test_auto_caches_one_choice_per_signature() -> None:
     for _ in range(2):
         attend_chunks([Partial()], [q], [(k, v)], kernel="auto", finalize=True)
     assert list(current().local.values()) in (["sdpa"], ["fused"])  # the standalone calls' state
+
+
+def test_attention_without_lse_runs_the_fastest_backend() -> None:
+    """The whole-keys call (P = 1, or Ulysses after its all-to-all) times the SDPA backends once per shape and keeps
+    the fastest: its output is that backend's, bit for bit, and exact to the float32 reference."""
+    q, k, v = (torch.randn(1, n, 8, 128, device="cuda", dtype=torch.bfloat16) for n in (3000, 2000, 2000))
+    state = KernelState()
+    with owned_by(state):
+        out = attention_sdpa(q, k, v, 0.1)
+        again = attention_sdpa(q, k, v, 0.1)
+    (pick,) = state.no_lse.values()
+    assert pick in BACKENDS and torch.equal(out, attention_no_lse(pick, q, k, v, 0.1)) and torch.equal(out, again)
+    assert _rel(out, reference_attention(q, k, v, 0.1)) <= threshold(q.dtype)

@@ -65,10 +65,10 @@ def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None,
     front = (shard.q, shard.k, shard.v) if shard is not None else ()
     if mesh.layout.ulysses_intra == 1 and not front:
         # one rank holds every key (P = 1): nothing to move, nothing to merge. q, k, v go to the kernel as they
-        # lie, views included (Flux.2's fused QKV+MLP projection hands out strided ones), and "auto" takes torch's
-        # SDPA without log-sum-exp: what diffusers' own backend runs, so P = 1 costs what plain diffusers costs
+        # lie, views included (Flux.2's fused QKV+MLP projection hands out strided ones): "auto" then times SDPA
+        # without log-sum-exp (its fastest backend, which diffusers' own call also takes on Hopper) against the
+        # fused kernel per shape, so P = 1 costs at most what plain diffusers costs (BENCHMARKS.md, issue 34)
         xq, xk, xv = q, k, v
-        kernel = "sdpa" if kernel == "auto" else kernel
     else:
         xq, xk, xv = (x[0] for x in scatter_heads((q, k, v), mesh, transport, lens, front))
     partial = Partial()

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.logs import say_once
+from .dispatch import time_ms
+from .state import current
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +58,36 @@ def attention_no_lse(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """q [B, Lq, H, D], k, v [B, Lk, H, D] -> out [B, Lq, H, D]: PyTorch's default fused SDPA, no log-sum-exp
-    (for queries that need no merge; faster than the LSE variants at long sequences)."""
-    return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), scale=scale).transpose(1, 2)
+    """q [B, Lq, H, D], k, v [B, Lk, H, D] -> out [B, Lq, H, D], no log-sum-exp (for queries that see every key at
+    once: nothing merges after them), by the fastest SDPA backend for these shapes and strides on this GPU.
+
+    The backends differ up to 2x (flash against cuDNN on Hopper: benchmarks/kernel_table.py) and PyTorch's own
+    pick depends on its version and the GPU, so each backend is timed once per shape (dispatch.time_ms), kept in
+    the running call's KernelState, and the fastest runs from then on; while a CUDA graph is captured an untimed
+    shape takes the first backend that runs it. Ranks time alone: their picks can differ only where the times
+    are within noise, which is also all that a differing pick can cost. Off CUDA: PyTorch's default SDPA."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), scale=scale).transpose(1, 2)
+    key = (q.device, q.dtype, *((tuple(x.shape), x.stride()) for x in (q, k, v)))
+    state = current()
+    if key not in state.no_lse:
+        capturing = torch.cuda.is_current_stream_capturing()
+        times: dict[str, float] = {}
+        for backend in BACKENDS:
+            try:
+                if capturing:
+                    return attention_no_lse(backend, q, k, v, scale)
+                times[backend] = time_ms(lambda: None, lambda _, b=backend: attention_no_lse(b, q, k, v, scale))
+            except RuntimeError as err:
+                if not unsupported(err):
+                    raise
+        if not times:
+            raise RuntimeError(f"no SDPA backend of {list(BACKENDS)} takes attention of q {list(q.shape)}, k "
+                               f"{list(k.shape)} {q.dtype} on this GPU; use kernel='reference'")
+        state.no_lse[key] = min(times, key=times.get)
+        say_once(logger, logging.INFO, "attention without log-sum-exp for q %s, k %s: %s (%s)", list(q.shape),
+                 list(k.shape), state.no_lse[key], ", ".join(f"{b} {ms:.3f} ms" for b, ms in times.items()))
+    return attention_no_lse(state.no_lse[key], q, k, v, scale)
 
 
 def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,

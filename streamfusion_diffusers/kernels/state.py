@@ -15,12 +15,13 @@ from torch import Tensor
 
 @dataclass
 class KernelState:
-    """The "auto" kernel choice's measurements and picks (dispatch.py), and the host tables that captured CUDA
+    """The "auto" kernel choice's measurements and picks (dispatch.py, sdpa.py), and the host tables that captured CUDA
     graphs copy from at every replay (chunk_tables.py): they must live as long as the graphs."""
 
     times: dict[Hashable, dict[str, float]] = field(default_factory=dict)  # signature -> this rank's ms per kernel
     local: dict[Hashable, str] = field(default_factory=dict)  # signature -> this rank's pick outside a layer
     agreed: dict[Hashable, list[str | None]] = field(default_factory=dict)  # (ranks, layer signature) -> per call
+    no_lse: dict[Hashable, str] = field(default_factory=dict)  # shapes -> fastest SDPA backend (sdpa.attention_sdpa)
     tables: list[Tensor] = field(default_factory=list)  # pinned chunk tables of captured kernel launches
 
     def forget_choices(self) -> None:
@@ -28,6 +29,7 @@ class KernelState:
         self.times.clear()
         self.local.clear()
         self.agreed.clear()
+        self.no_lse.clear()
 
     def clear(self) -> None:
         """Forget everything: the owner's graphs are gone with it."""
