@@ -26,11 +26,10 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from streamfusion_diffusers import ParallelConfig, init_parallel
+from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize
 from streamfusion_diffusers.bench import cachedit
 from streamfusion_diffusers.models import TRANSFORMERS
 from streamfusion_diffusers.models.inputs import build, inputs
-from streamfusion_diffusers.parallelize import parallelize
 
 SYSTEMS = ("ours", "diffusers-cp", *cachedit.SYSTEMS)
 PIXELS_PER_TOKEN = {"flux2": 16, "qwen-image": 16}  # VAE x 2 x 2 packing, each side
@@ -84,6 +83,15 @@ def _install(model: torch.nn.Module, system: str, u: int, r: int) -> str:
     return cachedit.layout(system, u, r, vae=False)
 
 
+def _free(gpu: bool) -> None:
+    """Free what the last model held: a parallelized model and its hooks reference each other (freed by the
+    collector, not by dropping the name), then the allocator's cache; peaks count from here."""
+    gc.collect()
+    if gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -111,14 +119,11 @@ def run_model(item: str, systems: list[str], layouts: list[str], variants: list[
     args = inputs(spec.family, spec.transformer, grid, spec.text, dtype=dtype, device=device)
     model = build(spec.family, spec.transformer, dtype=dtype, device=device)
     ref_times, ref = _time(model, args, 1, device)  # the unparallelized step on every rank: the reference
-    del model
+    model = None
     rows = []
     for system, u, r in _cases(systems, layouts, world, heads, spec.family):
         for variant in variants:
-            gc.collect()
-            if gpu:
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
+            _free(gpu)  # the reference's or the last case's model: one copy per GPU at a time
             row = dict(model=item, tokens=grid, system=system, variant=variant, world=world)
             try:
                 model = build(spec.family, spec.transformer, dtype=dtype, device=device)
@@ -137,6 +142,8 @@ def run_model(item: str, systems: list[str], layouts: list[str], variants: list[
                     traceback.print_exc()
             finally:
                 model = None
+                if variant == "compile":
+                    torch._dynamo.reset()  # its compiled code holds the case's blocks, weights included
             if dist.get_rank() == 0:
                 print(json.dumps(row), flush=True)
             rows.append(row)
