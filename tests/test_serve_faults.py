@@ -1,5 +1,6 @@
 """`streamfusion serve` when things go wrong: a rank killed mid-request (5xx within seconds, /health 503, the
-group restarted and rebuilt, the queue served again) and SIGTERM (new requests 503, the one in flight finishes,
+group restarted and rebuilt, the queue served again), a rank killed between requests (the group rebuilt before
+the next one runs) and SIGTERM (new requests 503, the one in flight finishes,
 exit 0, no process left). One server, in this order."""
 from __future__ import annotations
 
@@ -62,6 +63,20 @@ def test_a_killed_rank_fails_its_request_within_seconds_then_the_group_is_rebuil
     assert "streamfusion_restarts_total 1" in httpx.get(server.url + "/metrics").text
 
 
+def test_a_rank_killed_between_requests_restarts_its_group_before_the_next_one(server):
+    """No request is sent to a group with a dead rank: the supervisor sees the death while idle and rebuilds."""
+    victim = httpx.get(server.url + "/health").json()["groups"][0]["pids"][1]
+    os.kill(victim, signal.SIGKILL)
+    ends = time.monotonic() + FAULT_S
+    while httpx.get(server.url + "/health").status_code == 200:
+        assert time.monotonic() < ends, "the dead rank of an idle group went unseen"
+        time.sleep(0.1)
+    answer: dict = {}
+    _generate(server.url, answer, seed=2)  # queued while the group rebuilds, run after
+    assert answer["status"] == 200, answer
+    assert "streamfusion_restarts_total 2" in httpx.get(server.url + "/metrics").text
+
+
 def test_sigterm_refuses_new_requests_finishes_the_one_in_flight_and_exits_0(server):
     answer: dict = {}
     running = threading.Thread(target=_generate, args=(server.url, answer), kwargs={"num_inference_steps": 60})
@@ -77,3 +92,4 @@ def test_sigterm_refuses_new_requests_finishes_the_one_in_flight_and_exits_0(ser
     assert server.proc.wait(timeout=60) == 0, server.stderr
     time.sleep(0.5)
     assert server.left() == [], "processes left after exit"
+    assert "leaked semaphore" not in server.stderr, server.stderr  # ranks stopped by force hold none

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.multiprocessing as mp
+from tqdm import tqdm
 
 from ..core.config import DEFAULT_TIMEOUT_S
 from ..context import shutdown
@@ -106,6 +107,10 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: floa
     warnings.filters[:] = warning_filters
     if os.environ.get("STREAMFUSION_QUIET"):
         quiet_noisy_loggers()
+    # tqdm's default lock is a multiprocessing RLock: a named semaphore that the parent's resource tracker counts
+    # until the rank releases it, which a rank the pool stops by force never does (the parent's exit then warns of
+    # "leaked semaphore objects"). A rank's bars are its own process's: a thread lock is all they need.
+    tqdm.set_lock(threading.RLock())
     try:
         _init(rank, world_size, port, backend, timeout_s, env)
     except Exception:  # noqa: BLE001 - report start-up failures to the parent instead of hanging it
@@ -152,6 +157,10 @@ class ProcessPool:
     def pids(self) -> list[int]:
         """The ranks' process ids, rank order (empty once closed)."""
         return [p.pid for p in self._procs]
+
+    def dead(self) -> dict[int, str]:
+        """The ranks that have ended, with why (between calls: a rank killed while the pool was idle)."""
+        return {rank: exit_cause(p.exitcode) for rank, p in enumerate(self._procs) if p.exitcode is not None}
 
     def _collect(self, what: str, wait_s: float) -> list[Any]:
         """Every rank's answer; on the first failure (an error, a rank gone) the others get GRACE_S to report

@@ -58,6 +58,10 @@ class Group:
     def pids(self) -> list[int]:
         return self.pool.pids if self.pool is not None else []
 
+    def dead(self) -> dict[int, str]:
+        """Ranks of the group that have ended, with why: a group with any is restarted before it runs a request."""
+        return self.pool.dead() if self.pool is not None else {}
+
     def stop(self, now: bool = False) -> None:
         """End the ranks: together (their shutdown is collective), or with `now` at once."""
         if self.pool is not None:

@@ -5,8 +5,9 @@ The HTTP process (rank-free) owns the queue and one supervising task per group. 
 runs it in a thread (the ranks block on their collectives, the event loop never does). When a rank dies, fails
 or stalls, the request in flight is answered 5xx at once, the group's other ranks are stopped, /health says 503,
 and the task starts the group again (rebuilt from scratch: nothing of the failed job is reused), then goes on
-with the queue; a group that fails MAX_RESTARTS times in a row is given up, and once no group is left every
-queued request is answered 503 and the server stops with an error. Drain (SIGTERM): new requests get 503, the
+with the queue; a rank that ends while its group is idle is seen within WATCH_S and restarts the group the same
+way, before the group takes a request; a group that fails MAX_RESTARTS times in a row is given up, and once no
+group is left every queued request is answered 503 and the server stops with an error. Drain (SIGTERM): new requests get 503, the
 requests already accepted run, then the server exits.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3  # consecutive failed restarts of one group before it is given up
 POLL_S = 0.25  # how often a waiting request checks that its client is still there
+WATCH_S = 0.5  # how often an idle group checks that its ranks are alive (a rank killed between requests)
 
 
 class Service:
@@ -85,10 +87,17 @@ class Service:
                     continue
                 failures = 0
                 self._group_ready()
-            work = await self.queue.take()
-            if work is None:
+            work = await self.queue.take(WATCH_S)
+            if work is None and self.queue.closed:
                 return
-            await self._run(group, work)
+            if dead := group.dead():  # a rank ended between requests: rebuild before the group runs one
+                if work is not None:
+                    await self.queue.put_back(work)
+                self._restart(group, "; ".join(f"rank {rank}: {why}" for rank, why in sorted(dead.items())) +
+                              " while idle")
+                continue
+            if work is not None:
+                await self._run(group, work)
 
     def _group_ready(self) -> None:
         if not self.ready_once and all(g.state == "ready" for g in self.groups):
@@ -113,11 +122,7 @@ class Service:
             status = failure_status(err) if isinstance(err, RankFailure) else 500
             work.fail(ApiError(status, f"the request failed on parallel group {group.index}: {summary}; the group "
                                        f"restarts", code="rank_failed"))
-            logger.warning("group %d: %s; restarting it", group.index, summary)
-            group.stop(now=True)
-            group.state = "recovering"
-            group.restarts += 1
-            self.metrics.restarts += 1
+            self._restart(group, summary)
             return
         finally:
             self.running -= 1
@@ -127,6 +132,14 @@ class Service:
             return
         self.metrics.ran(result["records"], time.monotonic() - work.started)
         work.finish(result)
+
+    def _restart(self, group: Group, why: str) -> None:
+        """Stop what is left of a group whose rank failed; its supervising task starts it again."""
+        logger.warning("group %d: %s; restarting it", group.index, why)
+        group.stop(now=True)
+        group.state = "recovering"
+        group.restarts += 1
+        self.metrics.restarts += 1
 
     # ---- requests
 

@@ -64,9 +64,9 @@ class WorkQueue:
             self._items.append(work)
             self._changed.notify_all()
 
-    async def take(self) -> Work | None:
+    async def take(self, wait_s: float | None = None) -> Work | None:
         """The oldest waiting request (requests past their deadline are answered 504 here); None once closed and
-        empty."""
+        empty, or when none came within `wait_s`."""
         async with self._changed:
             while True:
                 while self._items:
@@ -77,7 +77,16 @@ class WorkQueue:
                                        code="timeout"))
                 if self.closed:
                     return None
-                await self._changed.wait()
+                try:
+                    await asyncio.wait_for(self._changed.wait(), wait_s)
+                except asyncio.TimeoutError:
+                    return None
+
+    async def put_back(self, work: Work) -> None:
+        """Return a request taken but not started to the head of the queue (its group could not run it)."""
+        async with self._changed:
+            self._items.appendleft(work)
+            self._changed.notify_all()
 
     def drop(self, work: Work) -> bool:
         """Remove a request that has not started (its client left); False if it already started."""
