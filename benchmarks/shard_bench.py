@@ -8,6 +8,7 @@ then unparallelized and parallelized again with sharded weights (the whole copy 
 row: the median step of the slowest rank, the peak and the memory held between forwards (the largest rank's), the
 estimate. Also whether FSDP2 runs under torch.inference_mode() with this torch (fixed in pytorch#197327, 2026-09).
 One JSON line per row on stdout, all rows in --out. Launch: benchmarks/shard_gpu.sh, benchmarks/shard_multigpu.sh.
+--profile adds where one more step's GPU time goes on rank 0 (`profile_step`: per stream busy time, top kernels).
 """
 from __future__ import annotations
 
@@ -58,6 +59,44 @@ def _steps(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, devi
     return _worst(statistics.median(times))
 
 
+def profile_step(model: torch.nn.Module, inputs: dict, device: torch.device) -> dict:
+    """Where one step's GPU time goes (one profiled forward, this rank): per CUDA stream its busy time (kernels,
+    copies and memsets, overlaps merged) and its largest kernels, beside the step's wall time. The compute stream's
+    busy time against the wall says how long it stood waiting (for a gather, or for the host); FSDP2's copy-out of
+    each gathered block runs on it too (split_with_sizes_copy). And the host's ops by self time (synchronizing
+    calls among them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.no_grad(), profile(activities=activities) as prof:
+        _sync(device)
+        start = time.perf_counter()
+        model(**inputs)
+        _sync(device)
+        wall_ms = 1e3 * (time.perf_counter() - start)
+    spans: dict[int, list[tuple[int, int]]] = {}
+    kernels: dict[int, dict[str, float]] = {}
+    for event in prof.profiler.kineto_results.events():
+        if event.device_type() != torch.autograd.DeviceType.CUDA:
+            continue
+        stream = event.device_resource_id()
+        spans.setdefault(stream, []).append((event.start_ns(), event.end_ns()))
+        names = kernels.setdefault(stream, {})
+        names[event.name()[:70]] = names.get(event.name()[:70], 0.0) + event.duration_ns() / 1e6
+    streams = {}
+    for stream, intervals in spans.items():
+        busy, end = 0, 0
+        for lo, hi in sorted(intervals):
+            busy += max(0, hi - max(lo, end))
+            end = max(end, hi)
+        top = sorted(kernels[stream].items(), key=lambda kv: -kv[1])[:6]
+        streams[str(stream)] = {"busy_ms": round(busy / 1e6, 2), "top_ms": {n: round(ms, 2) for n, ms in top}}
+    host = sorted(((e.key, e.self_cpu_time_total / 1e3, e.count) for e in prof.key_averages()),
+                  key=lambda kv: -kv[1])[:10]  # where the host spent the step (the GPU waits when it is the bound)
+    return {"wall_ms": round(wall_ms, 1), "streams": streams,
+            "host_self_ms": {f"{name[:60]} x{count}": round(ms, 2) for name, ms, count in host}}
+
+
 def inference_mode_probe(device: torch.device) -> str:
     """Whether a plain FSDP2 Linear (none of our guards) runs under torch.inference_mode() on this torch."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -75,7 +114,8 @@ def inference_mode_probe(device: torch.device) -> str:
         return f"fails: {str(err).splitlines()[0]}"
 
 
-def run(spec: str, repeats: int, modes: list[str], ctx: ParallelContext, device: torch.device) -> list[dict]:
+def run(spec: str, repeats: int, modes: list[str], ctx: ParallelContext, device: torch.device,
+        profiled: bool = False) -> list[dict]:
     workload = parse_workload(spec)
     name, world = workload.model, dist.get_world_size()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -102,6 +142,12 @@ def run(spec: str, repeats: int, modes: list[str], ctx: ParallelContext, device:
                     row["step_ms"] = round(1e3 * _steps(model, inputs, repeats, 1 if mode == "eager" else 2, device), 1)
             except Exception as err:  # noqa: BLE001
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+            if profiled and "error" not in row and dist.get_rank() == 0:
+                with torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
+                    row["profile"] = profile_step(model, inputs, device)
+            elif profiled and "error" not in row:
+                with torch.no_grad(), torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
+                    model(**inputs)  # every rank runs the profiled step (its collectives need the peers)
             held, whole = local_bytes(model)
             row.update(weights_held_gib=round(_worst(held) / GIB, 2), weights_whole_gib=round(whole / GIB, 2))
             if device.type == "cuda":
@@ -143,6 +189,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=400, help="skip the workloads left after this long")
     parser.add_argument("--out", default="shard.json")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the tiny stand-ins over gloo")
+    parser.add_argument("--profile", action="store_true", help="profile one more step per row (rank 0's streams)")
     args = parser.parse_args()
     device = torch.device(args.device)
     ctx = init_parallel(ParallelConfig(method="ulysses"))  # joins torchrun's job (NCCL on GPUs, gloo on the CPU)
@@ -158,7 +205,7 @@ def main() -> None:
             rows.append({"workload": spec, "skipped": f"over the {args.budget_s:.0f} s budget"})
             continue
         try:
-            rows += run(spec, args.repeats, args.modes.split(","), ctx, device)
+            rows += run(spec, args.repeats, args.modes.split(","), ctx, device, args.profile)
         except torch.OutOfMemoryError as err:
             rows.append({"workload": spec, "error": f"out of memory: {str(err).splitlines()[0]}"})
             gc.collect()
