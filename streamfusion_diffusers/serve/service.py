@@ -7,8 +7,8 @@ or stalls, the request in flight is answered 5xx at once, the group's other rank
 and the task starts the group again (rebuilt from scratch: nothing of the failed job is reused), then goes on
 with the queue; a rank that ends while its group is idle is seen within WATCH_S and restarts the group the same
 way, before the group takes a request; a group that fails MAX_RESTARTS times in a row is given up, and once no
-group is left every queued request is answered 503 and the server stops with an error. Drain (SIGTERM): new requests get 503, the
-requests already accepted run, then the server exits.
+group is left every queued request is answered 503 and the server stops with an error. Drain (SIGTERM): new
+requests get 503, the requests already accepted run, then the server exits.
 """
 from __future__ import annotations
 
