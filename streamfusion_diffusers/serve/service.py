@@ -93,8 +93,8 @@ class Service:
             if dead := group.dead():  # a rank ended between requests: rebuild before the group runs one
                 if work is not None:
                     await self.queue.put_back(work)
-                self._restart(group, "; ".join(f"rank {rank}: {why}" for rank, why in sorted(dead.items())) +
-                              " while idle")
+                causes = "; ".join(f"rank {rank}: {why}" for rank, why in sorted(dead.items()))
+                await self._restart(group, causes + " while idle")
                 continue
             if work is not None:
                 await self._run(group, work)
@@ -122,7 +122,7 @@ class Service:
             status = failure_status(err) if isinstance(err, RankFailure) else 500
             work.fail(ApiError(status, f"the request failed on parallel group {group.index}: {summary}; the group "
                                        f"restarts", code="rank_failed"))
-            self._restart(group, summary)
+            await self._restart(group, summary)
             return
         finally:
             self.running -= 1
@@ -133,13 +133,15 @@ class Service:
         self.metrics.ran(result["records"], time.monotonic() - work.started)
         work.finish(result)
 
-    def _restart(self, group: Group, why: str) -> None:
-        """Stop what is left of a group whose rank failed; its supervising task starts it again."""
+    async def _restart(self, group: Group, why: str) -> None:
+        """Stop what is left of a group whose rank failed (in a thread: a stuck rank takes seconds to end, and the
+        event loop keeps answering meanwhile); its supervising task starts it again."""
         logger.warning("group %d: %s; restarting it", group.index, why)
-        group.stop(now=True)
         group.state = "recovering"
         group.restarts += 1
         self.metrics.restarts += 1
+        await asyncio.to_thread(group.stop, True)
+        group.state = "recovering"
 
     # ---- requests
 
