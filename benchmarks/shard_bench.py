@@ -8,7 +8,7 @@ then unparallelized and parallelized again with sharded weights (the whole copy 
 row: the median step of the slowest rank, the peak and the memory held between forwards (the largest rank's), the
 estimate. Also whether FSDP2 runs under torch.inference_mode() with this torch (fixed in pytorch#197327, 2026-09).
 One JSON line per row on stdout, all rows in --out. Launch: benchmarks/shard_gpu.sh, benchmarks/shard_multigpu.sh.
---profile adds where one more step's GPU time goes on rank 0 (`profile_step`: per stream busy time, top kernels).
+--profile adds where one more step's GPU time goes (rank 0's) (`profile_step`: per stream busy time, top kernels).
 """
 from __future__ import annotations
 
@@ -142,12 +142,11 @@ def run(spec: str, repeats: int, modes: list[str], ctx: ParallelContext, device:
                     row["step_ms"] = round(1e3 * _steps(model, inputs, repeats, 1 if mode == "eager" else 2, device), 1)
             except Exception as err:  # noqa: BLE001
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-            if profiled and "error" not in row and dist.get_rank() == 0:
+            if profiled and "error" not in row:  # every rank profiles the step (its collectives need the peers)
                 with torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
-                    row["profile"] = profile_step(model, inputs, device)
-            elif profiled and "error" not in row:
-                with torch.no_grad(), torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
-                    model(**inputs)  # every rank runs the profiled step (its collectives need the peers)
+                    profiled_step = profile_step(model, inputs, device)
+                if dist.get_rank() == 0:
+                    row["profile"] = profiled_step
             held, whole = local_bytes(model)
             row.update(weights_held_gib=round(_worst(held) / GIB, 2), weights_whole_gib=round(whole / GIB, 2))
             if device.type == "cuda":
