@@ -121,7 +121,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         worker(args)
-    from streamfusion_diffusers.commands.spawn import free_port
+    from streamfusion_diffusers.runtime.pool import free_port
 
     results = [run_case(b, m, k, args, free_port()) for b in args.backends for m in args.methods for k in args.kinds]
     Path(args.out, "fault_matrix.json").write_text(json.dumps(results, indent=1))

@@ -10,7 +10,7 @@ from .bench import command as bench
 from .bench import tune
 from .commands import generate, launch, plan, verify
 from .commands.options import Parser, check
-from .commands.spawn import RankFailure
+from .runtime.pool import RankFailure
 from .core.extras import missing
 from .core.logs import quiet_third_party
 from .models.configs import MODELS

@@ -11,7 +11,7 @@ from sp_cases import Problem, check, context
 
 from streamfusion_diffusers import ParallelConfig, sp_attention
 from streamfusion_diffusers.attention import agreement
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 WORLD = 4
 CONFIGS = [ParallelConfig(machines=1, gpus_per_machine=4, method="ulysses"),

@@ -8,7 +8,7 @@ from attention_suite import METHODS, problems
 from sp_cases import TOL, Problem, check, context, even, reference, run_rank
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.attention import layer
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error
 

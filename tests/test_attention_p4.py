@@ -7,7 +7,7 @@ from sp_cases import check, compare, run_rank
 
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.backends.torch_dist import TorchTransport, exchange_as_all_to_all
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 WORLD = 4
 MESHES = [(1, 4), (4, 1), (2, 2)]

@@ -6,7 +6,7 @@ from attention_suite import METHODS, layout_id, layout_problem, layouts, problem
 from sp_cases import check
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 WORLD = 8
 MESHES = [(2, 4), (4, 2), (1, 8)]

@@ -13,7 +13,7 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from model_cases import FLUX_CASES, TOL, Case, context
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.sequence import gather, shard
 from streamfusion_diffusers.diffusers.processors import FluxSPAttnProcessor, backend

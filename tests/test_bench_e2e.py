@@ -10,7 +10,7 @@ import torch
 
 from streamfusion_diffusers.bench.e2e_command import _baseline_layouts
 from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.commands.phases import PHASES
+from streamfusion_diffusers.runtime.phases import PHASES
 from streamfusion_diffusers.core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
 
 OURS = {"ours", "ours-no-vae-split", "ours-cfg"}

@@ -10,7 +10,7 @@ from torch.distributed import distributed_c10d as c10d
 from streamfusion_diffusers.bench import xdit
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer
 from streamfusion_diffusers.choice.workloads import parse_workload
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import passes
 from streamfusion_diffusers.core.mesh import GroupCache
 

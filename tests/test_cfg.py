@@ -15,7 +15,8 @@ from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
 from streamfusion_diffusers.commands import generate
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime import worker
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.config import cfg_shape
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.mesh import cfg_branches
@@ -217,7 +218,7 @@ def test_generate_cfg_parallel_records_two_branches(pool, tmp_path):
     job = generate.make_job(_args("--model", "tiny-cogvideox", "--cfg-parallel", "--steps", "2",
                                   "--output", str(tmp_path)))
     assert job.parallel.cfg == 2
-    run = pool.run(generate.run_rank, job)[0]
+    run = generate.write_outputs(job, pool.run(worker.generate, job)[0])
     # method auto (generate's default) chose each branch's layout on one of the 2 machines
     assert run["cfg"] == 2 and " 1x2" in run["layout"] and run["attention"][0]["why"], run
     assert json.loads((tmp_path / "run.json").read_text())["cfg"] == 2

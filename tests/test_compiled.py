@@ -15,7 +15,7 @@ from torch._dynamo.backends.registry import lookup_backend
 from torch.utils._pytree import tree_map_only
 
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.compiled import compile_blocks, repeated_blocks, uncompile_blocks
 from streamfusion_diffusers.models.build import build_transformer

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamfusion_diffusers.commands.spawn import free_port
+from streamfusion_diffusers.runtime.pool import free_port
 from streamfusion_diffusers.core.exactness import relative_error
 
 ROOT = Path(__file__).resolve().parents[1]

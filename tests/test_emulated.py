@@ -9,7 +9,7 @@ import torch.distributed as dist
 from sp_cases import Problem, check, context, uneven
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 LINK_GBPS = 0.05  # 50 MB/s: 2 MB take 40 ms, far above gloo's own time on loopback
 NBYTES = 2_000_000

@@ -22,6 +22,7 @@ from streamfusion_diffusers.choice.workloads import flux
 from streamfusion_diffusers.cli import main
 from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.core.extras import install_hint
+from streamfusion_diffusers.runtime import output
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -118,7 +119,6 @@ def test_a_video_model_writes_an_mp4_else_png_frames_said_once(tmp_path, monkeyp
     """The diffusers extra brings imageio-ffmpeg (a wheel with ffmpeg in it): video.mp4 by default; without it,
     PNG frames and one warning naming the extra."""
     import imageio.v2 as imageio
-    from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
     from PIL import Image
 
     if not encoder:
@@ -128,7 +128,7 @@ def test_a_video_model_writes_an_mp4_else_png_frames_said_once(tmp_path, monkeyp
     job = generate.make_job(parser.parse_args(["--model", "tiny-wan", "--height", "64", "--width", "96",
                                                "--output", str(tmp_path)]))
     frames = [Image.new("RGB", (96, 64), (8 * i, 100, 200)) for i in range(9)]
-    written = generate._write_output(job, WanPipelineOutput(frames=[frames]))
+    written = output.write(frames, job.spec.video, job.output)
     if encoder:
         assert written == [str(tmp_path / "video.mp4")] and not caplog.records
         video = imageio.mimread(written[0])
@@ -140,7 +140,7 @@ def test_a_video_model_writes_an_mp4_else_png_frames_said_once(tmp_path, monkeyp
 
 
 def _free_port() -> int:
-    from streamfusion_diffusers.commands.spawn import free_port
+    from streamfusion_diffusers.runtime.pool import free_port
 
     return free_port()
 

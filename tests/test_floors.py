@@ -22,6 +22,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "api": ("streamfusion_diffusers",),  # the package root: the public API, wired from the floors below
     "integrations": ("streamfusion_diffusers.diffusers", "streamfusion_diffusers.parallelize", "streamfusion_diffusers.xdit",
                      "streamfusion_diffusers.models"),
+    "runtime": ("streamfusion_diffusers.runtime",),
     "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.commands", "streamfusion_diffusers.cli",
                  "streamfusion_diffusers.xdit.__main__", "streamfusion_diffusers.bench", "streamfusion_diffusers.serve"),
 }

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from streamfusion_diffusers.commands import generate
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime import worker
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.models.build import build_pipeline
 from streamfusion_diffusers.models.full import encode_first
 
@@ -40,7 +41,8 @@ def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, mod
     guidance = ("--true-cfg-scale", "4") if model == "tiny-qwen-image" else ()
     job = generate.make_job(_args("--model", model, "--steps", "2", "--height", "64", "--width", "96",
                                   "--cfg-parallel", cfg, *guidance, "--output", str(tmp_path)))
-    records = pool.run(generate.run_rank, job)
+    answers = pool.run(worker.generate, job)
+    records = [generate.write_outputs(job, answers[0]), *answers[1:]]
     assert records[1:] == [None] * (WORLD - 1)
     run = json.loads((tmp_path / "run.json").read_text())
     assert run == records[0] and run["model"] == model and run["world_size"] == WORLD

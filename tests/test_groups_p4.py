@@ -16,7 +16,7 @@ import torch.distributed as dist
 from model_cases import TOL
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.models.build import build_pipeline
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from sp_cases import context
 
 from streamfusion_diffusers import ParallelConfig, sp_attention
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.mesh import Group
 from streamfusion_diffusers.kernels import dispatch
 

@@ -11,7 +11,7 @@ import torch
 from model_cases import FLUX_CASES
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.models.build import build_transformer
 
 WORLD = 4

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.config import METHODS
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
 from streamfusion_diffusers.core.sequence import split_sizes

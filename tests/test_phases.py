@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from streamfusion_diffusers.commands.phases import PHASES, PhaseTimer
+from streamfusion_diffusers.runtime.phases import PHASES, PhaseTimer
 from streamfusion_diffusers.models.build import build_pipeline
 
 

@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize
 from streamfusion_diffusers.commands import generate
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime import worker
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae.tiles import is_split
 from streamfusion_diffusers.models.build import build_pipeline
@@ -71,7 +72,8 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_generate_writes_the_image_and_run_json(pool, tmp_path):
     job = generate.make_job(_args("--steps", "3", "--output", str(tmp_path)))
     assert job.world_size == WORLD and job.parallel.method == "auto" and job.parallel.machines == 2
-    records = pool.run(generate.run_rank, job)
+    answers = pool.run(worker.generate, job)
+    records = [generate.write_outputs(job, answers[0]), *answers[1:]]
     assert records[1:] == [None] * (WORLD - 1)
     run = json.loads((tmp_path / "run.json").read_text())
     assert run == records[0]
@@ -86,7 +88,7 @@ def test_generate_writes_the_image_and_run_json(pool, tmp_path):
 def test_generate_video_writes_frames_or_a_video(pool, tmp_path):
     job = generate.make_job(_args("--model", "tiny-cogvideox", "--method", "usp", "--steps", "2",
                                   "--output", str(tmp_path)))
-    run = pool.run(generate.run_rank, job)[0]
+    run = generate.write_outputs(job, pool.run(worker.generate, job)[0])
     assert run["frames"] == 9 and run["layout"].startswith("usp")
     assert all(Path(p).is_file() for p in run["outputs"])
     assert len(run["outputs"]) in (1, 9)  # video.mp4, or one PNG per frame without an encoder

@@ -11,7 +11,7 @@ import pytest
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, METHODS, Case, check, expect_error, refuse_foreign_processors
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 WORLD = 4
 MESHES = [(2, 2), (1, 4), (4, 1)]

@@ -5,7 +5,7 @@ import pytest
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, METHODS, check
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 WORLD = 8
 CASES = {**{f"flux-{k}": v for k, v in FLUX_CASES.items()}, **{f"cogvideox-{k}": v for k, v in COGVIDEOX_CASES.items()}}

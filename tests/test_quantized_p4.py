@@ -10,7 +10,7 @@ from sp_cases import Problem, context, reference, run_rank
 
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.backends.quantized import CODECS, hadamard
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.kernels import attention_with_lse_reference
 

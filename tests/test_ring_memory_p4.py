@@ -11,7 +11,7 @@ import torch
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
 from streamfusion_diffusers.attention.faults import Exact
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 WORLD = 4
 

@@ -9,12 +9,12 @@ import time
 import pytest
 
 from streamfusion_diffusers.serve.errors import ApiError
-from streamfusion_diffusers.serve.validation import Params
+from streamfusion_diffusers.runtime.request import Request
 from streamfusion_diffusers.serve.work import Work, WorkQueue
 
 
 def _work(seed: int, deadline_s: float = 60.0) -> Work:
-    params = Params("a cat", None, 64, 64, 1, 2, seed, None)
+    params = Request("a cat", None, 64, 64, 1, 2, seed, None)
     return Work("image", params, deadline=time.monotonic() + deadline_s)
 
 

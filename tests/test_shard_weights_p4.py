@@ -17,7 +17,8 @@ from model_cases import FLUX_CASES
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
 from streamfusion_diffusers.commands import generate
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime import worker
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.sharded_weights import (CANNOT_UNDO, NOT_QUANTIZED, NOT_WITH_GRAPHS,
                                                                 full_weights, local_bytes)
@@ -230,7 +231,7 @@ def test_generate_with_sharded_weights_says_so(pool, tmp_path):
     job = generate.make_job(_args("--model", "tiny-wan", "--steps", "2", "--height", "64", "--width", "96",
                                   "--shard-weights", "--output", str(tmp_path)))
     assert job.shard_weights
-    pool.run(generate.run_rank, job)
+    generate.write_outputs(job, pool.run(worker.generate, job)[0])
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["shard_weights"] and run["sharded"] == ["transformer", "text_encoder"], run
 

@@ -14,8 +14,9 @@ import torch
 from stack_cases import MODEL, STACKS, compare, latents, make_lora, straddle
 
 from streamfusion_diffusers.commands import generate
+from streamfusion_diffusers.runtime import worker
 from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD, relative_error
 from streamfusion_diffusers.diffusers.stack import skips
 from streamfusion_diffusers.diffusers.stack.apply import apply_stack
@@ -98,7 +99,8 @@ def test_a_changed_diffusers_hook_fails_loudly(monkeypatch):
 def test_the_command_line_stack_runs_and_run_json_says_what_ran(pool, lora, tmp_path):
     job = generate.make_job(_args("--model", MODEL, "--steps", "2", "--cache", "first-block:0.2", "--lora",
                                   f"{lora}:0.8", "--quantize", "int8", "--output", str(tmp_path)))
-    records = pool.run(generate.run_rank, job)
+    answers = pool.run(worker.generate, job)
+    records = [generate.write_outputs(job, answers[0]), *answers[1:]]
     run = json.loads((tmp_path / "run.json").read_text())
     assert run == records[0], run
     assert run["stack"] == {"lora": [{"path": lora, "scale": 0.8}], "cache": "first-block:0.2",

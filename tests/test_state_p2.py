@@ -13,7 +13,7 @@ import torch
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
 from streamfusion_diffusers.backends.watch import Watchdog
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.context import context_of
 from streamfusion_diffusers.kernels import dispatch
 from streamfusion_diffusers.kernels.state import current, owned_by

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from sp_cases import context
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 WORLD = 3
 CONFIGS = [ParallelConfig(machines=1, gpus_per_machine=WORLD, method="ulysses"),

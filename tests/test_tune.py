@@ -17,7 +17,7 @@ from streamfusion_diffusers.choice.store import write_recipe
 from streamfusion_diffusers.choice.workloads import Workload
 from streamfusion_diffusers.bench import tune
 from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
 from streamfusion_diffusers.core.sequence import split_sizes
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from diffusers import AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2
 
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae.tiles import TileGrid, share, split_decode, split_vae_decode, unsplit_vae_decode
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLLTXVideo,
                        AutoencoderKLQwenImage, AutoencoderKLWan, AutoencoderTiny)
 
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae import decode_over_ranks
 from streamfusion_diffusers.diffusers.vae.bands import Bands, banded, parallel_decode, unsupported

@@ -7,7 +7,7 @@ from model_cases import Case
 from xdit_cases import restore_through_wrapper, run
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.xdit.__main__ import parse
 from streamfusion_diffusers.xdit.layout import XDiTJob, machines_of, parallel_config, refuse_unsupported
 

@@ -25,7 +25,7 @@ import torch
 
 from ..choice.costmodel import candidate_layouts
 from ..choice.workloads import MODELS, Workload, parse_workload, transformer_config, workload_specs
-from ..commands.spawn import DEFAULT_TIMEOUT_S, job_shape, run_job
+from ..runtime.pool import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..commands.timing import ITERS, SAMPLE_MS, WARMUP
 from ..commands.verify import DTYPES
 from ..core.config import METHODS, ParallelConfig, resolve_layout

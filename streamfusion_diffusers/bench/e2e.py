@@ -32,7 +32,7 @@ from diffusers import ContextParallelConfig
 from torch import Tensor
 
 from .. import ParallelConfig, init_parallel
-from ..commands.phases import PHASES, PhaseTimer
+from ..runtime.phases import PHASES, PhaseTimer
 from ..commands.timing import deadline
 from ..core.exactness import relative_error
 from ..diffusers.parallel_pipeline import parallelize, unparallelize

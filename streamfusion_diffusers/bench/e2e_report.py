@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..commands.phases import PHASES
+from ..runtime.phases import PHASES
 
 BASELINES = ("one-gpu", "diffusers-cp", "xfuser")
 SHORT = {"text_encoding": "text", "denoising": "denoise", "decode": "decode", "total": "total"}

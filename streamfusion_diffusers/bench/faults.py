@@ -102,7 +102,7 @@ class Outcome:
 
 
 def _local_rank(rank: int, world: int, port: int, fault: Fault, out_dir: str, reports: mp.Queue) -> None:
-    from ..commands.spawn import _init
+    from ..runtime.pool import _init
 
     _init(rank, world, port, "gloo", 300.0)  # start-up on a loaded machine may take longer than timeout_s
     try:
@@ -119,7 +119,7 @@ def _local_rank(rank: int, world: int, port: int, fault: Fault, out_dir: str, re
 def run_local_faults(faults: list[Fault], world: int, out_dir: Path, startup_s: float = 300.0) -> list[list[Outcome]]:
     """CPU jobs of `world` gloo processes, one per fault, all at once (they mostly wait); each job's survivors'
     outcomes, by rank (the victim is killed at the end if it still sleeps)."""
-    from ..commands.spawn import free_port
+    from ..runtime.pool import free_port
 
     ctx = mp.get_context("spawn")
     jobs = []

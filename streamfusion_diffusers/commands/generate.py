@@ -1,5 +1,5 @@
 """`streamfusion generate`: run a diffusers pipeline (Flux.1, Flux.2, Wan 2.2, Qwen-Image, CogVideoX)
-sequence-parallel and write its output and run.json (the options and their checks: job.py; the models and
+sequence-parallel and write its output and run.json (the options and their checks: runtime/job.py; the models and
 their pipelines: models/configs.py MODELS, models/pipelines/).
 
 With no arguments: a tiny Flux pipeline (random weights) with method "auto" (the recipe entry for the shape and
@@ -12,189 +12,29 @@ unless --cpu asks for them. Everything is checked before any process starts or a
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib.util
 import json
 import logging
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from .. import init_parallel
-from ..context import ParallelContext
-from ..core.extras import install_hint
 from ..core.join import launched
-from ..models.pipelines import family_of
-from .job import DTYPES, Job, add_arguments, make_job, real_size
-from .phases import PhaseTimer
-from .spawn import run_job
+from ..runtime import output, worker
+from ..runtime.job import DTYPES, Job, add_arguments, make_job, real_size
+from ..runtime.pool import run_job
 
 logger = logging.getLogger(__name__)
 
 
-def _write_output(job: Job, result: Any) -> list[str]:
-    out = Path(job.output)
-    out.mkdir(parents=True, exist_ok=True)
-    if not job.spec.video:
-        path = out / "image.png"
-        result.images[0].save(path)
-        return [str(path)]
-    frames = result.frames[0]
-    if importlib.util.find_spec("imageio_ffmpeg") is not None:
-        from diffusers.utils import export_to_video
-
-        return [export_to_video(frames, str(out / "video.mp4"), fps=8)]
-    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)",
-                   install_hint("diffusers"))
-    (out / "frames").mkdir(exist_ok=True)
-    paths = [out / "frames" / f"{i:03d}.png" for i in range(len(frames))]
-    for frame, path in zip(frames, paths):
-        frame.save(path)
-    return [str(p) for p in paths]
-
-
-def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
-    """The layout each attention shape ran and why: method "auto"'s recipe entry or cost-model prediction,
-    else the layout asked for."""
-    if ctx.config.method != "auto":
-        return [{"layout": str(ctx.layout(heads)), "kernel": ctx.config.kernel, "why": "asked for"}]
-    return [{"tokens": key[0], "joint_tokens": key[3], "heads": key[1], "head_dim": key[2], "layout": str(c.layout),
-             "kernel": c.kernel, "why": c.why} for key, c in ctx.chosen.items()]
-
-
-def _output_size(job: Job, result: Any) -> dict:
-    """The size the pipeline produced (what ran), as run.json records it."""
-    if not job.spec.video:
-        width, height = result.images[0].size
-        return {"height": height, "width": width}
-    frames = result.frames[0]
-    width, height = frames[0].size
-    return {"height": height, "width": width, "frames": len(frames)}
-
-
-@dataclass
-class Prepared:
-    """One rank's pipeline, built and parallelized once: `generate` calls it once, `serve` once per request."""
-
-    pipe: Any
-    ctx: ParallelContext
-    transformer: Any
-    device: torch.device
-    prompt: dict[str, Any]  # {"prompt": text}, or the job's prompt encoded before the transformer was built
-    stack: dict[str, Any]  # the cache, LoRAs and quantization that ran ({} for none)
-    build_s: float
-
-
-def prepare(job: Job) -> Prepared:
-    """Build the job's pipeline on this rank and parallelize it: the one place `generate` and `serve` do it."""
-    from diffusers.utils import logging as diffusers_logging  # diffusers is an extra: imported only to run
-
-    from ..models.build import build_pipeline, load_pipeline
-    from ..models.full import build_full_pipeline, encode_first
-    from ..diffusers.parallel_pipeline import parallelize
-    from ..diffusers.stack.apply import apply_stack
-
-    family = family_of(job.model)
-    rank = dist.get_rank()
-    if rank != 0:  # progress (loading, denoising) on rank 0 only
-        diffusers_logging.disable_progress_bar()
-    device = torch.device("cuda", torch.cuda.current_device()) if job.gpu else torch.device("cpu")
-    dtype = DTYPES[job.dtype]
-    ctx = init_parallel(job.parallel)
-    started = time.perf_counter()
-    prompt: dict[str, Any] = {"prompt": job.prompt}
-    # sharded weights (on more than one rank; on one they are a no-op): built (or loaded) in host memory, each
-    # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model
-    shards = job.shard_weights and job.world_size > 1
-    home = torch.device("cpu") if shards and real_size(job.model) else device
-    if job.weights:
-        pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=home)
-    elif real_size(job.model) and family.encode_first and not shards:  # encoder and transformer do
-        # not fit one GPU together
-        pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.seed, dtype=dtype,
-                                    device=device)
-        prompt = {"prompt_embeds": embeds}
-    else:
-        # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
-        build = build_full_pipeline if real_size(job.model) else build_pipeline
-        pipe = build(job.model, seed=job.seed, dtype=dtype, device=home)
-    stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
-    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights)
-    if home != device:  # what was not sharded (the VAE, small encoders); the shards are on the GPU already
-        for name, part in pipe.components.items():
-            if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
-                part.to(device)
-    pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
-    return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started)
-
-
-def call_kwargs(job: Job, prepared: Prepared) -> dict[str, Any]:
-    """The pipeline call for the job's prompt, size, steps and seed (a fresh seeded CPU generator per call, so
-    the same job gives the same pixels however often it runs); rank 0 decodes to PIL."""
-    rank = dist.get_rank()
-    prompt = prepared.prompt if "prompt_embeds" in prepared.prompt else {"prompt": job.prompt}
-    return dict(**prompt, height=job.height, width=job.width, num_inference_steps=job.steps,
-                generator=torch.Generator("cpu").manual_seed(job.seed),
-                output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent",
-                **family_of(job.model).call_kwargs(job.spec, job.frames, job.guidance_scale, job.true_cfg_scale,
-                                                   job.max_sequence_length))
-
-
-def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, generate_s: float,
-               build_s: float) -> dict:
-    """What ran (run.json, and `serve`'s answers): sizes, layout and why, backend, per-step and phase times."""
-    ctx = prepared.ctx
-    heads = prepared.transformer.config.num_attention_heads
-    return {
-        "model": job.model, "weights": job.weights or "random", "prompt": job.prompt,
-        "height": job.height, "width": job.width, "frames": job.frames if job.spec.video else None,
-        "output_size": _output_size(job, result),
-        "steps": job.steps, "guidance_scale": job.guidance_scale, "true_cfg_scale": job.true_cfg_scale,
-        "seed": job.seed, "dtype": job.dtype,
-        "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
-        "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
-        "vae_decode": prepared.transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded
-        "encoded_first": "prompt_embeds" in prepared.prompt,  # encoder freed before the transformer was built
-        "cuda_graph": job.cuda_graph,
-        "shard_weights": job.shard_weights,
-        "sharded": list(prepared.transformer._streamfusion.sharded),  # what FSDP2 sharded (none on one rank)
-        "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
-        "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
-        "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
-        "attention": _attention_record(ctx, heads),
-        "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
-        "generate_s": generate_s, "build_s": build_s,
-        "total_s": build_s + generate_s,
-        "peak_memory_gib": torch.cuda.max_memory_allocated(prepared.device) / 2**30 if job.gpu else None,  # rank 0's
-    }
-
-
-def no_autograd(job: Job) -> Any:
-    """How the pipeline call runs: inference_mode, or with sharded weights no_grad, as diffusers' pipelines run
-    (FSDP2 fails under inference_mode before torch 2.13)."""
-    return torch.no_grad() if job.shard_weights else torch.inference_mode()
-
-
-def run_rank(job: Job) -> dict | None:
-    """One rank's share of the job; rank 0 decodes, writes the output and returns the run record."""
-    prepared = prepare(job)
-    kwargs = call_kwargs(job, prepared)
-    phases = PhaseTimer(prepared.device)
-    built = time.perf_counter()
-    with no_autograd(job):
-        result = phases.call(prepared.pipe, **kwargs)
-    finished = phases.now()
-    if dist.get_rank() != 0:
-        return None
-    record = run_record(job, prepared, result, phases, finished - built, prepared.build_s)
-    record["outputs"] = _write_output(job, result)
+def write_outputs(job: Job, answer: dict) -> dict:
+    """The output files and run.json of the job's one generation; its record, with the files it wrote."""
+    record = answer["records"][0]
+    record["outputs"] = output.write(answer["pixels"][0], job.spec.video, job.output)
     (Path(job.output) / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -229,9 +69,10 @@ def main(args: argparse.Namespace) -> int:
               f"pipeline's build) comes first", flush=True)
     # no bound on the whole run: a rank that fails or dies ends it, and one that stalls makes its peers'
     # collectives fail after timeout_s
-    record = run_job(run_rank, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
+    answer = run_job(worker.generate, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
                      wait_s=math.inf)[0]
-    if record is not None:
+    if answer is not None:  # rank 0's (under a launcher, the other ranks return None)
+        record = write_outputs(job, answer)
         steps = record["step_latency_s"]
         mean_ms = 1e3 * sum(steps) / max(len(steps), 1)
         cfg = f"cfg {record['cfg']} x " if record["cfg"] > 1 else ""
@@ -250,5 +91,4 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Job", "Prepared", "add_arguments", "call_kwargs", "main", "make_job", "no_autograd", "prepare", "run_rank",
-           "run_record"]
+__all__ = ["add_arguments", "main", "write_outputs"]

@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException
 
 from .errors import ApiError
 from .service import Service, what_ran
-from .validation import FPS, parse_form, parse_json
+from ..runtime.output import FPS
+from .validation import parse_form, parse_json
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from ..commands.job import Job, add_arguments as add_job_arguments, cluster, make_job, real_size
+from ..runtime.job import Job, add_arguments as add_job_arguments, cluster, make_job, real_size
 from ..core.extras import install_hint
 from ..core.join import launched
 from ..models.pipelines import family_of

@@ -19,11 +19,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..commands.job import Job
+from ..runtime.group import Group, RankFailure, failure_status
+from ..runtime.job import Job
+from ..runtime.output import encode
+from ..runtime.request import Request
 from .errors import ApiError
-from .groups import Group, RankFailure, failure_status
 from .metrics import Metrics
-from .validation import Checker, Limits, Params
+from .validation import Checker, Limits
 from .videos import VideoJob, VideoStore
 from .work import Work, WorkQueue
 
@@ -53,6 +55,7 @@ class Service:
         self.failure: Exception | None = None  # why the first start failed (the command reports it)
         self.running = 0
         self._tasks: list[asyncio.Task] = []
+        self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
 
     # ---- the groups
@@ -118,20 +121,33 @@ class Service:
         try:
             result = await asyncio.to_thread(group.run, work.params, work.deadline - work.started)
         except Exception as err:  # noqa: BLE001 - RankFailure (the pool stopped its ranks), or the pool's own error
+            self.running -= 1
             summary = err.summary if isinstance(err, RankFailure) else f"{type(err).__name__}: {err}"
             status = failure_status(err) if isinstance(err, RankFailure) else 500
             work.fail(ApiError(status, f"the request failed on parallel group {group.index}: {summary}; the group "
                                        f"restarts", code="rank_failed"))
             await self._restart(group, summary)
             return
-        finally:
-            self.running -= 1
         if "late" in result:
+            self.running -= 1
             work.fail(ApiError(504, f"the request ran past --request-timeout {self.request_timeout_s:g} s and was "
                                     f"stopped after step {result['late']} of {result['steps']}", code="timeout"))
             return
         self.metrics.ran(result["records"], time.monotonic() - work.started)
-        work.finish(result)
+        self._encoding.add(task := asyncio.create_task(self._answer(work, result)))  # the group takes the next
+        task.add_done_callback(self._encoding.discard)
+
+    async def _answer(self, work: Work, result: dict[str, Any]) -> None:
+        """Encode a finished request's pixels (PNG or mp4) off the event loop and answer it; its group is free."""
+        video = self.job.spec.video
+        try:
+            outputs = await asyncio.to_thread(lambda: [encode(pixels, video) for pixels in result["pixels"]])
+            work.finish({"outputs": outputs, "records": result["records"]})
+        except Exception as err:  # noqa: BLE001 - an encoder failure fails this request only
+            logger.exception("encoding the answer failed")
+            work.fail(ApiError(500, f"encoding the answer failed: {type(err).__name__}", code="encode_failed"))
+        finally:
+            self.running -= 1
 
     async def _restart(self, group: Group, why: str) -> None:
         """Stop what is left of a group whose rank failed (in a thread: a stuck rank takes seconds to end, and the
@@ -145,7 +161,7 @@ class Service:
 
     # ---- requests
 
-    async def submit(self, kind: str, params: Params) -> Work:
+    async def submit(self, kind: str, params: Request) -> Work:
         """Queue a checked request (429 when full, 503 when draining or stopped)."""
         work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s)
         await self.queue.put(work)
@@ -164,7 +180,7 @@ class Service:
                 self.metrics.dropped += 1
                 raise ApiError(499, "the client closed the connection before the request started", code="dropped")
 
-    async def submit_video(self, params: Params) -> VideoJob:
+    async def submit_video(self, params: Request) -> VideoJob:
         work = await self.submit("video", params)
         job = self.videos.add(self.job.model, work)
         work.done.add_done_callback(lambda _: self._video_done(job))

@@ -1,13 +1,12 @@
 """Every field of a request, checked on the front before anything reaches the ranks.
 
-A request becomes `Params` (what the ranks run) or an `ApiError` whose message names the field and the allowed
+A request becomes `Request` (what the ranks run) or an `ApiError` whose message names the field and the allowed
 range; nothing in a request names a file path or code, and fields the endpoint does not take are refused (as
 OpenAI refuses them), so a typo never silently falls back to a default. Sizes must be the model's multiple
 (the pipeline would round others silently) and give at least one token per rank.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -18,11 +17,12 @@ from email.policy import HTTP
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..commands.job import Job
+from ..runtime.job import Job
+from ..runtime.output import FPS
+from ..runtime.request import Request
 from ..models.pipelines import FAMILIES
 from .errors import ApiError, bad
 
-FPS = 8  # frames per second of the served mp4, as `generate` writes it: `seconds` s is FPS x seconds + 1 frames
 SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 MAX_SEED = 2**63 - 1
 IMAGE_FIELDS = ("model", "prompt", "n", "size", "response_format", "output_format", "user", "negative_prompt",
@@ -40,31 +40,6 @@ class Limits:
     max_pixels: int
     max_frames: int
     max_prompt_chars: int
-
-
-@dataclass(frozen=True)
-class Params:
-    """One checked request: what every rank of a group runs (image i of n with seed + i)."""
-
-    prompt: str
-    negative_prompt: str | None
-    height: int
-    width: int
-    frames: int
-    steps: int
-    seed: int
-    guidance_scale: float | None
-    n: int = 1
-
-    def job(self, base: Job, index: int = 0) -> Job:
-        """The served job with this request's prompt, size, steps and seed (image `index`: seed + index)."""
-        return dataclasses.replace(base, prompt=self.prompt, height=self.height, width=self.width,
-                                   frames=self.frames, steps=self.steps, seed=self.seed + index,
-                                   guidance_scale=self.guidance_scale)
-
-    @property
-    def size(self) -> str:
-        return f"{self.width}x{self.height}"
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -207,7 +182,7 @@ class Checker:
             raise bad("size", f"size {width}x{height}: {tokens} image tokens, fewer than the {self.job.world_size} "
                               f"ranks of a parallel group; ask for a larger size")
 
-    def image(self, fields: dict[str, Any]) -> Params:
+    def image(self, fields: dict[str, Any]) -> Request:
         """POST /v1/images/generations."""
         if self.job.spec.video:
             raise bad("model", f"{self.job.model} makes videos: POST /v1/videos", "wrong_endpoint")
@@ -221,9 +196,9 @@ class Checker:
         _text(fields, "user", 256, required=False)
         n = _integer(fields, "n", 1, self.limits.max_n, 1, form=False)
         self._tokens(common["height"], common["width"], 1)
-        return Params(**common, frames=1, n=n)
+        return Request(**common, frames=1, n=n)
 
-    def video(self, fields: dict[str, Any], form: bool) -> Params:
+    def video(self, fields: dict[str, Any], form: bool) -> Request:
         """POST /v1/videos: `seconds` (FPS x seconds + 1 frames) or `num_frames` (the model's 4k + 1)."""
         if not self.job.spec.video:
             raise bad("model", f"{self.job.model} makes images: POST /v1/images/generations", "wrong_endpoint")
@@ -240,7 +215,7 @@ class Checker:
         if (frames - 1) % ratio:
             raise bad("num_frames", f"num_frames {frames}: must be {ratio}k + 1 (e.g. {(frames - 1) // ratio * ratio + 1})")
         self._tokens(common["height"], common["width"], frames)
-        return Params(**common, frames=frames)
+        return Request(**common, frames=frames)
 
 
-__all__ = ["FPS", "Checker", "Limits", "Params", "parse_form", "parse_json"]
+__all__ = ["Checker", "Limits", "Request", "parse_form", "parse_json"]

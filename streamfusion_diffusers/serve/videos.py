@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .validation import FPS
+from ..runtime.output import FPS
 from .work import Work
 
 

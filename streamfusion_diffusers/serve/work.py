@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ApiError
-from .validation import Params
+from ..runtime.request import Request
 
 
 @dataclass(eq=False)
@@ -24,7 +24,7 @@ class Work:
     """One accepted request, from arrival to answer (`done` holds the result or an ApiError)."""
 
     kind: str  # "image" or "video"
-    params: Params
+    params: Request
     deadline: float  # time.monotonic() past which it is answered 504
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None

@@ -1,8 +1,9 @@
 """Local multi-process jobs on one machine: gloo on the CPU, NCCL with one GPU per process.
 
 `run_job` runs a command's work on every rank: it joins the launcher's job under torchrun, else spawns local
-ranks (`run_local`). `ProcessPool` keeps the same ranks and process group alive across many calls, so a test
-module pays the start-up cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out of
+ranks (`run_local`). `ProcessPool` keeps the same ranks and process group alive across many calls: a served
+job's group builds its pipeline once and runs every request on it (group.py), and a test module pays the start-up
+cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out of
 memory, exited) or raises ends the whole job within seconds, naming the rank and the cause, and its peers are
 stopped; a rank that stalls ends it when its peers' collectives give up (`timeout_s`); ranks whose parent
 dies exit too. While a function runs, a rank may `note` its progress; the pool keeps the latest (`last_note`).

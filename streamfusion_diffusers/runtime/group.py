@@ -1,11 +1,11 @@
 """The parallel groups: each a pool of rank processes with the pipeline built on them, and its supervision.
 
 `--replicas R` splits the P ranks into R groups of P / R. Each group is its own job (its own process group,
-a `ProcessPool` from commands/spawn.py) rather than one slice of a shared world (`init_parallel(worlds=...)`):
+a `ProcessPool`, pool.py) rather than one slice of a shared world (`init_parallel(worlds=...)`):
 a rank that dies then takes down only its own group, which is restarted and rebuilt while the others keep
 serving, and a group runs exactly what `generate` runs on P / R ranks. The pool sees a rank end within its poll
 (0.5 s) and a stalled one at the request's hard deadline, stops the group's other ranks, and raises; the
-supervisor (service.py) answers the request with 5xx and calls `start` again.
+supervisor (serve/service.py) answers the request with 5xx and calls `start` again.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import logging
 import math
 from typing import Any
 
-from ..commands.job import Job
-from ..commands.spawn import ProcessPool, RankFailure
-from . import ranks
-from .validation import Params
+from . import worker
+from .job import Job
+from .pool import ProcessPool, RankFailure
+from .request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +39,15 @@ class Group:
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices else None
         self.pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
                                 timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env)
-        self.info = self.pool.run(ranks.build, self.job)[0]
+        self.info = self.pool.run(worker.build, self.job)[0]
         self.state = "ready"
         return self.info
 
-    def run(self, params: Params, deadline_s: float) -> dict[str, Any]:
+    def run(self, request: Request, deadline_s: float) -> dict[str, Any]:
         """One request on every rank (blocking). Raises RankFailure (the pool already stopped) when a rank died,
         failed, or did not stop within HARD_GRACE_S past the deadline."""
         assert self.pool is not None
-        return self.pool.run_within(deadline_s + HARD_GRACE_S, ranks.serve, params, deadline_s)[0]
+        return self.pool.run_within(deadline_s + HARD_GRACE_S, worker.run, request, deadline_s)[0]
 
     @property
     def progress(self) -> tuple[int, int] | None:

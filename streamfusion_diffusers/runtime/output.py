@@ -1,0 +1,62 @@
+"""What a generation's pixels become: PNG or mp4 bytes (what `serve` answers) and files (what `generate` writes),
+encoded off the ranks, so a group's GPUs go on to the next request while its last result is encoded."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..core.extras import install_hint
+
+logger = logging.getLogger(__name__)
+
+FPS = 8  # frames per second of every mp4 written or served: `seconds` s of video is FPS x seconds + 1 frames
+
+
+def png(image: Any) -> bytes:
+    """A PIL image as PNG bytes (what `generate`'s image.png holds)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def mp4(frames: list) -> bytes:
+    """PIL frames as mp4 bytes (what `generate`'s video.mp4 holds)."""
+    from diffusers.utils import export_to_video
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = export_to_video(frames, os.path.join(folder, "video.mp4"), fps=FPS)
+        return Path(path).read_bytes()
+
+
+def encode(pixels: Any, video: bool) -> bytes:
+    """One generation's pixels (a PIL image, or a video's PIL frames) as the bytes `serve` answers."""
+    return mp4(pixels) if video else png(pixels)
+
+
+def write(pixels: Any, video: bool, folder: str) -> list[str]:
+    """One generation's pixels as files in `folder`: image.png, else video.mp4 (PNG frames without an encoder)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    if not video:
+        path = out / "image.png"
+        pixels.save(path)
+        return [str(path)]
+    if importlib.util.find_spec("imageio_ffmpeg") is not None:
+        path = out / "video.mp4"
+        path.write_bytes(mp4(pixels))
+        return [str(path)]
+    logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)",
+                   install_hint("diffusers"))
+    (out / "frames").mkdir(exist_ok=True)
+    paths = [out / "frames" / f"{i:03d}.png" for i in range(len(pixels))]
+    for frame, path in zip(pixels, paths):
+        frame.save(path)
+    return [str(p) for p in paths]
+
+
+__all__ = ["FPS", "encode", "mp4", "png", "write"]

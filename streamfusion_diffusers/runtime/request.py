@@ -1,0 +1,41 @@
+"""One request to a job's ranks: what a generation asks for beyond the job it runs on."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .job import Job
+
+
+@dataclass(frozen=True)
+class Request:
+    """What every rank of a group runs: `n` generations (image i with seed + i) of one prompt and size."""
+
+    prompt: str
+    negative_prompt: str | None
+    height: int
+    width: int
+    frames: int
+    steps: int
+    seed: int
+    guidance_scale: float | None
+    n: int = 1
+
+    @classmethod
+    def of(cls, job: Job) -> Request:
+        """The job's own generation as a request (what `generate` runs)."""
+        return cls(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
+                   steps=job.steps, seed=job.seed, guidance_scale=job.guidance_scale)
+
+    def job(self, base: Job, index: int = 0) -> Job:
+        """The job with this request's prompt, size, steps and seed (generation `index`: seed + index)."""
+        return dataclasses.replace(base, prompt=self.prompt, height=self.height, width=self.width,
+                                   frames=self.frames, steps=self.steps, seed=self.seed + index,
+                                   guidance_scale=self.guidance_scale)
+
+    @property
+    def size(self) -> str:
+        return f"{self.width}x{self.height}"
+
+
+__all__ = ["Request"]
