@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..core.config import METHODS
-from ..diffusers.compiled import repeated_blocks, uncompile_blocks
+from ..diffusers.compiled import RECOMPILE_LIMIT, repeated_blocks, uncompile_blocks
 
 VARIANTS = ("eager", "cuda-graph", "compile")
 # the levels each variant means something at: a graph of the whole forward is not replayed by the block level,
@@ -76,6 +76,11 @@ def compiled(model: torch.nn.Module, variant: str) -> Iterator[None]:
     if variant != "compile":
         yield
         return
+    # each case compiles afresh: its shapes (its share of the tokens, the bound's or another layout's) are not
+    # the last case's, and a block's code would otherwise pile up recompiles across cases until dynamo's limit
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # raise with the guard's reason, never run on
     for block in repeated_blocks(model):
         block.compile(**COMPILE_OPTIONS)
     try:

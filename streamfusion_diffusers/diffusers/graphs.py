@@ -1,12 +1,15 @@
-"""CUDA-graph capture of a whole parallelized transformer forward, replayed every step (issue 11; DynaFlow's
-"the schedule as data"): one forward of Flux.1-dev launches thousands of kernels and collectives whose shapes
-depend only on the input shapes, so the host-side cost of a step (Python, launches, schedule bookkeeping)
-is paid once per shape and then replaced by one `graph.replay()`.
+"""CUDA-graph capture of a whole parallelized transformer forward, replayed every step (DynaFlow's "the schedule
+as data"): one forward of Flux.1-dev launches thousands of kernels and collectives whose shapes depend only on
+the input shapes, so the host-side cost of a step (Python, launches, schedule bookkeeping) is paid once per
+shape and then replaced by one `graph.replay()`.
 
 `capture(call)` is the one recipe (warm-up on a side stream, then `torch.cuda.graph`); `GraphedForward` is a
-diffusers hook, outermost on the transformer, that captures the forward once per input signature (tensor
-shapes, dtypes and devices plus every non-tensor argument) into static input buffers, and on later calls
-copies the inputs in, replays, and returns a copy of the static outputs (the next replay overwrites them).
+diffusers hook, outermost on the transformer, that runs the first call of each input signature (tensor shapes,
+dtypes and devices plus every non-tensor argument) eager (it makes the communicators, the kernel choices and
+the layout, and a generation of one step never pays for a capture), captures the second into static input
+buffers, and on later calls copies the inputs in, replays, and returns a copy of the static outputs (the next
+replay overwrites them). The graphs of a hook are a cache bounded in bytes: past its budget the least recently
+replayed graph is freed with its memory pool (a server that sees many sizes keeps the ones it uses).
 
 Transports: NCCL collectives are capturable once their communicators exist (the warm-up creates them).
 NVSHMEM is replay-safe as built: mailbox offsets restart at zero every layer (host counters, so the captured
@@ -19,8 +22,10 @@ captured again when that changed.
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,7 +39,11 @@ from ..context import ParallelContext
 logger = logging.getLogger(__name__)
 
 GRAPH_HOOK = "streamfusion_cuda_graph"
-WARMUP = 2  # eager runs on the side stream before capture: communicators, cuDNN plans and the allocator settle
+WARMUP = 1  # eager runs on the side stream before capture (after the first call's eager run on the compute
+# stream): cuBLAS workspaces, cuDNN plans and the allocator settle
+BUDGET_SHARE = 0.5  # the graphs' default budget: this share of the GPU memory free at the first capture
+MIN_REPLAYS = 2  # a capture (one eager warm-up and the capture itself, about two forwards) pays only when at least
+# this many replays follow the one that captured
 NO_GPU = "cuda_graph needs a GPU (an NCCL process group and a CUDA model); drop --cuda-graph / cuda_graph=True"
 
 
@@ -77,6 +86,27 @@ class _Captured:
     inputs: list[Tensor]  # static buffers, in the order of the call's tensor leaves
     output: Any
     epoch: tuple[int, int] | None
+    bytes: int  # GPU memory the capture reserved (its pool and static tensors)
+
+
+@dataclass
+class GraphStats:
+    """What the graphs did (run.json's `cuda_graph`): calls run eager (the first of each shape), captures and
+    their seconds, replays, graphs freed for the budget, and the bytes held now."""
+
+    eager_calls: int = 0
+    captures: int = 0
+    capture_s: float = 0.0
+    replays: int = 0
+    evicted: int = 0
+    held_bytes: int = 0
+    budget_bytes: int | None = None
+    seen: set = field(default_factory=set, repr=False)  # signatures run once eager
+
+    def record(self) -> dict[str, Any]:
+        return {"eager_calls": self.eager_calls, "captures": self.captures, "capture_s": self.capture_s,
+                "replays": self.replays, "evicted": self.evicted, "held_gib": self.held_bytes / 2**30,
+                "budget_gib": None if self.budget_bytes is None else self.budget_bytes / 2**30}
 
 
 def _signature(leaves: list[Any]) -> tuple:
@@ -90,39 +120,109 @@ def _signature(leaves: list[Any]) -> tuple:
     return tuple(key)
 
 
-class GraphedForward(ModelHook):
-    """Replays the transformer forward (with the sharding hooks inside it) from CUDA graphs, one per shape."""
+def graph_hooks(target: Any) -> list[GraphedForward]:
+    """The graph hooks of a pipeline's transformers (none where graphs are off)."""
+    found = []
+    for name in ("transformer", "transformer_2"):
+        registry = getattr(getattr(target, name, None), "_diffusers_hook", None)
+        hook = registry.get_hook(GRAPH_HOOK) if registry is not None else None
+        if hook is not None:
+            found.append(hook)
+    return found
 
-    def __init__(self, ctx: ParallelContext):
+
+def set_horizon(target: Any, calls: int | None) -> None:
+    """Tell the graph hooks how many forward calls the coming generation makes (its steps; None: unbounded),
+    so that a generation too short to pay for a capture runs eager."""
+    for hook in graph_hooks(target):
+        hook.horizon = calls
+
+
+def _agreed(held: int, budget: int, ctx: ParallelContext) -> tuple[int, int]:
+    """(the largest `held`, the smallest `budget`) over the ranks that run this forward together."""
+    values = torch.tensor([held, -budget], dtype=torch.int64, device="cuda")
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=ctx.pipeline_group.pg)
+    return int(values[0]), -int(values[1])
+
+
+class GraphedForward(ModelHook):
+    """Replays the transformer forward (with the sharding hooks inside it) from CUDA graphs, one per shape,
+    captured at a shape's second call; at most `budget_bytes` of them held (default: BUDGET_SHARE of the GPU
+    memory free at the first capture), the least recently used freed first."""
+
+    def __init__(self, ctx: ParallelContext, budget_bytes: int | None = None):
         super().__init__()
         self.ctx = ctx
-        self.graphs: dict[tuple, _Captured] = {}
+        self.graphs: OrderedDict[tuple, _Captured] = OrderedDict()  # least recently replayed first
+        self.stats = GraphStats(budget_bytes=budget_bytes)
+        self.horizon: int | None = None  # calls left in this generation (None: unbounded, as a server's)
+
+    def _pays(self) -> bool:
+        """Whether a capture now is followed by enough replays to pay for it."""
+        return self.horizon is None or self.horizon - 1 >= MIN_REPLAYS
 
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._forward(*args, **kwargs)
+        finally:
+            if self.horizon is not None:
+                self.horizon -= 1
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
         key = (spec, _signature(leaves))
         captured = self.graphs.get(key)
         if captured is not None and captured.epoch != transport_epoch(self.ctx):
-            del self.graphs[key]  # the NVSHMEM mailbox moved (a larger shape made it grow): capture again
+            self._free(key)  # the NVSHMEM mailbox moved (a larger shape made it grow): capture again
             captured = None
         if captured is None:
-            captured = self.graphs[key] = self._capture(leaves, spec)
+            if key not in self.stats.seen or not self._pays():  # a shape's first call runs eager
+                self.stats.seen.add(key)
+                self.stats.eager_calls += 1
+                return self.fn_ref.original_forward(*args, **kwargs)
+            captured = self._capture(key, leaves, spec)
+        self.graphs.move_to_end(key)
         for static, value in zip(captured.inputs, (x for x in leaves if isinstance(x, Tensor))):
             static.copy_(value)
         captured.graph.replay()
+        self.stats.replays += 1
         self.ctx.transport.watchdog.watch_stream("the CUDA graph replay of the transformer forward",
                                                  self.ctx.config.timeout_s)  # bounded
         return tree_map_only(Tensor, torch.clone, captured.output)
 
-    def _capture(self, leaves: list[Any], spec: Any) -> _Captured:
+    def _capture(self, key: tuple, leaves: list[Any], spec: Any) -> _Captured:
         forward = self.fn_ref.original_forward  # the sharding hooks and the transformer's own forward
         static = [x.clone() if isinstance(x, Tensor) else x for x in leaves]
         args, kwargs = tree_unflatten(static, spec)
         if self.ctx.global_rank == 0:
             logger.info("streamfusion: capturing the transformer forward in a CUDA graph (%d-th shape)",
-                        len(self.graphs) + 1)
+                        self.stats.captures + 1)
+        budget = self.stats.budget_bytes
+        if budget is None:
+            budget = int(BUDGET_SHARE * torch.cuda.mem_get_info()[0])
+        reserved = torch.cuda.memory_reserved()
+        started = time.perf_counter()
         graph, output = capture(lambda: forward(*args, **kwargs))
-        return _Captured(graph, [x for x in static if isinstance(x, Tensor)], output, transport_epoch(self.ctx))
+        self.stats.capture_s += time.perf_counter() - started
+        self.stats.captures += 1
+        # the ranks agree on the bytes and the budget (the largest graph, the smallest budget), so that every
+        # rank frees the same graphs: a rank that replayed where its peers captured would deadlock them
+        held, budget = _agreed(max(torch.cuda.memory_reserved() - reserved, 0), budget, self.ctx)
+        self.stats.budget_bytes = budget
+        captured = self.graphs[key] = _Captured(graph, [x for x in static if isinstance(x, Tensor)], output,
+                                                transport_epoch(self.ctx), held)
+        self.stats.held_bytes += held
+        while self.stats.held_bytes > budget and len(self.graphs) > 1:
+            self._free(next(iter(self.graphs)))
+            self.stats.evicted += 1
+        return captured
+
+    def _free(self, key: tuple) -> None:
+        """Free one graph and its memory pool."""
+        captured = self.graphs.pop(key)
+        self.stats.held_bytes -= captured.bytes
+        captured.graph.reset()
 
 
-__all__ = ["GRAPH_HOOK", "GraphedForward", "capture", "check_graphable", "transport_epoch"]
+__all__ = ["GRAPH_HOOK", "GraphStats", "GraphedForward", "capture", "check_graphable", "graph_hooks", "set_horizon",
+           "transport_epoch"]

@@ -56,6 +56,7 @@ def prepare(job: Job) -> Prepared:
 
     from ..models.build import build_pipeline, load_pipeline
     from ..models.full import build_full_pipeline, encode_first
+    from ..diffusers.compiled import compile_transformers
     from ..diffusers.parallel_pipeline import parallelize
     from ..diffusers.stack.apply import apply_stack
 
@@ -89,6 +90,8 @@ def prepare(job: Job) -> Prepared:
         for name, part in pipe.components.items():
             if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
                 part.to(device)
+    if job.compile:
+        compile_transformers(pipe)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started)
 
@@ -120,7 +123,8 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
         "vae_decode": prepared.transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded
         "encoded_first": "prompt_embeds" in prepared.prompt,  # encoder freed before the transformer was built
-        "cuda_graph": job.cuda_graph,
+        "cuda_graph": {"on": job.cuda_graph, "why": job.graph_why, **graph_record(prepared.pipe)},
+        "compile": job.compile,
         "shard_weights": job.shard_weights,
         "sharded": list(prepared.transformer._streamfusion.sharded),  # what FSDP2 sharded (none on one rank)
         "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
@@ -134,10 +138,21 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
     }
 
 
+def graph_record(pipe: Any) -> dict[str, Any]:
+    """What the CUDA graphs of this process did so far (summed over a pipeline's transformers; {} when off)."""
+    from ..diffusers.graphs import graph_hooks
+
+    hooks = graph_hooks(pipe)
+    if not hooks:
+        return {}
+    records = [hook.stats.record() for hook in hooks]
+    return {key: sum(r[key] for r in records) if key != "budget_gib" else records[0][key] for key in records[0]}
+
+
 def no_autograd(job: Job) -> Any:
     """How the pipeline call runs: inference_mode, or with sharded weights no_grad, as diffusers' pipelines run
     (FSDP2 fails under inference_mode before torch 2.13)."""
     return torch.no_grad() if job.shard_weights else torch.inference_mode()
 
 
-__all__ = ["Prepared", "call_kwargs", "no_autograd", "prepare", "run_record"]
+__all__ = ["Prepared", "call_kwargs", "graph_record", "no_autograd", "prepare", "run_record"]

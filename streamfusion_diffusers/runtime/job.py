@@ -84,8 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "exact (the VAEs of Flux.1, Flux.2, CogVideoX, Wan 2.x, Qwen-Image), else diffusers' "
                              "tiles shared out, else rank 0 decodes for all (run.json's vae_decode says which); "
                              "--no-vae-split decodes untiled on rank 0 only")
-    parser.add_argument("--cuda-graph", action="store_true",
-                        help="capture the whole transformer forward in a CUDA graph once, replay it every step (GPU)")
+    parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="replay the transformer forward from a CUDA graph, captured once per shape (default on "
+                             "GPUs, where it is exact: not with --cache or --shard-weights, which then run eager "
+                             "and say why; --no-cuda-graph runs every step eager)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the transformer's repeated blocks (fullgraph, diffusers' "
+                             "compile_repeated_blocks), replayed from the CUDA graph where graphs are on")
     parser.add_argument("--shard-weights", action="store_true",
                         help="every rank holds 1/P of the transformer's and text encoders' weights (torch FSDP2), "
                              "each block gathered just before it runs: the same output in less memory per GPU "
@@ -124,7 +129,9 @@ class Job:
     gpu: bool
     output: str
     vae_split: bool = True
-    cuda_graph: bool = False
+    cuda_graph: bool = False  # replay the forward from CUDA graphs (resolved: on by default on GPUs)
+    graph_why: str = "not asked for"  # why graphs are on or off (run.json says it)
+    compile: bool = False
     shard_weights: bool = False
     stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
 
@@ -212,6 +219,33 @@ def given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
+    """Whether the forward replays from CUDA graphs, and why: on by default on GPUs wherever a replay is exact;
+    asked for where it cannot be, one line that names the fix."""
+    blockers = []  # (why the default runs eager, the refusal when --cuda-graph asks anyway)
+    if args.shard_weights:
+        why = "FSDP2 gathers and frees each block's weights every forward, which a captured graph cannot replay"
+        blockers.append((f"--shard-weights: {why}", f"--shard-weights does not compose with --cuda-graph ({why}): "
+                                                     f"drop one"))
+    if args.cache:
+        why = f"--cache {args.cache} decides per step what to run, which a CUDA graph replays unchanged"
+        blockers.append((why, f"{why}; drop --cuda-graph or --cache"))
+    if args.cuda_graph:
+        if blockers:
+            raise ValueError(blockers[0][1])
+        if not gpu:
+            from ..diffusers.graphs import NO_GPU
+            raise ValueError(NO_GPU)
+        return True, "asked for"
+    if args.cuda_graph is False:
+        return False, "--no-cuda-graph"
+    if not gpu:
+        return False, "no GPU (CUDA graphs need one)"
+    if blockers:
+        return False, f"eager: {blockers[0][0]}"
+    return True, "the default on GPUs"
+
+
 def make_job(args: argparse.Namespace) -> Job:
     """Resolve defaults and check the layout against the model, before any process starts."""
     if importlib.util.find_spec("diffusers") is None:
@@ -244,23 +278,16 @@ def make_job(args: argparse.Namespace) -> Job:
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
-    if args.cuda_graph and args.shard_weights:
-        raise ValueError("--shard-weights does not compose with --cuda-graph (FSDP2 gathers and frees each block's "
-                         "weights every forward, which a captured graph cannot replay): drop one")
     if args.quantize and args.shard_weights:
         raise ValueError("--shard-weights does not compose with --quantize (torchao's quantized weights, which FSDP2 "
                          "cannot split): drop one")
-    if args.cuda_graph and args.cache:
-        raise ValueError(f"--cache {args.cache} decides per step what to run, which a CUDA graph replays unchanged; "
-                         f"drop --cuda-graph or --cache")
-    if args.cuda_graph and not gpu:
-        from ..diffusers.graphs import NO_GPU
-        raise ValueError(NO_GPU)
+    cuda_graph, graph_why = graph_choice(args, gpu)
     steps = given(args.steps, spec.steps)
     stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
-               gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=args.cuda_graph,
+               gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
+               compile=args.compile,
                shard_weights=args.shard_weights, stack=stack)

@@ -23,7 +23,8 @@ from .phases import PhaseTimer
 from .pool import note
 from .request import Request
 
-WARMUP_STEPS = 2  # the warm-up generation's steps: enough to choose the layout and make every lazy first call
+WARMUP_STEPS = 2  # the warm-up generation's steps: the layout chosen and every lazy first call made at the first,
+# the default size's CUDA graph captured at the second
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Served:
     job: Job
     prepared: Prepared
     side: Any  # a gloo process group of the group's ranks (None on one rank, and for one generation)
+    serving: bool  # many requests (graphs captured for every shape) or one generation (where a capture pays)
 
 
 # The pipeline this rank process serves: built once by `build`, used by every request, and gone with the process
@@ -57,7 +59,7 @@ def build(job: Job, serving: bool = True) -> dict | None:
     if serving:
         prepared.pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server's log
     side = dist.new_group(backend="gloo") if serving and dist.get_world_size() > 1 else None
-    _SERVED = Served(job, prepared, side)
+    _SERVED = Served(job, prepared, side, serving)
     started = time.perf_counter()
     record = None
     if serving:
@@ -99,6 +101,10 @@ def _generate(served: Served, request: Request, index: int, deadline: float,
     phases = PhaseTimer(served.prepared.device)
     started = time.perf_counter()
     pipe = served.prepared.pipe
+    if job.cuda_graph:
+        from ..diffusers.graphs import set_horizon  # diffusers is an extra: imported only to run
+
+        set_horizon(pipe, None if served.serving else job.steps)
     try:
         with no_autograd(job):
             result = phases.call(pipe, callback_on_step_end=_step_end(served, deadline, job.steps), **kwargs)
