@@ -114,6 +114,8 @@ class Checker:
                        "missing_required_parameter")
         low, high = self.ranges.get(name, (None, None))
         span = f" from {_number(low)} to {_number(high)}" if low is not None else ""
+        if name == "size":
+            span = f" \"WIDTHxHEIGHT\" in pixels (e.g. \"{self.job.width}x{self.job.height}\") or \"auto\""
         wanted = {"string_type": "a string", "int_type": "an integer", "int_from_float": "an integer",
                   "int_parsing": "an integer", "float_type": "a number", "float_parsing": "a number",
                   "finite_number": "a finite number", "bool_type": "true or false", "bool_parsing": "true or false"}
