@@ -62,6 +62,12 @@ class Server:
                 pass
         return found
 
+    def rank_pids(self) -> list[int]:
+        """The ranks now running, in rank order (started in that order; /health shows no pids)."""
+        children = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                    if "spawn_main" in " ".join(p.cmdline())]
+        return [p.pid for p in sorted(children, key=lambda p: (p.create_time(), p.pid))]
+
     def left(self) -> list[int]:
         """Processes of this server (it or its ranks, now or started since) still running."""
         pids = set(self.family)

@@ -48,6 +48,8 @@ LEFT_OUT = {  # how a command starts -> why it is not run here
     "streamfusion tune --merge-from": "merges a device run's output",
     "streamfusion serve": "a server that runs until stopped: tests/test_serve*.py start it and talk to it",
     "curl": "talks to a running server: tests/test_serve.py sends these requests",
+    "until curl": "waits for a running server: tests/serve_cases.py waits for its ready line",
+    "kill %1": "stops the server the block started: tests/test_serve_faults.py sends SIGTERM",
 }
 
 

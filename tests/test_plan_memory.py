@@ -48,3 +48,11 @@ def test_sharding_divides_the_held_weights_and_fits_smaller_gpus(capsys):
                            "--json")) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["sharded"] for r in rows] == [False, True] and rows[1]["peak"] == pytest.approx(sharded.peak)
+
+
+def test_plan_and_plan_memory_need_no_machines(capsys):
+    """One machine unless --machines says otherwise: `plan --model flux-dev` and `plan --memory` as typed."""
+    assert plan.main(_args("--model", "flux-dev")) == 0
+    assert "on 1 x 8 GPUs" in capsys.readouterr().out
+    assert plan.main(_args("--memory")) == 0
+    assert "on 1 x 8 GPUs" in capsys.readouterr().out

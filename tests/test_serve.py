@@ -24,12 +24,14 @@ KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "a lighthouse on a cliff at dawn"
 MAX_QUEUE = 3
+PAGES = "http://pages.example:3000"  # the one --allow-origin
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
 def server():
     with Server("--model", "tiny-flux", "--api-key", KEY, "--max-queue", str(MAX_QUEUE), "--max-n", "2",
-                "--max-steps", "400", "--request-timeout", "8") as s:
+                "--max-steps", "400", "--request-timeout", "8", "--allow-origin", PAGES) as s:
         yield s
 
 
@@ -47,6 +49,7 @@ def test_ready_line_and_health(server):
     health = httpx.get(server.url + "/health")
     assert health.status_code == 200
     assert health.json()["status"] == "ready" and health.json()["groups"][0]["ranks"] == 4
+    assert "pids" not in health.json()["groups"][0]  # no key needed for /health: it says nothing of processes
     assert httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["id"] == "tiny-flux"
 
 
@@ -108,6 +111,10 @@ BAD = [  # (body, status, param, words the message must hold)
     ({"prompt": "a", "negative_prompt": "blurry"}, 400, "negative_prompt", "guidance"),
     ({"prompt": "a", "response_format": "url"}, 400, "response_format", "b64_json"),
     ({"prompt": "a", "output_format": "jpeg"}, 400, "output_format", "png"),
+    ({"prompt": "a", "quality": "ultra"}, 400, "quality", "'hd'"),
+    ({"prompt": "a", "background": "transparent"}, 400, "background", "opaque"),
+    ({"prompt": "a", "stream": True}, 400, "stream", "not streamed"),
+    ({"prompt": "a", "user": 7}, 400, "user", "must be a string"),
     ({"prompt": "a", "image_path": "/etc/passwd"}, 400, "image_path", "unknown field"),
     ({"prompt": "a", "num_frames": 9}, 400, "num_frames", "unknown field"),
 ]
@@ -117,12 +124,12 @@ def test_bad_requests_get_openai_errors_naming_the_field_and_the_server_stays_up
     with httpx.Client(base_url=server.url, headers=AUTH) as http:
         for body, status, param, words in BAD:
             content = body if isinstance(body, str) else json.dumps(body)
-            answer = http.post("/v1/images/generations", content=content)
+            answer = http.post("/v1/images/generations", content=content, headers=JSON)
             error = answer.json()["error"]
             assert answer.status_code == status, (body, answer.text)
             assert set(error) == {"message", "type", "param", "code"}, error
             assert error["param"] == param and words in error["message"], (body, error)
-        big = http.post("/v1/images/generations", content=b" " * (2 << 20))
+        big = http.post("/v1/images/generations", content=b" " * (2 << 20), headers=JSON)
         assert big.status_code == 413 and "1048576 bytes" in big.json()["error"]["message"]
         assert http.post("/v1/videos", json={"prompt": "a"}).json()["error"]["param"] == "model"
         assert http.get("/v1/nowhere").status_code == 404 and "error" in http.get("/v1/nowhere").json()
@@ -215,3 +222,74 @@ def test_the_page_generates_an_image_in_a_real_browser(server):
     assert width == 64
     assert "usp 2x2 U2R2" in status and "seed 5" in status
     assert ran["runs"][0]["seed"] == 5
+
+
+def test_openai_fields_clients_send_are_taken_and_the_ignored_ones_said(client):
+    answer = client.images.generate(model="tiny-flux", prompt=PROMPT, size="64x64", quality="hd", style="vivid",
+                                    user="someone", moderation="low", output_format="png", response_format="b64_json",
+                                    extra_body={"seed": 4, "num_inference_steps": 2})
+    assert png(answer.data[0].b64_json).shape == (64, 64, 3)
+    ignored = answer.model_extra["streamfusion"]["ignored"]
+    assert set(ignored) == {"quality", "style", "user", "moderation"}, ignored
+    assert "num_inference_steps" in ignored["quality"]
+
+
+def test_a_page_of_another_site_cannot_post_json_forms_or_text(server):
+    """What a page may send without asking first (a form, text/plain) is refused, so is its Origin; a Host that
+    is not loopback's (DNS rebinding) is refused before anything else."""
+    url = server.url + "/v1/images/generations"
+    body = json.dumps({"prompt": "a", "num_inference_steps": 1})
+    text = httpx.post(url, content=body, headers={**AUTH, "Content-Type": "text/plain"})
+    assert text.status_code == 415 and text.json()["error"]["code"] == "unsupported_media_type"
+    assert 'Content-Type: application/json' in text.json()["error"]["message"]
+    form = httpx.post(url, data={"prompt": "a"}, headers={**AUTH, "Origin": "http://evil.example"})
+    assert form.status_code == 403 and "--allow-origin http://evil.example" in form.json()["error"]["message"]
+    bare_form = httpx.post(url, data={"prompt": "a"}, headers=AUTH)  # no Origin (not a browser): still not JSON
+    assert bare_form.status_code == 415
+    videos = httpx.post(server.url + "/v1/videos", files={"prompt": (None, "a")},
+                        headers={**AUTH, "Origin": "http://evil.example"})
+    assert videos.status_code == 403
+    port = server.url.rsplit(":", 1)[1]
+    forged = httpx.get(server.url + "/health", headers={"Host": f"evil.example:{port}"})
+    assert forged.status_code == 421 and "loopback" in forged.json()["error"]["message"]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "[::1]", "LOCALHOST"):
+        assert httpx.get(server.url + "/health", headers={"Host": host}).status_code == 200, host
+    same = httpx.post(url, json={"prompt": "a", "num_inference_steps": 1, "seed": 1},
+                      headers={**AUTH, "Origin": server.url})  # the page at / posts from its own origin
+    assert same.status_code == 200
+
+
+def test_cors_preflight_is_answered_only_for_allowed_origins(server):
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+    allowed = httpx.options(server.url + "/v1/images/generations", headers={**ask, "Origin": PAGES})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == PAGES
+    assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+    other = httpx.options(server.url + "/v1/images/generations", headers={**ask, "Origin": "http://evil.example"})
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+    assert other.json()["error"]["code"] == "origin_not_allowed"
+    unauthorized = httpx.get(server.url + "/v1/models", headers={"Origin": PAGES})
+    assert unauthorized.status_code == 401 and unauthorized.headers["access-control-allow-origin"] == PAGES
+    ran = httpx.get(server.url + "/v1/models", headers={**AUTH, "Origin": PAGES})
+    assert ran.status_code == 200 and ran.headers["access-control-allow-origin"] == PAGES
+
+
+def test_every_answer_has_a_request_id_the_access_log_names(server):
+    given = httpx.get(server.url + "/v1/models", headers={**AUTH, "X-Request-Id": "client-7"})
+    assert given.headers["x-request-id"] == "client-7"
+    made = httpx.post(server.url + "/v1/images/generations", headers=AUTH,
+                      json={"prompt": "a", "size": "64x48", "num_inference_steps": 2, "seed": 2})
+    refused = httpx.get(server.url + "/v1/models")
+    assert refused.status_code == 401 and refused.headers["x-request-id"].startswith("req_")
+    request_id = made.headers["x-request-id"]
+    ends = time.monotonic() + 5
+    while request_id not in server.stderr and time.monotonic() < ends:
+        time.sleep(0.1)
+    line = next(x for x in server.stderr.splitlines() if request_id in x)
+    assert "POST /v1/images/generations 200 " in line and "size=64x48 steps=2" in line, line
+    assert "client-7 GET /v1/models 200" in server.stderr
+
+
+def test_the_bearer_scheme_is_matched_in_any_case(server):
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200
+    assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"Basic {KEY}"}).status_code == 401

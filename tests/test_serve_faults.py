@@ -39,7 +39,7 @@ def _wait_for_steps(url: str) -> None:
 
 def test_a_killed_rank_fails_its_request_within_seconds_then_the_group_is_rebuilt(server):
     answer: dict = {}
-    victim = httpx.get(server.url + "/health").json()["groups"][0]["pids"][2]
+    victim = server.rank_pids()[2]
     running = threading.Thread(target=_generate, args=(server.url, answer), kwargs={"num_inference_steps": 2000})
     running.start()
     _wait_for_steps(server.url)
@@ -56,7 +56,7 @@ def test_a_killed_rank_fails_its_request_within_seconds_then_the_group_is_rebuil
     while httpx.get(server.url + "/health").status_code != 200:
         assert time.monotonic() < ends, "the group was not rebuilt"
         time.sleep(0.5)
-    assert victim not in httpx.get(server.url + "/health").json()["groups"][0]["pids"]
+    assert victim not in server.rank_pids()
     after: dict = {}
     _generate(server.url, after, seed=1)
     assert after["status"] == 200
@@ -65,7 +65,7 @@ def test_a_killed_rank_fails_its_request_within_seconds_then_the_group_is_rebuil
 
 def test_a_rank_killed_between_requests_restarts_its_group_before_the_next_one(server):
     """No request is sent to a group with a dead rank: the supervisor sees the death while idle and rebuilds."""
-    victim = httpx.get(server.url + "/health").json()["groups"][0]["pids"][1]
+    victim = server.rank_pids()[1]
     os.kill(victim, signal.SIGKILL)
     ends = time.monotonic() + FAULT_S
     while httpx.get(server.url + "/health").status_code == 200:

@@ -25,7 +25,7 @@ from ..models import MODELS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--machines", type=int, required=True, help="machines N")
+    parser.add_argument("--machines", type=int, default=1, help="machines N (default 1)")
     parser.add_argument("--gpus-per-machine", type=int, default=8, help="GPUs per machine M (default 8)")
     parser.add_argument("--model", choices=sorted(MODELS), default="flux-dev", help="any model generate runs")
     parser.add_argument("--resolution", type=int, default=None,

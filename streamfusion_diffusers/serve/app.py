@@ -1,83 +1,189 @@
 """The HTTP routes (FastAPI): OpenAI's images and videos API, /v1/models, /health, /metrics and the page at `/`.
 
-Bodies are read and checked here (size cap, JSON or form, every field: validation.py) before anything is queued;
-every refusal has OpenAI's error shape. With an API key every /v1 route needs `Authorization: Bearer <key>`.
+Two ASGI layers stand in front of the routes. `Edge`, outermost: a request id on every answer (X-Request-Id),
+one access-log line and the metrics per request, the Host check when bound to loopback (DNS rebinding), the Origin
+check (a page of another site is refused unless `--allow-origin` names it; those get CORS through Starlette's
+middleware), and unexpected errors answered 500 with the request id only (the traceback goes to the log under
+that id). `V1Gate`, on /v1 routes: the API key, JSON only as application/json (multipart too where a route takes
+a form), the body size cap. Bodies are validated by protocol.py's pydantic models, checked against the server's
+limits by validation.py; every refusal has OpenAI's error shape.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
 import logging
+import re
+import secrets
 import time
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from pydantic import ValidationError
+from starlette.datastructures import Headers, UploadFile
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
-from .errors import ApiError
-from .service import Service, what_ran
 from ..runtime.output import FPS
-from .validation import parse_form, parse_json
+from .errors import ApiError
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import ImageData, ImageRequest, ImagesResponse, ModelCard, ModelList, VideoRequest
+from .service import Service, what_ran
 
 logger = logging.getLogger(__name__)
+access = logging.getLogger(__name__.rsplit(".", 1)[0] + ".access")
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")  # the Host names a server bound to loopback answers
+FORM_ROUTES = ("/v1/videos",)  # the routes that also take OpenAI's multipart form
+BODIES = {"/v1/images/generations": ImageRequest, "/v1/videos": VideoRequest}
+CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's own X-Request-Id, kept when it looks like one
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 past `limit` bytes (by its Content-Length, or as it arrives)."""
-    too_big = ApiError(413, f"the body is larger than {limit} bytes (--max-body-bytes)", code="body_too_large")
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise too_big
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_big
-    return bytes(body)
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers={**error.headers, **(headers or {})})
 
 
-class Guard:
-    """Every request: the API key on /v1 routes, then its status and latency into the metrics. Plain ASGI (not
-    Starlette's BaseHTTPMiddleware, which would hide a client's disconnect from the route that waits)."""
+def host_name(host: str) -> str:
+    """The name of a Host header without its port ("[::1]:8000" -> "[::1]")."""
+    host = host.strip().lower()
+    return host[:host.index("]") + 1] if host.startswith("[") and "]" in host else host.split(":")[0]
 
-    def __init__(self, app: Any, service: Service, api_key: str | None):
-        self.app, self.service = app, service
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+class Edge:
+    """Every request, outermost: its id, the Host and Origin checks, its log line and metrics, and any unexpected
+    error answered 500 with the id. Plain ASGI (not Starlette's BaseHTTPMiddleware, which would hide a client's
+    disconnect from the route that waits)."""
+
+    def __init__(self, app: Any, metrics: Metrics, loopback: bool, allow_origins: tuple[str, ...]):
+        self.app, self.metrics, self.loopback, self.allow_origins = app, metrics, loopback, allow_origins
+
+    def refusal(self, headers: Headers) -> ApiError | None:
+        host = headers.get("host")
+        if self.loopback and host is not None and host_name(host) not in LOOPBACK_NAMES:
+            return ApiError(421, f"Host {host[:80]!r}: this server listens on loopback and answers only "
+                                 f"{', '.join(LOOPBACK_NAMES)} (start it with --host to serve other names)",
+                            code="misdirected_request")
+        origin = headers.get("origin")
+        if origin is not None and origin not in self.allow_origins and urlsplit(origin).netloc != (host or "").lower():
+            return ApiError(403, f"a page of {origin[:80]} may not call this server: start it with --allow-origin "
+                                 f"{origin[:80]} to let pages from there call it", code="origin_not_allowed")
+        return None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.monotonic()
-        if self.expected is not None and scope["path"].startswith("/v1"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                error = ApiError(401, "missing or wrong API key: send the header Authorization: Bearer <key>",
-                                 code="invalid_api_key")
-                self.service.metrics.request("/v1 (unauthorized)", 401, time.monotonic() - started)
-                response = JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                return await response(scope, receive, send)
-        status = 500
+        headers = Headers(scope=scope)
+        given = headers.get("x-request-id", "")
+        request_id = given if CLIENT_ID.fullmatch(given) else f"req_{secrets.token_hex(8)}"
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        status, size = 0, 0
 
         async def sending(message: dict) -> None:
-            nonlocal status
+            nonlocal status, size
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-request-id", request_id.encode())]}
+            elif message["type"] == "http.response.body":
+                size += len(message.get("body", b""))
             await send(message)
 
         try:
-            await self.app(scope, receive, sending)
+            refused = self.refusal(headers)
+            if refused is not None:
+                scope["route_label"] = "refused"
+                await error_response(refused)(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        except asyncio.CancelledError:  # the server stops at once (a second signal): say so in OpenAI's shape
+            if not status:
+                await error_response(ApiError(503, "the server stopped before the request finished",
+                                              code="unavailable"))(scope, receive, sending)
+            raise
+        except Exception:  # noqa: BLE001 - any error of ours: the details go to the log, the client gets the id
+            logger.exception("request %s failed", request_id)
+            if not status:
+                error = ApiError(500, f"internal error; the server log has its details under request id "
+                                      f"{request_id}", code="internal_error")
+                await error_response(error)(scope, receive, sending)
         finally:
-            route = getattr(scope.get("route"), "path", "other")
-            self.service.metrics.request(route, status, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            route = scope.get("route_label") or getattr(scope.get("route"), "path", "other")
+            self.metrics.request(route, status or 500, seconds)
+            did = state.get("did")
+            access.info("%s %s %s %d %.3fs %dB%s", request_id, scope["method"], scope["path"], status or 500,
+                        seconds, size, f" {did}" if did else "")
 
 
-def make_app(service: Service, api_key: str | None, max_body_bytes: int) -> FastAPI:
+class V1Gate:
+    """/v1 routes: the API key (`Authorization: Bearer <key>`, the scheme in any case), the body's Content-Type
+    (JSON only as application/json: a page of another site can send a form or text/plain without asking first,
+    never application/json), and the body size cap (by Content-Length, or as the body arrives)."""
+
+    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
+        self.app, self.key, self.limit = app, api_key, max_body_bytes
+
+    def authorized(self, header: str) -> bool:
+        scheme, _, token = header.strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key.encode())
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        if self.key is not None and not self.authorized(headers.get("authorization", "")):
+            scope["route_label"] = "/v1 (unauthorized)"
+            error = ApiError(401, "missing or wrong API key: send the header Authorization: Bearer <key>",
+                             code="invalid_api_key")
+            return await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            takes = ("application/json", "multipart/form-data") if scope["path"] in FORM_ROUTES else \
+                ("application/json",)
+            if media not in takes:
+                error = ApiError(415, f"Content-Type {media or 'none'!r}: {scope['path']} takes "
+                                      f"{' or '.join(takes)} (curl: -H \"Content-Type: application/json\")",
+                                 code="unsupported_media_type")
+                scope["route_label"] = "/v1 (refused)"
+                return await error_response(error)(scope, receive, send)
+            length = headers.get("content-length", "")
+            if length.isdigit() and int(length) > self.limit:
+                scope["route_label"] = "/v1 (refused)"
+                return await error_response(self.too_big())(scope, receive, send)
+            receive = self.capped(receive)
+        await self.app(scope, receive, send)
+
+    def too_big(self) -> ApiError:
+        return ApiError(413, f"the body is larger than {self.limit} bytes (--max-body-bytes)", code="body_too_large")
+
+    def capped(self, receive: Any) -> Any:
+        """`receive` that stops a body growing past the cap (one sent without Content-Length)."""
+        received = 0
+
+        async def receiving() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise HTTPException(413, self.too_big().message)  # FastAPI lets an HTTPException through as is
+            return message
+
+        return receiving
+
+
+def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopback: bool = True,
+             allow_origins: tuple[str, ...] = ()) -> FastAPI:
     """The app over a started-or-starting service (the lifespan starts it and closes it)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> Any:
@@ -86,24 +192,30 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int) -> Fast
         await service.close()
 
     app = FastAPI(title="streamfusion serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-
-    app.add_middleware(Guard, service=service, api_key=api_key)
+    # the last added is the outermost: Edge, then CORS for the allowed origins, then V1Gate (so a 401 to an
+    # allowed page carries CORS headers, and the page can read it)
+    app.add_middleware(V1Gate, api_key=api_key, max_body_bytes=max_body_bytes)
+    if allow_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allow_origins), allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+                           expose_headers=["X-Request-Id", "Retry-After"], max_age=600)
+    app.add_middleware(Edge, metrics=service.metrics, loopback=loopback, allow_origins=allow_origins)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        body = BODIES.get(request.url.path, ImageRequest)
+        return error_response(service.checker.refusal(err.errors(), tuple(body.model_fields)))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
         what = "no such route" if err.status_code == 404 else str(err.detail)
-        error = ApiError(err.status_code, f"{request.method} {request.url.path}: {what}", code="not_found"
-                         if err.status_code == 404 else "method_not_allowed")
-        return JSONResponse(error.body(), status_code=err.status_code)
-
-    @app.exception_handler(Exception)
-    async def server_error(_: Request, err: Exception) -> JSONResponse:
-        logger.exception("serve: unexpected error")
-        return JSONResponse(ApiError(500, f"internal error: {type(err).__name__}: {err}").body(), status_code=500)
+        return error_response(ApiError(err.status_code, f"{request.method} {request.url.path}: {what}",
+                                       code=codes.get(err.status_code, "invalid_request")))
 
     def taking() -> None:
         if service.draining:
@@ -124,42 +236,57 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int) -> Fast
         status, body = service.health()
         return JSONResponse(body, status_code=status)
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(service.render_metrics(), media_type="text/plain; version=0.0.4")
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.render_metrics(), media_type=CONTENT_TYPE)
 
-    def model_object() -> dict[str, Any]:
-        return {"id": service.job.model, "object": "model", "created": service.created, "owned_by": "streamfusion"}
+    def model_card() -> ModelCard:
+        return ModelCard(id=service.job.model, created=service.created)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_object()]}
+    async def models() -> ModelList:
+        return ModelList(data=[model_card()])
 
     @app.get("/v1/models/{model}")
-    async def model(model: str) -> dict[str, Any]:
+    async def model(model: str) -> ModelCard:
         if model != service.job.model:
             raise ApiError(404, f"model {model[:80]!r} is not served here: this server runs {service.job.model}",
                            param="model", code="model_not_found")
-        return model_object()
+        return model_card()
 
     @app.post("/v1/images/generations")
-    async def images(request: Request) -> dict[str, Any]:
+    async def images(body: ImageRequest, request: Request) -> ImagesResponse:
         taking()
-        params = service.checker.image(parse_json(await read_body(request, max_body_bytes)))
+        params = service.checker.image(body)
+        request.state.did = f"size={params.size} steps={params.steps} n={params.n}"
         work = await service.submit("image", params)
         result = await service.wait(work, request.is_disconnected)
-        return {"created": int(time.time()),
-                "data": [{"b64_json": base64.b64encode(png).decode()} for png in result["outputs"]],
-                "streamfusion": what_ran(work, result)}
+        extra = what_ran(work, result)
+        if ignored := body.ignored():
+            extra["ignored"] = ignored
+        return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=extra,
+                              data=[ImageData(b64_json=base64.b64encode(png).decode()) for png in result["outputs"]])
 
     @app.post("/v1/videos")
     async def create_video(request: Request) -> dict[str, Any]:
+        """JSON, or OpenAI's multipart form (its client's way), read by python-multipart through Starlette's form
+        parser: one route taking both cannot declare FastAPI's `Form()` parameters."""
         taking()
-        body = await read_body(request, max_body_bytes)
-        content_type = request.headers.get("content-type", "application/json")
-        form = content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded"))
-        fields = parse_form(body, content_type) if form else parse_json(body)
-        job = await service.submit_video(service.checker.video(fields, form))
+        try:
+            if request.headers.get("content-type", "").startswith("multipart/form-data"):
+                async with request.form(max_files=1, max_fields=32) as form:
+                    for name, value in form.multi_items():
+                        if isinstance(value, UploadFile):
+                            raise ApiError(400, f"{name}: files are not taken (image-to-video is not served); "
+                                                f"send text fields only", param=name, code="invalid_value")
+                    video = VideoRequest.model_validate(dict(form), strict=False)
+            else:
+                video = VideoRequest.model_validate_json(await request.body())
+        except ValidationError as err:
+            raise service.checker.refusal(err.errors(), tuple(VideoRequest.model_fields)) from None
+        params = service.checker.video(video)
+        request.state.did = f"size={params.size} steps={params.steps} frames={params.frames}"
+        job = await service.submit_video(params)
         return job.describe()
 
     def video_job(video_id: str):
@@ -217,4 +344,4 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: loop.create_task(self.service.drain()))
 
 
-__all__ = ["DrainingServer", "make_app", "read_body"]
+__all__ = ["DrainingServer", "Edge", "V1Gate", "make_app"]

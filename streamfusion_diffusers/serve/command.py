@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib.util
+import ipaddress
+import logging
 import os
 import socket
 import sys
@@ -60,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most frames of a video request (default: 2 x the model's default frames)")
     parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a site whose pages may call the API from a browser (CORS), as scheme://host[:port]; "
+                             "repeatable (default: none, only the page at / of this server)")
+    parser.add_argument("--log-requests", action=argparse.BooleanOptionalAction, default=True,
+                        help="one line per request on stderr: id, method, path, status, seconds, bytes, size and "
+                             "steps (default on)")
 
 
 def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, int]:
@@ -88,8 +96,10 @@ def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
         raise ValueError("streamfusion serve starts its own ranks (one per GPU of this machine, or 4 gloo processes "
                          "on the CPU): run it directly, not under torchrun or streamfusion launch (serving across "
                          "machines is not supported yet)")
-    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
-        raise ValueError(f"streamfusion serve needs fastapi and uvicorn: {install_hint('serve')}")
+    needs = ("fastapi", "uvicorn", "python_multipart", "prometheus_client")
+    if any(importlib.util.find_spec(name) is None for name in needs):
+        raise ValueError(f"streamfusion serve needs fastapi, uvicorn, python-multipart and prometheus_client: "
+                         f"{install_hint('serve')}")
     machines, per_machine, gpu = cluster(args)
     args.machines, args.gpus_per_machine = replica_shape(machines, per_machine, args.replicas)
     job = make_job(args)
@@ -124,13 +134,39 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def loopback(host: str) -> bool:
+    """Whether `host` is this machine only (then a request naming another Host is refused: DNS rebinding)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def log_to_stderr(requests: bool) -> None:
+    """The server's own lines (a group failing, an unexpected error with its request id) on stderr, and the
+    access log's too unless --no-log-requests."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("streamfusion serve: %(message)s"))
+    serve = logging.getLogger(__package__)
+    serve.addHandler(handler)
+    serve.setLevel(logging.INFO)
+    serve.propagate = False
+    logging.getLogger(f"{__package__}.access").setLevel(logging.INFO if requests else logging.WARNING)
+
+
 def main(args: argparse.Namespace) -> int:
     job, devices = serve_job(args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"streamfusion serve: listening on {args.host} without --api-key: anyone who reaches this port can "
               f"run the GPUs", file=sys.stderr)
+    for origin in args.allow_origin:
+        parts = origin.split("://")
+        if len(parts) != 2 or parts[0] not in ("http", "https") or not parts[1] or "/" in parts[1]:
+            raise ValueError(f"--allow-origin {origin}: must be scheme://host[:port] (e.g. http://localhost:3000), "
+                             f"as a browser sends it in Origin")
     sock = listen(args.host, args.port)
+    log_to_stderr(args.log_requests)
     import uvicorn
 
     from .app import DrainingServer, make_app
@@ -155,8 +191,9 @@ def main(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop)
-    config = uvicorn.Config(make_app(service, api_key, args.max_body_bytes), log_level="info" if args.verbose
-                            else "warning", timeout_graceful_shutdown=5, access_log=args.verbose)
+    app = make_app(service, api_key, args.max_body_bytes, loopback(args.host), tuple(args.allow_origin))
+    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5,
+                            access_log=False)
     server = DrainingServer(config, service)
     server.run(sockets=[sock])
     if service.failure is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .protocol import ErrorDetail, ErrorResponse
+
 
 class ApiError(Exception):
     """A request refused or failed: the status, the message that names the fix, the field at fault."""
@@ -16,7 +18,8 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        detail = ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code)
+        return ErrorResponse(error=detail).model_dump()
 
 
 def bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:

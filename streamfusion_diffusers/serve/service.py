@@ -155,7 +155,7 @@ class Service:
         logger.warning("group %d: %s; restarting it", group.index, why)
         group.state = "recovering"
         group.restarts += 1
-        self.metrics.restarts += 1
+        self.metrics.restarted()
         await asyncio.to_thread(group.stop, True)
         group.state = "recovering"
 
@@ -177,7 +177,7 @@ class Service:
                 raise ApiError(504, "the request waited past --request-timeout in the queue and did not run",
                                code="timeout")
             if work.started is None and await disconnected() and self.queue.drop(work):
-                self.metrics.dropped += 1
+                self.metrics.dropped()
                 raise ApiError(499, "the client closed the connection before the request started", code="dropped")
 
     async def submit_video(self, params: Request) -> VideoJob:
@@ -209,11 +209,13 @@ class Service:
             status = "failed"
         else:
             status = "recovering" if self.ready_once else "starting"
+        # no process ids: /health takes no key, and pids help only someone on the machine already
+        groups = [{k: v for k, v in g.describe().items() if k != "pids"} for g in self.groups]
         body = {"status": status, "model": self.job.model, "queue": len(self.queue), "running": self.running,
-                "groups": [g.describe() for g in self.groups]}
+                "groups": groups}
         return (200 if status == "ready" else 503), body
 
-    def render_metrics(self) -> str:
+    def render_metrics(self) -> bytes:
         return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))
 
     async def drain(self) -> None:

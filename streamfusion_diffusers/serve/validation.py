@@ -1,34 +1,31 @@
-"""Every field of a request, checked on the front before anything reaches the ranks.
+"""Every request checked on the front before anything reaches the ranks, against the served job and its limits.
 
-A request becomes `Request` (what the ranks run) or an `ApiError` whose message names the field and the allowed
-range; nothing in a request names a file path or code, and fields the endpoint does not take are refused (as
-OpenAI refuses them), so a typo never silently falls back to a default. Sizes must be the model's multiple
-(the pipeline would round others silently) and give at least one token per rank.
+The shapes and types are protocol.py's pydantic models; here a validated request becomes `Request` (what the ranks
+run) or an `ApiError` whose message names the field and the allowed range, and pydantic's own refusals are
+turned into the same messages (`Checker.refusal`). Nothing in a request names a file path or code. Sizes must be
+the model's multiple (the pipeline would round others silently) and give at least one token per rank.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any
-from urllib.parse import parse_qsl
 
 from ..runtime.job import Job
 from ..runtime.output import FPS
 from ..runtime.request import Request
 from ..models.pipelines import FAMILIES
 from .errors import ApiError, bad
+from .protocol import ImageRequest, VideoRequest
 
 SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 MAX_SEED = 2**63 - 1
-IMAGE_FIELDS = ("model", "prompt", "n", "size", "response_format", "output_format", "user", "negative_prompt",
-                "seed", "num_inference_steps", "guidance_scale")
-VIDEO_FIELDS = ("model", "prompt", "seconds", "size", "num_frames", "negative_prompt", "seed",
-                "num_inference_steps", "guidance_scale")
+JSON_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "list": "an array",
+              "dict": "an object", "NoneType": "null"}
 
 
 @dataclass(frozen=True)
@@ -42,81 +39,17 @@ class Limits:
     max_prompt_chars: int
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
-    """A JSON object, else 400."""
-    try:
-        fields = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise bad(None, f"the body is not valid JSON ({err}): send a JSON object", "invalid_json") from None
-    if not isinstance(fields, dict):
-        raise bad(None, f"the body is JSON {type(fields).__name__}, not an object: send {{\"prompt\": ...}}",
-                  "invalid_json")
-    return fields
+def _typed(value: Any) -> str:
+    return JSON_NAMES.get(type(value).__name__, type(value).__name__)
 
 
-def parse_form(body: bytes, content_type: str) -> dict[str, Any]:
-    """A multipart or urlencoded form (what OpenAI's client sends to /v1/videos) as its text fields; a file field
-    (input_reference, image to video) is refused."""
-    if content_type.startswith("application/x-www-form-urlencoded"):
-        return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
-    if not message.is_multipart():
-        raise bad(None, "the form is not multipart/form-data with a boundary: send JSON or a multipart form",
-                  "invalid_form")
-    fields: dict[str, Any] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not name:
-            continue
-        if part.get_filename() is not None:
-            raise bad(name, f"{name}: files are not taken (image-to-video is not served); send text fields only")
-        payload = part.get_payload(decode=True) or b""
-        fields[name] = payload.decode("utf-8", "replace")
-    return fields
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _integer(fields: dict[str, Any], name: str, low: int, high: int, default: int, form: bool) -> int:
-    value = fields.get(name)
-    if value is None:
-        return default
-    if form and isinstance(value, str) and re.fullmatch(r"-?\d{1,20}", value.strip()):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(name, f"{name}: must be an integer from {low} to {high}, got {json.dumps(value)[:40]}")
-    if not low <= value <= high:
-        raise bad(name, f"{name} {value}: must be from {low} to {high}")
-    return value
-
-
-def _number(fields: dict[str, Any], name: str, low: float, high: float, form: bool) -> float | None:
-    value = fields.get(name)
-    if value is None:
-        return None
-    if form and isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad(name, f"{name}: must be a number from {low:g} to {high:g}, got {json.dumps(value)[:40]}")
-    if not low <= value <= high:
-        raise bad(name, f"{name} {value:g}: must be from {low:g} to {high:g}")
-    return float(value)
-
-
-def _text(fields: dict[str, Any], name: str, limit: int, required: bool) -> str | None:
-    value = fields.get(name)
-    if value is None:
-        if required:
-            raise bad(name, f"{name}: missing; send a text of 1 to {limit} characters", "missing_required_parameter")
-        return None
-    if not isinstance(value, str):
-        raise bad(name, f"{name}: must be a string of at most {limit} characters, got {type(value).__name__}")
-    if required and not value.strip():
-        raise bad(name, f"{name}: empty; send a text of 1 to {limit} characters")
-    if len(value) > limit:
-        raise bad(name, f"{name}: {len(value)} characters, at most {limit} allowed")
-    return value
+def _within(name: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not low <= value <= high:
+        raise bad(name, f"{name} {_number(value)}: must be from {_number(low)} to {_number(high)}")
 
 
 class Checker:
@@ -128,24 +61,67 @@ class Checker:
         # CogVideoX and Wan run two guidance branches when guidance_scale > 1: a request must keep the server's
         # count (the CFG split over the ranks is fixed when the server starts)
         self.guided = self.family.guided(job.guidance_scale, job.true_cfg_scale)
+        # each numeric field's range, in its type error and its range error alike
+        self.ranges: dict[str, tuple[float, float]] = {
+            "n": (1, limits.max_n), "num_inference_steps": (1, limits.max_steps), "seed": (0, MAX_SEED),
+            "guidance_scale": (0, 100), "num_frames": (1, limits.max_frames),
+            "seconds": (1, (limits.max_frames - 1) // FPS), "output_compression": (0, 100), "partial_images": (0, 3)}
 
-    def _common(self, fields: dict[str, Any], allowed: tuple[str, ...], form: bool) -> dict[str, Any]:
-        unknown = sorted(set(fields) - set(allowed))
-        if unknown:
-            raise bad(unknown[0], f"unknown field {unknown[0]!r}: this endpoint takes {', '.join(allowed)}",
-                      "unknown_parameter")
-        model = fields.get("model")
-        if model is not None and model != self.job.model:
-            raise ApiError(404, f"model {str(model)[:80]!r} is not served here: this server runs {self.job.model} "
+    def refusal(self, errors: Sequence[dict[str, Any]], fields: tuple[str, ...]) -> ApiError:
+        """pydantic's first error (FastAPI's RequestValidationError, or a form's) as a 400 naming the field and the
+        allowed type and range; `fields` are the route's (said when an unknown one is sent)."""
+        error = errors[0]
+        kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+        where = [str(part) for part in error["loc"] if part != "body"]
+        if kind == "json_invalid":
+            return bad(None, f"the body is not valid JSON ({ctx.get('error', 'malformed')}): send a JSON object",
+                       "invalid_json")
+        if not where or where[0].isdigit():  # the body as a whole
+            if kind == "missing":
+                return bad(None, "the body is empty: send a JSON object such as {\"prompt\": \"a red cat\"}",
+                           "invalid_json")
+            return bad(None, f"the body is JSON {_typed(value).split()[-1]}, not an object: send {{\"prompt\": ...}}",
+                       "invalid_json")
+        name = where[0]
+        if kind == "extra_forbidden":
+            return bad(name, f"unknown field {name!r}: this endpoint takes {', '.join(fields)}", "unknown_parameter")
+        if kind == "missing":
+            return bad(name, f"{name}: missing; send a text of 1 to {self.limits.max_prompt_chars} characters",
+                       "missing_required_parameter")
+        low, high = self.ranges.get(name, (None, None))
+        span = f" from {_number(low)} to {_number(high)}" if low is not None else ""
+        if name == "size":
+            span = f" \"WIDTHxHEIGHT\" in pixels (e.g. \"{self.job.width}x{self.job.height}\") or \"auto\""
+        wanted = {"string_type": "a string", "int_type": "an integer", "int_from_float": "an integer",
+                  "int_parsing": "an integer", "float_type": "a number", "float_parsing": "a number",
+                  "finite_number": "a finite number", "bool_type": "true or false", "bool_parsing": "true or false"}
+        if kind in wanted:
+            shown = json.dumps(value)[:40] if isinstance(value, (str, int, float, bool)) else _typed(value)
+            return bad(name, f"{name}: must be {wanted[kind]}{span}, got {shown}")
+        if kind == "literal_error":
+            return bad(name, f"{name} {json.dumps(value)[:40]}: must be one of {ctx['expected']}")
+        if kind == "string_too_long":
+            return bad(name, f"{name}: {len(value)} characters, at most {ctx['max_length']} allowed")
+        return bad(name, f"{name}: {error['msg']}")
+
+    def _text(self, name: str, value: str | None, required: bool) -> None:
+        limit = self.limits.max_prompt_chars
+        if required and value is not None and not value.strip():
+            raise bad(name, f"{name}: empty; send a text of 1 to {limit} characters")
+        if value is not None and len(value) > limit:
+            raise bad(name, f"{name}: {len(value)} characters, at most {limit} allowed")
+
+    def _common(self, request: ImageRequest | VideoRequest) -> dict[str, Any]:
+        if request.model is not None and request.model != self.job.model:
+            raise ApiError(404, f"model {request.model[:80]!r} is not served here: this server runs {self.job.model} "
                                 f"(GET /v1/models)", param="model", code="model_not_found")
         limits = self.limits
-        size = fields.get("size")
         height, width = self.job.height, self.job.width
-        if size not in (None, "auto"):
-            found = SIZE.fullmatch(size) if isinstance(size, str) else None
+        if request.size not in (None, "auto"):
+            found = SIZE.fullmatch(request.size)
             if found is None:
                 raise bad("size", f"size: must be \"WIDTHxHEIGHT\" in pixels (e.g. \"{self.job.width}x"
-                                  f"{self.job.height}\") or \"auto\", got {json.dumps(size)[:40]}")
+                                  f"{self.job.height}\") or \"auto\", got {json.dumps(request.size)[:40]}")
             width, height = int(found[1]), int(found[2])
         step = self.job.spec.size_step
         if width <= 0 or height <= 0 or width % step or height % step:
@@ -155,16 +131,15 @@ class Checker:
         if width * height > limits.max_pixels:
             raise bad("size", f"size {width}x{height}: {width * height} pixels, at most {limits.max_pixels} "
                               f"(--max-pixels) allowed")
-        steps = _integer(fields, "num_inference_steps", 1, limits.max_steps, self.job.steps, form)
-        seed = _integer(fields, "seed", 0, MAX_SEED, -1, form)
-        if seed < 0:  # none given: a fresh one, said in the answer so the image can be made again
-            seed = secrets.randbelow(2**31)
-        negative = _text(fields, "negative_prompt", limits.max_prompt_chars, required=False)
-        if negative is not None and not self.guided:
+        for name in ("num_inference_steps", "seed", "guidance_scale"):
+            _within(name, getattr(request, name), *self.ranges[name])
+        self._text("prompt", request.prompt, required=True)
+        self._text("negative_prompt", request.negative_prompt, required=False)
+        if request.negative_prompt is not None and not self.guided:
             raise bad("negative_prompt", f"negative_prompt: {self.job.model} runs here without classifier-free "
                                          f"guidance; start the server with guidance (--true-cfg-scale > 1 for "
                                          f"Flux.1 and Qwen-Image, --guidance-scale > 1 for CogVideoX and Wan)")
-        guidance = _number(fields, "guidance_scale", 0.0, 100.0, form)
+        guidance = request.guidance_scale
         if guidance is not None:
             if self.job.guidance_scale is None:
                 raise bad("guidance_scale", f"guidance_scale: {self.job.model} has none (it guides by true CFG)")
@@ -172,8 +147,10 @@ class Checker:
                 allowed = "above 1" if self.guided else "from 0 to 1"
                 raise bad("guidance_scale", f"guidance_scale {guidance:g}: must be {allowed} on this server (its "
                                             f"two-branch guidance is fixed at start: --guidance-scale)")
-        return {"prompt": _text(fields, "prompt", limits.max_prompt_chars, required=True),
-                "negative_prompt": negative, "height": height, "width": width, "steps": steps, "seed": seed,
+        # no seed given: a fresh one, said in the answer so the image can be made again
+        seed = secrets.randbelow(2**31) if request.seed is None else request.seed
+        return {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "height": height,
+                "width": width, "steps": request.num_inference_steps or self.job.steps, "seed": seed,
                 "guidance_scale": self.job.guidance_scale if guidance is None else guidance}
 
     def _tokens(self, height: int, width: int, frames: int) -> None:
@@ -182,40 +159,47 @@ class Checker:
             raise bad("size", f"size {width}x{height}: {tokens} image tokens, fewer than the {self.job.world_size} "
                               f"ranks of a parallel group; ask for a larger size")
 
-    def image(self, fields: dict[str, Any]) -> Request:
+    def image(self, request: ImageRequest) -> Request:
         """POST /v1/images/generations."""
         if self.job.spec.video:
             raise bad("model", f"{self.job.model} makes videos: POST /v1/videos", "wrong_endpoint")
-        common = self._common(fields, IMAGE_FIELDS, form=False)
-        response_format = fields.get("response_format", "b64_json")
-        if response_format != "b64_json":
-            raise bad("response_format", f"response_format {json.dumps(response_format)[:40]}: only \"b64_json\" "
-                                         f"is served (no image is stored behind a url)")
-        if fields.get("output_format", "png") != "png":
-            raise bad("output_format", "output_format: only \"png\" is served (lossless, as generate writes it)")
-        _text(fields, "user", 256, required=False)
-        n = _integer(fields, "n", 1, self.limits.max_n, 1, form=False)
+        common = self._common(request)
+        if request.response_format == "url":
+            raise bad("response_format", "response_format \"url\": only \"b64_json\" is served (no image is stored "
+                                         "behind a url)")
+        if request.output_format not in (None, "png"):
+            raise bad("output_format", f"output_format {request.output_format!r}: only \"png\" is served "
+                                       f"(lossless, as generate writes it)")
+        if request.background == "transparent":
+            raise bad("background", "background \"transparent\": images are opaque here; send \"opaque\" or \"auto\"")
+        if request.stream:
+            raise bad("stream", "stream true: images are not streamed here; send false or leave it out")
+        for name in ("n", "output_compression", "partial_images"):
+            _within(name, getattr(request, name), *self.ranges[name])
         self._tokens(common["height"], common["width"], 1)
-        return Request(**common, frames=1, n=n)
+        return Request(**common, frames=1, n=request.n or 1)
 
-    def video(self, fields: dict[str, Any], form: bool) -> Request:
+    def video(self, request: VideoRequest) -> Request:
         """POST /v1/videos: `seconds` (FPS x seconds + 1 frames) or `num_frames` (the model's 4k + 1)."""
         if not self.job.spec.video:
             raise bad("model", f"{self.job.model} makes images: POST /v1/images/generations", "wrong_endpoint")
-        common = self._common(fields, VIDEO_FIELDS, form)
-        ratio, limit = self.job.spec.temporal, self.limits.max_frames
-        if fields.get("seconds") is not None and fields.get("num_frames") is not None:
+        if request.input_reference is not None:
+            raise bad("input_reference", "input_reference: image-to-video is not served; send text fields only")
+        common = self._common(request)
+        if request.seconds is not None and request.num_frames is not None:
             raise bad("seconds", "seconds and num_frames both given: send one")
         frames = self.job.frames
-        if fields.get("seconds") is not None:
-            seconds = _integer({"seconds": fields["seconds"]}, "seconds", 1, (limit - 1) // FPS, 0,
-                               form=isinstance(fields["seconds"], str))
-            frames = FPS * seconds + 1
-        frames = _integer(fields, "num_frames", 1, limit, frames, form)
+        if request.seconds is not None:
+            _within("seconds", request.seconds, *self.ranges["seconds"])
+            frames = FPS * request.seconds + 1
+        elif request.num_frames is not None:
+            _within("num_frames", request.num_frames, *self.ranges["num_frames"])
+            frames = request.num_frames
+        ratio = self.job.spec.temporal
         if (frames - 1) % ratio:
             raise bad("num_frames", f"num_frames {frames}: must be {ratio}k + 1 (e.g. {(frames - 1) // ratio * ratio + 1})")
         self._tokens(common["height"], common["width"], frames)
         return Request(**common, frames=frames)
 
 
-__all__ = ["Checker", "Limits", "Request", "parse_form", "parse_json"]
+__all__ = ["Checker", "Limits"]

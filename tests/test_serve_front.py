@@ -1,0 +1,53 @@
+"""The serve front's outer layer on its own (no server, no ranks): an unexpected error inside a route is answered
+500 in OpenAI's shape with the request id and nothing of the error, and the traceback goes to the log under that
+id; the Host check of a loopback server."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from streamfusion_diffusers.serve.app import Edge
+from streamfusion_diffusers.serve.metrics import Metrics
+
+SECRET = "/srv/internal/path.py: token=abc123"
+
+
+async def _failing_route(scope: dict, receive, send) -> None:
+    raise RuntimeError(SECRET)
+
+
+def _get(app, **headers: str) -> httpx.Response:
+    async def one() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8000") as c:
+            return await c.get("/v1/models", headers=headers)
+
+    return asyncio.run(one())
+
+
+def test_an_unexpected_error_is_500_with_the_request_id_and_no_traceback(caplog):
+    metrics = Metrics()
+    with caplog.at_level(logging.ERROR, logger="streamfusion_diffusers.serve.app"):
+        answer = _get(Edge(_failing_route, metrics, loopback=True, allow_origins=()))
+    request_id = answer.headers["x-request-id"]
+    error = answer.json()["error"]
+    assert answer.status_code == 500 and error["type"] == "server_error" and error["code"] == "internal_error"
+    assert request_id in error["message"] and "log" in error["message"]
+    assert SECRET not in answer.text and "Traceback" not in answer.text and "RuntimeError" not in answer.text
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged and logged[0].exc_info is not None and SECRET in str(logged[0].exc_info[1])
+    assert b'status="500"' in metrics.render(0, 0, {})
+
+
+def test_a_loopback_server_answers_only_loopback_names():
+    async def fine(scope: dict, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    edge = Edge(fine, Metrics(), loopback=True, allow_origins=())
+    assert _get(edge, Host="attacker.example:8000").status_code == 421
+    assert _get(edge, Host="127.0.0.1.attacker.example").status_code == 421
+    assert _get(edge, Host="[::1]:8000").status_code == 200
+    public = Edge(fine, Metrics(), loopback=False, allow_origins=())  # --host 0.0.0.0: any name
+    assert _get(public, Host="gpu-box.example:8000").status_code == 200
