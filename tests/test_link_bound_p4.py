@@ -1,7 +1,8 @@
 """The cost model's link bound against what the emulated link counted: for one attention layer of every method
 and layout on emulated 2 x 2 and 4 x 1 machines (gloo, 4 ranks), the bytes and messages the busiest rank sends
 across machines are exactly the ones its transport posted, joint text tokens included (their all-gather share
-padded to the longest, as the transport sends it)."""
+padded to the longest, as the transport sends it); and bench's "x bound" is against the larger of the no-comm
+bound and the link bound."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,11 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, sp_attention
+from streamfusion_diffusers.bench.command import _cases, run_tasks
+from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer, padded_length
+from streamfusion_diffusers.bench.report import markdown
 from streamfusion_diffusers.choice.costmodel import candidate_layouts, link_bound
-from streamfusion_diffusers.choice.workloads import Workload
+from streamfusion_diffusers.choice.workloads import Workload, parse_workload
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.core.config import METHODS
 from streamfusion_diffusers.core.links import parse_link
@@ -69,3 +73,25 @@ def test_model_bytes_and_messages_are_what_the_transport_counted(pool, machines)
         # what a rank sends another receives: the busiest receiver takes the link no longer than the sender
         assert max(link.seconds(c[2], c[3]) for c in counted) == pytest.approx(model.seconds, rel=1e-12)
         assert (model.bytes_per_gpu > 0) == (lay.ring > 1 or lay.ulysses_intra > 1 or lay.torus > 1)
+
+
+@pytest.mark.parametrize("machines, link, larger", [(2, "1:2000", "link"), (4, "1000:0", "compute")])
+def test_bench_x_bound_is_against_the_larger_bound(pool, machines, link, larger):
+    """A slow link (2 ms a message) bounds every layout of ours above the compute; a fast one below it."""
+    w = parse_workload("custom:250:6:8:16")  # padded to 256 with the text in the sequence, as bench's layer runs
+    m = 4 // machines
+    setup = Setup(w, machines, m, "torch", link, torch.float32, iters=1, warmup=0, seed=0, timeout_s=60.0)
+    cases = [Case("bound")] + [c for meth in ("usp", "torus") for c in _cases(meth, "all", machines, m, w.heads,
+                                                                              False, torch.float32)]
+    rows = pool.run(run_tasks, [(bench_layer, setup, cases)])[0]
+    compute = next(r["ms"] for r in rows if r["method"] == "bound")
+    layouts = {lay.label: lay for meth in ("usp", "torus") for lay in candidate_layouts(meth, machines, m, w.heads)}
+    as_run = dataclasses.replace(w, tokens=padded_length(w, 4), text_tokens=0)
+    table = markdown(rows, "## t")
+    for row in rows[1:]:
+        expected = link_bound(layouts[row["layout"]], as_run, parse_link(link), elem_bytes=4).seconds * 1e3
+        assert row["link_bound_ms"] == pytest.approx(expected, rel=1e-12), row
+        assert (row["link_bound_ms"] > compute) == (larger == "link"), (row, compute)
+        assert row["vs_bound"] == pytest.approx(row["ms"] / max(compute, row["link_bound_ms"]), rel=1e-12), row
+        assert f"| {row['link_bound_ms']:.3f} | {row['vs_bound']:.2f} |" in table, table
+    assert rows[0]["link_bound_ms"] is None and rows[0]["vs_bound"] == pytest.approx(1.0)
