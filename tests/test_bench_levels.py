@@ -17,7 +17,7 @@ METHODS = {"ulysses", "ring", "usp", "tas", "torus"}
 def test_block_and_step_levels_time_and_check_every_method(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = main(["bench", "--cpu", "--level", "block,step", "--workloads", "flux-dev:128,cogvideox-5b:5:64:64",
-               "--model-size", "tiny", "--machines", "2", "--gpus-per-machine", "2",
+               "--model-size", "tiny", "--machines", "2", "--gpus-per-machine", "2", "--emulate-link", "p4de",
                "--methods", ",".join(sorted(METHODS)) + ",diffusers-cp", "--layouts", "U4R1,U1R4,U2R2,U2R2T2",
                "--iters", "2", "--warmup", "1", "--out", str(out)])
     captured = capsys.readouterr()
@@ -32,6 +32,9 @@ def test_block_and_step_levels_time_and_check_every_method(tmp_path, capsys):
             assert {r["method"] for r in mine} == METHODS | {"bound"}, mine
             assert all(r["rel_err"] <= MODEL_THRESHOLD[torch.float32] for r in mine if r["method"] != "bound"), mine
             assert [r["layout"] for r in mine if r["method"] == "bound"] == ["no-comm bound"]
+            bound = next(r["ms"] for r in mine if r["method"] == "bound")
+            for r in mine[1:]:  # ours: each has its layers' link bound, and "x bound" is against the larger
+                assert r["link_bound_ms"] > 0 and r["vs_bound"] == r["ms"] / max(bound, r["link_bound_ms"]), r
     assert "diffusers-cp skipped" in captured.err and "needs GPUs" in captured.err
     assert (out / "table.md").read_text().count("| flux-dev 128x128 | block |") == len(rows) // 4
 

@@ -40,7 +40,9 @@ def test_fit_on_the_emulated_x4_measurements():
     assert calibration["max_error"] < 0.12
     usp = next(r for r in records if (r["machines"], r["method"], r["tokens"]) == (2, "usp", FLUX[0]))
     before, after = predicted_ms(usp, Gpu()), predicted_ms(usp, gpu_of(calibration))
-    assert before < 0.82 * usp["ms"] and abs(after / usp["ms"] - 1) < 0.10  # 44.0 -> within 10% of 54.9 ms
+    # 44.0 -> 49.2, within 11% of 54.9 ms (within 10% while a ring step's K and V counted as one message, with a
+    # worse fit over all: rms 5.5%, max 11.0%, against 5.4% and 10.3% now)
+    assert before < 0.82 * usp["ms"] and abs(after / usp["ms"] - 1) < 0.11
 
 
 def test_fit_on_the_x2_bench_results_and_the_table():
@@ -61,4 +63,4 @@ def test_fixed_costs_and_overlap_move_the_prediction_the_right_way():
     base = predict(lay, w, PRESETS["p4de"]).layer_ms
     serial = predict(lay, w, PRESETS["p4de"], replace(Gpu(), overlap=0.0)).layer_ms
     slow = predict(lay, w, PRESETS["p4de"], replace(Gpu(), inter_latency_us=1000.0)).layer_ms
-    assert serial > base and abs(slow - base - 2.0) < 1e-6  # two messages cross: a ring step, the text all-gather
+    assert serial > base and abs(slow - base - 3.0) < 1e-6  # three messages cross: a ring step's K and V, the text

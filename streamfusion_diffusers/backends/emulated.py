@@ -8,6 +8,7 @@ On GPU the booking is held by a host thread that the queue's stream waits on wit
 a sleep kernel there would wait for the attention filling every SM, and no transfer would ever overlap it);
 inside a CUDA-graph capture, or without cuda-bindings, it falls back to a sleep kernel. The host never blocks.
 On the CPU the booking is a deadline the handle sleeps until.
+What crosses machines is also counted (`counted`), so that the cost model's volumes can be checked against it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -26,6 +28,23 @@ from ..core.mesh import Group
 from .base import Handle, Transport
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Crossed:
+    """Bytes and messages this rank posted across machines, and received, since the counter was made: what the
+    emulated NIC booked. A replayed CUDA graph posts nothing, so only its capture counts."""
+
+    sent_bytes: int = 0
+    sent_messages: int = 0
+    received_bytes: int = 0
+    received_messages: int = 0
+
+    def add(self, sent: Sequence[int], received: Sequence[int]) -> None:
+        self.sent_bytes += sum(sent)
+        self.sent_messages += len(sent)
+        self.received_bytes += sum(received)
+        self.received_messages += len(received)
 
 
 class _HostQueue:
@@ -134,6 +153,7 @@ class EmulatedTransport:
         self.inner, self.link, self.rank = inner, link, rank
         self.name = f"{inner.name}+emulated({link.name})"
         self.gpus_per_machine = gpus_per_machine
+        self.counted = Crossed()
         if device.type == "cuda":
             self._queues: tuple = _gpu_queues(device.index if device.index is not None else torch.cuda.current_device())
         else:
@@ -148,6 +168,7 @@ class EmulatedTransport:
 
     def _delayed(self, handle: Handle, sent: Sequence[int], received: Sequence[int]) -> Handle:
         """Book the inter-machine bytes sent and received (one entry per message) on the two queues."""
+        self.counted.add(sent, received)
         bookings = [queue.book(self.link.seconds(sum(sizes), len(sizes)))
                     for queue, sizes in zip(self._queues, (sent, received)) if sizes]
         if not bookings:

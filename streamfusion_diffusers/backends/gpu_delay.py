@@ -10,6 +10,14 @@ attention (Torus, the ring passes) were emulated as serial.
 (an event) and the previous booking on the queue is over, sleeps the booked time, then raises a counter in pinned
 memory; the queue's stream waits for that counter with a stream memory operation (`cuStreamWaitValue32`), which
 the GPU's front end evaluates, not an SM.
+
+The thread needs the GIL to release a booking, so the main thread must never block on the GPU while holding it.
+It does when it runs far ahead: a kernel launch into a full launch queue, a pinned-memory allocation or another
+implicitly synchronizing call blocks with the GIL held, the booking the GPU waits for is never released, and
+every rank stalls (NCCL's watchdog then reports its coalesced send/recv timed out; our own watchdog thread, also
+Python, cannot speak). `book` therefore holds the host, GIL free, while MAX_UNRELEASED bookings are pending: the
+queue is the process's (shared by every context of a bench or tune job), so this bounds the host's lead over the
+GPU across contexts, which each context's own RUN_AHEAD (watch.py) does not.
 """
 from __future__ import annotations
 
@@ -27,6 +35,8 @@ log = logging.getLogger(__name__)
 
 # a woken booking thread needs the GIL back within this long, also while the main thread launches kernels
 _GIL_SWITCH_S = 1e-4
+MAX_UNRELEASED = 8  # bookings the host may post beyond the last one the thread released (about two layers)
+_ROOM_POLL_S = 2e-4
 
 
 def _driver():
@@ -66,8 +76,15 @@ class NicQueue:
             sys.setswitchinterval(_GIL_SWITCH_S)
         threading.Thread(target=self._serve, name=f"emulated-nic-{device}", daemon=True).start()
 
+    def pending(self) -> int:
+        """Bookings posted and not yet released by the thread."""
+        return self._posted - int(self._done_view[0])
+
     def book(self, seconds: float) -> torch.cuda.Event:
-        """Hold `seconds` on this queue once the current stream's work so far is done; returns its end event."""
+        """Hold `seconds` on this queue once the current stream's work so far is done; returns its end event.
+        Waits first (sleeping, so the GIL is free) while MAX_UNRELEASED bookings are pending."""
+        while self.pending() >= MAX_UNRELEASED:
+            time.sleep(_ROOM_POLL_S)
         ready = torch.cuda.current_stream(self.device).record_event()
         self._posted += 1
         self._jobs.put((ready, time.perf_counter(), seconds, self._posted))
@@ -77,6 +94,9 @@ class NicQueue:
         return self.stream.record_event()
 
     def _serve(self) -> None:
+        # this thread's CUDA calls (event query / synchronize) in this rank's device, not in a context that the
+        # runtime would otherwise create on GPU 0 for the thread
+        torch.cuda.set_device(self.device)
         busy_until = 0.0
         while True:
             ready, posted_at, seconds, number = self._jobs.get()

@@ -14,17 +14,21 @@ timeout_s in the way the device allows:
   synchronize), a watchdog thread logs the same error at 90 % of timeout_s, before torch's NCCL watchdog
   speaks with no names, and ends the process as torch's would: the stream it waits on can never drain.
 The watchdog belongs to its WatchedTransport (so to its ParallelContext): its thread runs only while transfers
-are pending, and `close()` (from shutdown()) stops it.
+are pending, and `close()` (from shutdown()) stops it. `waiting_line()` names, for a deadline that expired
+elsewhere (commands/timing.py), the oldest transfer any live watchdog still waits for.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import contextvars
+import faulthandler
 import logging
 import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -95,12 +99,19 @@ def _failed(what: Label | str, err: BaseException) -> TransferFailed:
                           f"a different layer (see its log); ParallelConfig.timeout_s bounds every wait")
 
 
+# every live Watchdog, held weakly (a context's transport owns its own): what `waiting_line` looks at
+_LIVE: weakref.WeakSet[Watchdog] = weakref.WeakSet()
+
+
 class Watchdog:
     """A host thread that watches CUDA events against deadlines; past one, it ends the process. The thread runs
-    while events are pending (it ends at the first poll that finds none, and the next `watch` starts another)."""
+    while events are pending (it ends at the first poll that finds none, and the next `watch` starts another).
+    It also knows the transfer the host is blocked on right now (`waiting`: gloo waits block the host)."""
 
     def __init__(self, poll_s: float = 0.2):
         self.poll_s = poll_s
+        self.waiting: tuple[float, Label | str] | None = None  # (since, what) of a wait blocking the host
+        _LIVE.add(self)
         # (posted, timeout_s, event, what), oldest first
         self._pending: collections.deque[tuple[float, float, torch.cuda.Event, Label | str]] = collections.deque()
         self._lock = threading.Lock()
@@ -147,11 +158,27 @@ class Watchdog:
             if late is not None and time.monotonic() - late[0] > GPU_MARGIN * late[1]:
                 logger.critical("%s; ending this process (exit code %d)", _late(late[2], late[1]), EXIT_CODE)
                 logging.shutdown()
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 os._exit(EXIT_CODE)
             with self._lock:
                 if not self._pending and self._thread is threading.current_thread():
                     self._thread = None  # nothing to watch: end; the next watch starts a thread again
                     return
+
+
+def waiting_line() -> str:
+    """The oldest transfer a live watchdog waits for (blocking the host, or pending on the GPU), as one line."""
+    found = []
+    for dog in list(_LIVE):
+        if dog.waiting is not None:
+            found.append((dog.waiting[0], "the host waits for", dog.waiting[1]))
+        oldest = dog.oldest()
+        if oldest is not None:
+            found.append((oldest[0], "the GPU waits for", oldest[2]))
+    if not found:
+        return "no attention transfer was pending (the wait is elsewhere: see the stacks)"
+    since, how, what = min(found, key=lambda f: f[0])
+    return f"{how} {what}, posted {time.monotonic() - since:.1f} s ago"
 
 
 def _late(what: Label | str, timeout_s: float) -> str:
@@ -163,16 +190,20 @@ def _late(what: Label | str, timeout_s: float) -> str:
 class Watched:
     """A Handle whose wait names its transfer when it fails and, on a GPU, is watched until it completes."""
 
-    def __init__(self, inner: Handle, what: Label, watchdog: Watchdog | None, timeout_s: float):
+    def __init__(self, inner: Handle, what: Label, watchdog: Watchdog, on_gpu: bool, timeout_s: float):
         self.inner, self.what, self.watchdog, self.timeout_s = inner, what, watchdog, timeout_s
+        self.on_gpu = on_gpu
         self.posted = time.monotonic()
 
     def wait(self) -> None:
+        self.watchdog.waiting = (self.posted, self.what)
         try:
             self.inner.wait()
         except Exception as err:  # noqa: BLE001 - gloo / NCCL raise RuntimeError subclasses of their own
             raise _failed(self.what, err) from err
-        if self.watchdog is not None:  # a GPU transfer
+        finally:
+            self.watchdog.waiting = None
+        if self.on_gpu:  # a GPU transfer
             self.watchdog.watch_stream(self.what, self.timeout_s, self.posted)
 
 
@@ -230,7 +261,7 @@ class WatchedTransport:
             raise _failed(what, err) from err
         on_gpu = like is not None and like.is_cuda
         self._on_gpu |= on_gpu
-        return Watched(handle, what, self.watchdog if on_gpu else None, self.timeout_s)
+        return Watched(handle, what, self.watchdog, on_gpu, self.timeout_s)
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:

@@ -2,7 +2,8 @@
 
 Every rank draws the whole sequence from one seed, keeps its slice of Q, K, V, and times each method on it.
 The no-communication bound is each rank's own share of the work with nothing moved: its L/P queries against
-all L keys, through the same kernel. Every timed method is checked against softmax attention written out in
+all L keys, through the same kernel. Over an emulated link, each of our layouts also has its link bound
+(bound.py), and "x bound" is against the larger of the two. Every timed method is checked against softmax attention written out in
 torch (exactness.py, an independent path: a kernel bug cannot agree with itself), by the relative error of
 the whole output over every rank. The text tokens travel with the sequence here (as xDiT's USP layer takes
 them), the whole sequence padded to a multiple of P.
@@ -10,7 +11,7 @@ them), the whole sequence padded to a multiple of P.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,7 @@ from ..core.config import layout_label
 from ..core.exactness import error_sums, ratio, reference_attention
 from ..core.mesh import GroupCache
 from ..kernels import attention_with_lse
-from .bound import fastest_attention
+from .bound import fastest_attention, link_bound_ms, over_bounds
 from .variants import graphed, suffix
 from .xdit import XdiTUSP
 
@@ -100,7 +101,8 @@ def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = Non
     ref = reference_attention(q, k, v)
     if device.type == "cuda":  # peak_gib is the cases' memory, not the float32 reference's
         torch.cuda.reset_peak_memory_stats(device)
-    calls, errors, labels = [], [], []
+    calls, errors, labels, links = [], [], [], []
+    as_run = replace(w, tokens=length, text_tokens=0)  # the text travels with the sequence, padded to P slices
     for case in tqdm(cases, desc=f"{w.name}: set up", disable=rank != 0, leave=False):
         if case.method == "bound":
             bound = fastest_attention  # the fastest kernel without LSE for the share
@@ -108,12 +110,14 @@ def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = Non
             calls.append(lambda bound=bound: bound(q, k, v))
             errors.append(_errors(bound(q, k, v).to(setup.dtype), ref))  # the kernel alone, checked as well
             labels.append(case.label)
+            links.append(None)
             continue
         with deadline(setup.timeout_s):
             call, ctx = _callable(case, setup, device, groups)
             errors.append(_errors(call(q, k_loc, v_loc), ref))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
             labels.append(auto_label(ctx) if case.method == "auto" else case.label)
+            links.append(link_bound_ms(ctx, as_run, q.element_size()))
     worst = torch.tensor([e[0] for e in errors], dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     # the whole output's relative error: squared norms summed over the ranks
@@ -124,9 +128,10 @@ def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = Non
     bound_ms = {c.variant: s.median for c, s in zip(cases, stats) if c.method == "bound"}  # like with like
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return [dict(workload=w.name, level="layer", tokens=length, method=case.name, layout=name, **s.row(),
-                 vs_bound=s.median / bound if (bound := bound_ms.get(case.variant, bound_ms.get("eager"))) else None,
+                 link_bound_ms=link, vs_bound=over_bounds(s.median, bound_ms.get(case.variant, bound_ms.get("eager")),
+                                                          link),
                  max_abs_err=err, rel_err=r, peak_gib=peak)
-            for case, name, s, err, r in zip(cases, labels, stats, worst.tolist(), rel)]
+            for case, name, s, link, err, r in zip(cases, labels, stats, links, worst.tolist(), rel)]
 
 
 def _errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:

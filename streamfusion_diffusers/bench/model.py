@@ -15,13 +15,15 @@ The newer models (Flux.2, Qwen-Image, Wan; `models/inputs.py` builds them and th
 only, without the bound: both go through the Flux and CogVideoX processors (PROCESSOR_FAMILIES).
 
 Both are checked against the reference by relative error (the bound, which attends random keys, is not).
+Over an emulated link, a row of ours also has its link bound: its attention layers' (a block's, or every block of
+the step), a lower bound that leaves out the step's own split and gather; "x bound" is against the larger bound.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -44,7 +46,7 @@ from ..diffusers.sharding import GATHER_HOOK
 from ..models import MODELS, TRANSFORMERS
 from ..models.build import build_transformer
 from ..models.inputs import build as plan_build, inputs as plan_inputs
-from .bound import local_attention
+from .bound import link_bound_ms, local_attention, over_bounds
 from .layer import Case, Setup, device_of_job, parallel_config
 from .variants import LEVELS as VARIANT_LEVELS, compiled, parallelize_options
 
@@ -176,14 +178,16 @@ def _block_error(outs: list[tuple[Tensor, Tensor]], refs: list[tuple[Tensor, Ten
 
 
 @contextmanager
-def _set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache) -> Iterator[ShardState | None]:
-    """The model run the case's way; yields the shard state our processors read (None for diffusers-cp, which
-    `enable_parallelism` leaves in place for good: the caller builds a fresh model for each such case)."""
+def _set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache
+            ) -> Iterator[tuple[ShardState | None, Any]]:
+    """The model run the case's way; yields the shard state our processors read and our context (both None for
+    diffusers-cp, which `enable_parallelism` leaves in place for good: the caller builds a fresh model for each
+    such case)."""
     if case.method == "diffusers-cp":
         if setup.dtype in (torch.float16, torch.bfloat16):
             model.set_attention_backend("_native_cudnn")  # diffusers' native SDPA has no LSE for the ring
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=case.ulysses, ring_degree=case.ring))
-        yield None
+        yield None, None
         return
     bound = case.method == "bound"
     ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup), groups=groups)
@@ -197,7 +201,7 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache
             GATHER_HOOK.format(gathered), recurse=False)
     try:
         with compiled(model, case.variant):
-            yield state
+            yield state, None if bound else ctx
     finally:
         unparallelize(model)
 
@@ -227,13 +231,18 @@ def _reference(model: torch.nn.Module, setup: ModelSetup, device: torch.device) 
     return _Reference(inputs, run.sample, _run_blocks(run, None), even)
 
 
-def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Reference,
-                device: torch.device, groups: GroupCache) -> tuple[dict[str, Stats], list[float]]:
+def _attention_layers(model: torch.nn.Module, config: dict[str, Any]) -> dict[str, int]:
+    """Attention layers per level: the timed blocks' (a Flux pair is two), the whole transformer's."""
+    return {"block": len(_timed_blocks(model)), "step": config.get("num_layers", 0) + config.get("num_single_layers", 0)}
+
+
+def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Reference, device: torch.device,
+                groups: GroupCache) -> tuple[dict[str, Stats], list[float], dict[str, float | None]]:
     """One case: set up, one checked forward and block replay, then each level timed. Returns the slowest
-    rank's min / median / max per level (repetitions in a row: each case reconfigures the model) and its
-    (block, step) errors (zeros for the bound, which attends random keys)."""
+    rank's min / median / max per level (repetitions in a row: each case reconfigures the model), its
+    (block, step) errors (zeros for the bound, which attends random keys) and its link bound per level."""
     base = setup.setup
-    with _set_up(model, case, base, groups) as state:
+    with _set_up(model, case, base, groups) as (state, ctx):
         run = _forward(model, ref.inputs, state)
         outs = _run_blocks(run, state)
         errors = [0.0, 0.0]
@@ -244,7 +253,11 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
         calls = {"block": lambda: _run_blocks(run, state), "step": lambda: model(**ref.inputs)}
         ms = {level: interleaved_ms([calls[level]], base.iters, base.warmup, device)[0] for level in setup.levels
               if level in VARIANT_LEVELS[case.variant]}
-    return ms, errors
+        w = replace(base.workload, heads=setup.config["num_attention_heads"],
+                    head_dim=setup.config["attention_head_dim"])
+        links = {level: link_bound_ms(ctx, w, base.dtype.itemsize, layers)
+                 for level, layers in _attention_layers(model, setup.config).items()}
+    return ms, errors, links
 
 
 def bench_model(setup: ModelSetup, cases: list[Case], groups: GroupCache | None = None) -> list[dict]:
@@ -265,7 +278,7 @@ def bench_model(setup: ModelSetup, cases: list[Case], groups: GroupCache | None 
             if case.method == "diffusers-cp":
                 model = None
                 model = _build(setup, device)
-            ms, errors = _bench_case(model, case, setup, ref, device, groups)
+            ms, errors, links = _bench_case(model, case, setup, ref, device, groups)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         worst = torch.tensor([*errors, peak], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
@@ -275,8 +288,8 @@ def bench_model(setup: ModelSetup, cases: list[Case], groups: GroupCache | None 
             bound = bound_ms.get((level, case.variant), bound_ms.get((level, "eager")))  # like with like
             table[level].append(dict(
                 workload=w.name, level=level, tokens=w.tokens + w.text_tokens, method=case.name,
-                layout=case.label, **ms[level].row(), max_abs_err=None,
-                vs_bound=ms[level].median / bound if bound else None,
+                layout=case.label, **ms[level].row(), max_abs_err=None, link_bound_ms=links[level],
+                vs_bound=over_bounds(ms[level].median, bound, links[level]),
                 rel_err=None if case.method == "bound" else worst[LEVELS.index(level)].item(),
                 peak_gib=worst[2].item() if device.type == "cuda" else None))
     return [row for level in setup.levels for row in table[level]]

@@ -1,4 +1,5 @@
-"""Benchmark results as a markdown table, a JSON file and a PNG plot (ratios to the no-communication bound)."""
+"""Benchmark results as a markdown table, a JSON file and a PNG plot (ratios to the larger of the
+no-communication bound and, over an emulated link, the link bound)."""
 from __future__ import annotations
 
 import json
@@ -34,6 +35,10 @@ def _ratio(value: float | None) -> str:
 
 def _err(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
+
+
+def _link(row: dict) -> str:
+    return f"{row['link_bound_ms']:.3f}" if row.get("link_bound_ms") is not None else "-"
 
 
 def _calls(row: dict) -> str:
@@ -79,25 +84,27 @@ def auto_summary(rows: list[dict], within: float = 0.02) -> list[str]:
 
 def markdown(rows: list[dict], header: str) -> str:
     """One line per row; "ms" is the median per call, "spread" (max - min) / median, flagged "!" above
-    SPREAD_LIMIT; "calls" the back-to-back calls each sample timed; "x <baseline>" is the level's baseline (best
-    layout) time over the row's."""
+    SPREAD_LIMIT; "calls" the back-to-back calls each sample timed; "link ms" the link bound (bench/bound.py);
+    "x bound" the row's time over the larger of the no-comm bound and the link bound; "x <baseline>" is the
+    level's baseline (best layout) time over the row's."""
     levels = list(dict.fromkeys(r["level"] for r in rows))
     baselines = "/".join(dict.fromkeys(BASELINE[level] for level in levels))
-    lines = [header, "", f"| workload | level | method | layout | ms | min - max | spread | calls | x bound | "
-             f"x {baselines} | max abs err | rel err | peak GiB |", "|---|---|---|---|" + "---:|" * 9]
+    lines = [header, "", f"| workload | level | method | layout | ms | min - max | spread | calls | link ms | "
+             f"x bound | x {baselines} | max abs err | rel err | peak GiB |", "|---|---|---|---|" + "---:|" * 10]
     base = {(r["workload"], r["level"]): r["ms"] for r in best_rows(rows) if r["method"] == BASELINE[r["level"]]}
     for r in rows:
         key = (r["workload"], r["level"])
         speedup = f"{base[key] / r['ms']:.2f}" if key in base else "-"
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
         lines.append(f"| {r['workload']} | {r['level']} | {r['method']} | {r['layout']} | {r['ms']:.3f} | "
-                     f"{_range(r)} | {_spread(r)} | {_calls(r)} | {_ratio(r['vs_bound'])} | {speedup} | "
+                     f"{_range(r)} | {_spread(r)} | {_calls(r)} | {_link(r)} | {_ratio(r['vs_bound'])} | {speedup} | "
                      f"{_err(r['max_abs_err'])} | {_err(r['rel_err'])} | {peak} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path, title: str) -> bool:
-    """Grouped bars of each method's best time over the bound, per workload and level; False without matplotlib."""
+    """Grouped bars of each method's best time over its larger bound, per workload and level; False without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -119,7 +126,7 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(groups))],
                   [f"{w}\n{level}" for w, level in groups], fontsize=8)
-    ax.set_ylabel("time / no-communication bound")
+    ax.set_ylabel("time / max(no-comm bound, link bound)")
     ax.set_title("\n".join(textwrap.wrap(title, 120)), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

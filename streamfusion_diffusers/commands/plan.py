@@ -4,7 +4,8 @@ one GPU holds at its peak, with and without sharded weights, and which GPUs that
 For clusters nobody here can rent: the cost model (choice/costmodel.py) walks our schedules for N x M GPUs
 and a workload of any model `generate` runs (models/configs.py MODELS), with an inter-machine link preset or any
 bandwidth/latency pair, using the figures fitted from measurements in the recipe's `calibration` header (the
-model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe). The memory estimate is
+model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe). Beside each layout's predicted
+time, its link bound: the busiest rank's bytes and messages across machines in one layer, on the link alone. The memory estimate is
 models/memory.py's, from the real configs on the meta device. With --serve, every replica split of one machine
 for `streamfusion serve --replicas R` (choice/replicas.py): latency per request and images per minute.
 """
@@ -184,7 +185,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"{workload.name}: {workload.tokens} tokens + {workload.text_tokens} text, {workload.heads} heads x "
           f"{workload.head_dim}, on {args.machines} x {args.gpus_per_machine} GPUs; inter-machine link {link.name} "
           f"({link.gb_per_s:g} GB/s per GPU, {link.latency_us:g} us)")
-    print(f"{'method':<8} {'layout':<10} {'inter MB/GPU':>12} {'layer ms':>9} {'step ms':>9}")
+    print(f"{'method':<8} {'layout':<10} {'inter MB/GPU':>12} {'messages':>8} {'link ms':>8} {'layer ms':>9} "
+          f"{'step ms':>9}")
     for method in METHODS:
         rows = sorted(predictions[method], key=lambda p: p.step_ms)
         rows = rows if args.all else rows[:1]
@@ -192,10 +194,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"{method:<8} {'-':<10} needs the {workload.heads} heads divisible by "
                   f"{args.machines * args.gpus_per_machine} ranks")
         for p in rows:
-            print(f"{method:<8} {p.layout.degrees:<10} {p.inter_machine_bytes_per_gpu / 1e6:>12.1f} {p.layer_ms:>9.2f} "
-                  f"{p.step_ms:>9.1f}")
+            print(f"{method:<8} {p.layout.degrees:<10} {p.link.bytes_per_gpu / 1e6:>12.1f} {p.link.messages:>8} "
+                  f"{p.link.seconds * 1e3:>8.2f} {p.layer_ms:>9.2f} {p.step_ms:>9.1f}")
     usp = best.get("usp")
     speedup = f", {usp.step_ms / recommended.step_ms:.2f}x USP's best" if usp else ""
     print(f"recommended: {recommended.layout.label} "
           f"(predicted {recommended.step_ms:.0f} ms per step{speedup})")
+    print("per attention layer: inter MB/GPU and messages the busiest rank sends across machines; link ms the "
+          "least time the link takes for them (bandwidth, and latency per message), whatever overlaps them")
     return 0

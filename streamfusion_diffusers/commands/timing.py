@@ -14,8 +14,10 @@ from __future__ import annotations
 import faulthandler
 import gc
 import math
+import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..backends.watch import EXIT_CODE, waiting_line
 
 SPREAD_LIMIT = 0.05  # (max - min) / median above which a case is flagged as noisy
 SAMPLE_MS = 2.0  # a timed sample lasts at least this long (n back-to-back calls)
@@ -145,12 +149,30 @@ def median_ms(call: Callable[[], object], iters: int, warmup: int, device: torch
     return statistics.median(time_ms(call, iters, warmup, device))
 
 
+BACKSTOP_S = 5.0  # after the deadline, faulthandler's own thread ends a rank whose Python cannot run (GIL held)
+
+
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
-    """Fail loudly instead of hanging: past `seconds`, print every thread's stack to stderr and exit this rank
-    (its peers then fail on the process group's timeout)."""
-    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    """Fail loudly instead of hanging: past `seconds`, print one line naming the transfer this rank waits for
+    (backends/watch.py), every thread's stack, and exit this rank with watch.EXIT_CODE; every rank runs its own
+    deadline, so every stuck rank says where it is. A thread that holds the GIL while blocked keeps that line
+    from being written: faulthandler's C thread then dumps the stacks and exits BACKSTOP_S later."""
+    timer = threading.Timer(seconds, _expired, args=(seconds,))
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(seconds + BACKSTOP_S, exit=True, file=sys.stderr)
     try:
         yield
     finally:
+        timer.cancel()
         faulthandler.cancel_dump_traceback_later()
+
+
+def _expired(seconds: float) -> None:
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    print(f"streamfusion: rank {rank}: nothing finished within {seconds:g} s (--timeout); {waiting_line()}; "
+          f"every thread's stack follows, then this rank exits (code {EXIT_CODE})", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os._exit(EXIT_CODE)
