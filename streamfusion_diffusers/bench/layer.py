@@ -3,9 +3,9 @@
 Every rank draws the whole sequence from one seed, keeps its slice of Q, K, V, and times each method on it.
 The no-communication bound is each rank's own share of the work with nothing moved: its L/P queries against
 all L keys, through the same kernel. Over an emulated link, each of our layouts also has its link bound
-(bound.py), and "x bound" is against the larger of the two. Every timed method is checked against softmax attention written out in
-torch (exactness.py, an independent path: a kernel bug cannot agree with itself), by the relative error of
-the whole output over every rank. The text tokens travel with the sequence here (as xDiT's USP layer takes
+(bound.py), and "x bound" is against the larger of the two. Every timed method is checked against softmax
+attention written out in torch (exactness.py, an independent path: a kernel bug cannot agree with itself), by
+the relative error of the whole output over every rank. The text tokens travel with the sequence here (as xDiT's USP layer takes
 them), the whole sequence padded to a multiple of P.
 """
 from __future__ import annotations

@@ -233,7 +233,8 @@ def _reference(model: torch.nn.Module, setup: ModelSetup, device: torch.device) 
 
 def _attention_layers(model: torch.nn.Module, config: dict[str, Any]) -> dict[str, int]:
     """Attention layers per level: the timed blocks' (a Flux pair is two), the whole transformer's."""
-    return {"block": len(_timed_blocks(model)), "step": config.get("num_layers", 0) + config.get("num_single_layers", 0)}
+    return {"block": len(_timed_blocks(model)),
+            "step": config.get("num_layers", 0) + config.get("num_single_layers", 0)}
 
 
 def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Reference, device: torch.device,

@@ -5,8 +5,8 @@ For clusters nobody here can rent: the cost model (choice/costmodel.py) walks ou
 and a workload of any model `generate` runs (models/configs.py MODELS), with an inter-machine link preset or any
 bandwidth/latency pair, using the figures fitted from measurements in the recipe's `calibration` header (the
 model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe). Beside each layout's predicted
-time, its link bound: the busiest rank's bytes and messages across machines in one layer, on the link alone. The memory estimate is
-models/memory.py's, from the real configs on the meta device. With --serve, every replica split of one machine
+time, its link bound: the busiest rank's bytes and messages across machines in one layer, on the link alone.
+The memory estimate is models/memory.py's, from the real configs on the meta device. With --serve, every replica split of one machine
 for `streamfusion serve --replicas R` (choice/replicas.py): latency per request and images per minute.
 """
 from __future__ import annotations
