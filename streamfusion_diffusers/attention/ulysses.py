@@ -16,8 +16,7 @@ from ..core.mesh import Mesh
 
 
 def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
-    lay = mesh.layout
-    return [seq_lens[lay.rank(mesh.t, u, mesh.r)] for u in range(lay.ulysses_intra)]
+    return [seq_lens[p] for p in mesh.ulysses_peers]
 
 
 def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int],
