@@ -98,14 +98,15 @@ def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None,
     USP puts them, and one attention call covers every row: no key concatenation, no separate small call for
     the joint queries. Returns the sequence rows' output and the joint shard, finished."""
     front = (shard.q, shard.k, shard.v) if shard is not None else ()
-    if mesh.layout.ulysses_intra == 1 and not front:
+    if len(mesh.ulysses_peers) == 1 and not front:
         # one rank holds every key (P = 1): nothing to move, nothing to merge. q, k, v go to the kernel as they
         # lie, views included (Flux.2's fused QKV+MLP projection hands out strided ones): "auto" then times SDPA
         # without log-sum-exp (its fastest backend, which diffusers' own call also takes on Hopper) against the
         # fused kernel per shape, so P = 1 costs at most what plain diffusers costs (BENCHMARKS.md, issue 34)
         xq, xk, xv = q, k, v
     else:
-        xq, xk, xv = (x[0] for x in scatter_heads((q, k, v), mesh, transport, lens, front))
+        xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens, front)
+        xq, xk, xv = xq[0], xk[0], xv[0]
     partial = Partial()
     skip = shard.q.shape[1] if shard is not None else 0
     attend_chunks([partial], [xq], fault.keys(0, [(xk, xv)], skip), scale, kernel, finalize=True)

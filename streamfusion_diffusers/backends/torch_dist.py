@@ -72,16 +72,23 @@ class TorchTransport:
                 pg._get_backend(device).supports_coalescing
         if coalesce:
             pg._start_coalescing(device)
-        works = [pg.send([t], peer, 0) if send else pg.recv([t], peer, 0) for send, t, peer in ops]
+        works = []
+        for send, t, peer in ops:
+            works.append(pg.send([t], peer, 0) if send else pg.recv([t], peer, 0))
         if coalesce:
             return pg._end_coalescing(device)
         return Handles(works)
 
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
-        me, peers = group.index, [p for p in range(group.size) if p != group.index]
-        handle = self.exchange([(t, p) for p in peers for t in sends[p]], [(v, p) for p in peers for v in recvs[p]],
-                               group)
+        me, to_peers, from_peers = group.index, [], []
+        for peer in range(len(group.ranks)):
+            if peer != me:
+                for t in sends[peer]:
+                    to_peers.append((t, peer))
+                for v in recvs[peer]:
+                    from_peers.append((v, peer))
+        handle = self.exchange(to_peers, from_peers, group)
         for src, dst in zip(sends[me], recvs[me], strict=True):  # on the compute stream, beside the transfer
             dst.copy_(src)
         return handle

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .links import parse_link
@@ -111,15 +111,16 @@ class Layout:
     ulysses: int
     ring: int
     torus: int
+    # U' = U / T: the Ulysses degree whose all-to-all runs in one piece (inside a machine for Torus); a field set
+    # from the others, not a property: every attention call reads it
+    ulysses_intra: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ulysses_intra", self.ulysses // self.torus)
 
     @property
     def world_size(self) -> int:
         return self.machines * self.gpus_per_machine
-
-    @property
-    def ulysses_intra(self) -> int:
-        """U' = U / T: the Ulysses degree whose all-to-all runs in one piece (inside a machine for Torus)."""
-        return self.ulysses // self.torus
 
     @property
     def ring_inner(self) -> bool:

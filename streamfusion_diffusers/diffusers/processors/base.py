@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -27,17 +28,18 @@ class TokenLayout:
     text_sharded: bool
     image_lens: tuple[int, ...]
     joint_last: bool = False  # replicated text after the image rows (HunyuanVideo's [video ; text])
+    # joint, text_lens and seq_lens are read at every attention call: computed once per layout (cached_property)
 
     @property
     def world_size(self) -> int:
         return len(self.image_lens)
 
-    @property
+    @cached_property
     def joint(self) -> int:
         """Leading tokens of each attention call that every rank holds in full."""
         return 0 if self.text_sharded else self.text_total
 
-    @property
+    @cached_property
     def text_lens(self) -> list[int]:
         """Every rank's split text token count (zeros when the text is replicated)."""
         return split_sizes(self.text_total if self.text_sharded else 0, self.world_size)
@@ -56,7 +58,7 @@ class TokenLayout:
         start = sum(self.image_lens[: self.rank])
         return start, start + self.image_lens[self.rank]
 
-    @property
+    @cached_property
     def seq_lens(self) -> list[int]:
         """Every rank's sharded (non-joint) token count in an attention call, for `sp_attention(seq_lens=...)`."""
         return [text + n for text, n in zip(self.text_lens, self.image_lens)]
