@@ -90,6 +90,7 @@ class ParallelContext:
         self.chooser = chooser
         self.chosen: dict[tuple, Chosen] = {}  # method "auto": the chooser's answer per attention shape
         self.agreed: set[tuple] = set()  # sp_attention shapes every rank has agreed on (attention/agreement.py)
+        self.plans: dict[tuple, object] = {}  # per sp_attention shape, what the call runs (attention/layer.py)
         self.fault = None  # verify --self-test only: a deliberate fault for the schedules (attention/faults.py)
         self._cfg: CfgGroups | None = None
         if self.worlds:
@@ -209,6 +210,7 @@ class ParallelContext:
         self._by_heads.clear()
         self.chosen.clear()
         self.agreed.clear()
+        self.plans.clear()
         self.kernels.clear()
         self.transport.close()
         _LIVE.pop(self.handle, None)

@@ -7,6 +7,7 @@ head-part-major, [T, B, L_part, h, D], so each torus chunk Q_{l,tau} is one cont
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 import torch
 from torch import Tensor
@@ -16,8 +17,7 @@ from ..core.mesh import Mesh
 
 
 def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
-    lay = mesh.layout
-    return [seq_lens[lay.rank(mesh.t, u, mesh.r)] for u in range(lay.ulysses_intra)]
+    return list(map(seq_lens.__getitem__, mesh.ulysses_peers))  # map, not a comprehension: no Python frame
 
 
 def scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int],
@@ -47,7 +47,7 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, s
     # packed once, and every piece, the local one too, received straight into its rows of the result
     lens = _peer_lens(mesh, seq_lens)
     skip = front[0].shape[1] if front else 0
-    starts = [skip + sum(lens[:j]) for j in range(n_u)]
+    starts = list(accumulate(lens[:-1], initial=skip))
     out = [x.new_empty((n_t, b, skip + sum(lens), h, d)) for x in xs]
     packed = _pack_others(parts, me)
     sends = [[p[me, tau] for p in parts for tau in range(n_t)] + list(front) if j == me else
@@ -67,7 +67,8 @@ def _pack_others(parts: Sequence[Tensor], me: int) -> Tensor:
     """[n, U' - 1, T, B, L, h, D]: each tensor's pieces for every peer but `me`, contiguous (two copies at most)."""
     n_u = parts[0].shape[0]
     packed = parts[0].new_empty((len(parts), n_u - 1, *parts[0].shape[1:]))
-    for dst, src in zip(packed, parts):
+    for i, src in enumerate(parts):
+        dst = packed[i]
         if me > 0:
             dst[:me].copy_(src[:me])
         if me < n_u - 1:
@@ -90,11 +91,11 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
         result = out[0] if n_t == 1 else torch.stack(list(out), dim=2).reshape(b, -1, n_t * h, d)
         return lambda: result
     lens = _peer_lens(mesh, seq_lens)
-    length, starts = lens[me], [sum(lens[:j]) for j in range(n_u)]
+    length, starts = lens[me], list(accumulate(lens[:-1], initial=0))
     # each head part's rows of peer j go as they lie (views; batch 1 needs no copy) into one [U', T, B, L, h, D]
     recv = out[0].new_empty((n_u, n_t, b, length, h, d))
     sends = [[o[:, starts[j]:starts[j] + lens[j]] for o in out] for j in range(n_u)]
-    handle = transport.all_to_all(sends, [list(recv[j]) for j in range(n_u)], mesh.ulysses_intra)
+    handle = transport.all_to_all(sends, [recv[j].unbind() for j in range(n_u)], mesh.ulysses_intra)
 
     def finish() -> Tensor:
         handle.wait()

@@ -26,6 +26,9 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 class TorchTransport:
     name = "torch"
 
+    def __init__(self) -> None:
+        self._coalesces: dict[tuple[dist.ProcessGroup, str], bool] = {}  # (group, device type) -> NCCL-style batch
+
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
         return like.new_empty(tuple(shape))
 
@@ -37,28 +40,55 @@ class TorchTransport:
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
-        if any(peer == group.index for _, peer in sends):
-            raise ValueError("a rank does not send to itself; copy locally instead")
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        me = group.index
+        for _, peer in sends:
+            if peer == me:
+                raise ValueError("a rank does not send to itself; copy locally instead")
+        like = sends[0][0] if sends else recvs[0][0] if recvs else None
+        if like is not None and like.is_cuda and torch.cuda.is_current_stream_capturing():
             return exchange_as_all_to_all(sends, recvs, group)
-        ops, copies = [], []
+        posted, copies = [], []
         for tensor, peer in sends:
             if tensor.numel():
-                ops.append(dist.P2POp(dist.isend, tensor.contiguous(), group=group.pg, group_peer=peer))
+                posted.append((True, tensor.contiguous(), peer))
         for view, peer in recvs:
             if view.numel():
                 buffer = view if view.is_contiguous() else torch.empty(view.shape, dtype=view.dtype, device=view.device)
-                ops.append(dist.P2POp(dist.irecv, buffer, group=group.pg, group_peer=peer))
+                posted.append((False, buffer, peer))
                 if buffer is not view:
                     copies.append((view, buffer))
-        handle = Handles(dist.batch_isend_irecv(ops)) if ops else Done()
+        handle = self._post(posted, group.pg) if posted else Done()
         return Placed(handle, copies) if copies else handle
+
+    def _post(self, ops: list[tuple[bool, Tensor, int]], pg: dist.ProcessGroup) -> Handle:
+        """Post sends (True) and receives (False) to group positions as one batch: what dist.batch_isend_irecv
+        does, through the process group's own calls (its Python wrappers cost more host time than a small
+        layer's transfer takes). NCCL coalesces them into one launch; gloo posts each at once."""
+        device = ops[0][1].device
+        key = (pg, device.type)
+        coalesce = self._coalesces.get(key)
+        if coalesce is None:
+            coalesce = self._coalesces[key] = type(pg) is dist.ProcessGroup and \
+                pg._get_backend(device).supports_coalescing
+        if coalesce:
+            pg._start_coalescing(device)
+        works = []
+        for send, t, peer in ops:
+            works.append(pg.send([t], peer, 0) if send else pg.recv([t], peer, 0))
+        if coalesce:
+            return pg._end_coalescing(device)
+        return Handles(works)
 
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
-        me, peers = group.index, [p for p in range(group.size) if p != group.index]
-        handle = self.exchange([(t, p) for p in peers for t in sends[p]], [(v, p) for p in peers for v in recvs[p]],
-                               group)
+        me, to_peers, from_peers = group.index, [], []
+        for peer in range(len(group.ranks)):
+            if peer != me:
+                for t in sends[peer]:
+                    to_peers.append((t, peer))
+                for v in recvs[peer]:
+                    from_peers.append((v, peer))
+        handle = self.exchange(to_peers, from_peers, group)
         for src, dst in zip(sends[me], recvs[me], strict=True):  # on the compute stream, beside the transfer
             dst.copy_(src)
         return handle

@@ -252,9 +252,9 @@ class WatchedTransport:
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
         return self.inner.recv_buffer(like, shape, peer, group)
 
-    def _post(self, what: Label, like: Tensor | None, post: Callable[[], Handle]) -> Handle:
+    def _post(self, what: Label, like: Tensor | None, post: Callable[..., Handle], *args: object) -> Handle:
         try:
-            handle = post()
+            handle = post(*args)
         except (ValueError, MemoryError):
             raise  # our own refusals (a bad call, an exhausted mailbox) say what to fix already
         except Exception as err:  # noqa: BLE001
@@ -267,14 +267,17 @@ class WatchedTransport:
                  group: Group) -> Handle:
         got, sent = [p for _, p in recvs], [p for _, p in sends]
         what = Label(self.layer, group, got, "from", sent) if got else Label(self.layer, group, sent, "to")
-        like = next((t for t, _ in [*recvs, *sends]), None)
-        return self._post(what, like, lambda: self.inner.exchange(sends, recvs, group))
+        like = recvs[0][0] if recvs else sends[0][0] if sends else None
+        return self._post(what, like, self.inner.exchange, sends, recvs, group)
 
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
-        like = next((t for pieces in recvs for t in pieces), None)
-        return self._post(Label(self.layer, group), like, lambda: self.inner.all_to_all(sends, recvs, group))
+        like = None
+        for pieces in recvs:
+            if pieces:
+                like = pieces[0]
+                break
+        return self._post(Label(self.layer, group), like, self.inner.all_to_all, sends, recvs, group)
 
     def all_gather(self, output: Tensor, input: Tensor, group: Group) -> Handle:
-        what = Label(self.layer, group)
-        return self._post(what, output, lambda: self.inner.all_gather(output, input, group))
+        return self._post(Label(self.layer, group), output, self.inner.all_gather, output, input, group)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .links import parse_link
@@ -111,20 +111,32 @@ class Layout:
     ulysses: int
     ring: int
     torus: int
+    # U' = U / T: the Ulysses degree whose all-to-all runs in one piece (inside a machine for Torus); a field set
+    # from the others, not a property: every attention call reads it
+    ulysses_intra: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ulysses_intra", self.ulysses // self.torus)
 
     @property
     def world_size(self) -> int:
         return self.machines * self.gpus_per_machine
 
     @property
-    def ulysses_intra(self) -> int:
-        """U' = U / T: the Ulysses degree whose all-to-all runs in one piece (inside a machine for Torus)."""
-        return self.ulysses // self.torus
-
-    @property
     def ring_inner(self) -> bool:
         """TAS placement (ring peers adjacent, Ulysses strided) rather than USP's (Ulysses peers adjacent)."""
         return self.method in ("tas", "torus")
+
+    @property
+    def placement(self) -> Layout:
+        """This layout under the one name that every method placing the ranks alike shares, so that they run one
+        code path on one mesh (one set of process groups, one kernel choice): with T = 1, ulysses, usp, tas and
+        torus at R = 1 are Ulysses, at U = 1 Ring; torus at T = 1 is tas."""
+        if self.torus != 1:
+            return self
+        method = ("ulysses" if self.ring == 1 else "ring" if self.ulysses == 1 else
+                  "tas" if self.ring_inner else "usp")
+        return self if method == self.method else replace(self, method=method)
 
     def rank(self, t: int, u: int, r: int) -> int:
         """Global rank of mesh coordinates (torus t, intra-Ulysses u, ring r)."""

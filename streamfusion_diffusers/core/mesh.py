@@ -64,7 +64,9 @@ class GroupCache:
         return self.worlds[timeout_s]
 
     def mesh(self, layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:
-        """The Mesh of a layout and CFG split, built (collectively) on first use."""
+        """The Mesh of a layout and CFG split, built (collectively) on first use; layouts that place the ranks
+        alike under different names (Layout.placement) share one."""
+        layout = layout.placement
         key = (layout, timeout_s, cfg.branches)
         if key not in self.meshes:
             if len(self.meshes) >= self.MAX_MESHES:
@@ -166,6 +168,8 @@ class Mesh:
                             groups[name] = Group(ranks, ranks.index(rank), pg, name)
         # the intra-Ulysses group spans U' = U / T ranks: `Layout.ulysses` is the whole degree U
         self.torus, self.ulysses_intra, self.ring = groups["torus"], groups["ulysses_intra"], groups["ring"]
+        # this rank's intra-Ulysses peers as positions in the layout (indexes into every rank's slice lengths)
+        self.ulysses_peers = tuple(lay.rank(self.t, u, self.r) for u in range(lay.ulysses_intra))
         if cfg is not None:
             self.world = cfg.sp
         else:

@@ -40,7 +40,11 @@ def attention_with_lse(
     Inputs no kernel computes (no keys or queries, mismatched shapes) are refused first (inputs.check_chunks).
     """
     check_chunks([q], [(k, v)])
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, kernel)
+
+
+def _with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, kernel: str) -> tuple[Tensor, Tensor]:
+    """`attention_with_lse` of inputs already checked (attend_chunks checks its chunks once for every pair)."""
     if kernel == "fused":
         _check_fused(q)
         partial = Partial()
@@ -104,8 +108,14 @@ def attend_chunks(
     in the query dtype (the fused kernel writes it directly instead of a float32 state).
     """
     dispatch.count_call()  # every call, even one with nothing to do, so call positions match across ranks
-    pairs = [(p, q) for p, q in zip(partials, q_chunks, strict=True) if q.shape[1] > 0]
-    kv = [(k, v) for k, v in kv_chunks if k.shape[1] > 0]
+    pairs, queries, kv = [], [], []  # loops, not comprehensions: this runs at every attention call
+    for p, q in zip(partials, q_chunks, strict=True):
+        if q.shape[1] > 0:
+            pairs.append((p, q))
+            queries.append(q)
+    for k, v in kv_chunks:
+        if k.shape[1] > 0:
+            kv.append((k, v))
     if not pairs:
         return
     if not kv:
@@ -113,7 +123,7 @@ def attend_chunks(
             for p, q in pairs:
                 p.finalize(q.dtype)
         return
-    check_chunks([q for _, q in pairs], kv)  # empty chunks were skipped above: a ring step may hold none
+    check_chunks(queries, kv)  # empty chunks were skipped above: a ring step may hold none
     for p, q in pairs:
         if p.out is not None and not p.final:
             check_state(p.out, p.lse, q)
@@ -143,11 +153,11 @@ def _attend_unfused(pairs: Pairs, kv: KV, scale: float, finalize: bool, kernel: 
             continue
         if finalize and p.out is None and len(kv) == 1:
             # A single chunk pair needs no merge: keep the kernel's output as it is.
-            p.out, p.lse = attention_with_lse(q, *kv[0], scale, kernel)
+            p.out, p.lse = _with_lse(q, *kv[0], scale, kernel)
             p.out, p.final = p.out.to(q.dtype), True
             continue
         for k, v in kv:
-            p.add(*attention_with_lse(q, k, v, scale, kernel))
+            p.add(*_with_lse(q, k, v, scale, kernel))
         if finalize:
             p.finalize(q.dtype)
 

@@ -7,7 +7,7 @@ the kernels write it, fail as deep or as late. Here each gets one ValueError tha
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NoReturn
 
 import torch
@@ -26,7 +26,12 @@ def check_chunks(q_chunks: Sequence[Tensor], kv_chunks: Sequence[tuple[Tensor, T
         raise ValueError(f"attention takes q, k, v as [B, L, H, D]; q has shape {tuple(first.shape)}")
     b, _, h, d = first.shape
     dtype, device = first.dtype, first.device
-    for name, x in _named(q_chunks, kv_chunks):
+    named = []
+    for q in q_chunks:
+        named.append(("q", q))
+    for k, v in kv_chunks:
+        named += (("k", k), ("v", v))
+    for name, x in named:
         shape = x.shape
         if len(shape) != 4 or shape[0] != b or shape[2] != h or shape[3] != d or not shape[1] or \
                 x.dtype != dtype or x.device != device:
@@ -34,14 +39,6 @@ def check_chunks(q_chunks: Sequence[Tensor], kv_chunks: Sequence[tuple[Tensor, T
     for k, v in kv_chunks:
         if k.shape[1] != v.shape[1]:
             raise ValueError(f"k has {k.shape[1]} rows but v has {v.shape[1]}: each key needs its value")
-
-
-def _named(q_chunks: Sequence[Tensor], kv_chunks: Sequence[tuple[Tensor, Tensor]]) -> Iterator[tuple[str, Tensor]]:
-    for q in q_chunks:
-        yield "q", q
-    for k, v in kv_chunks:
-        yield "k", k
-        yield "v", v
 
 
 def _refuse(name: str, x: Tensor, q: Tensor) -> NoReturn:

@@ -27,20 +27,20 @@ class TokenLayout:
     text_sharded: bool
     image_lens: tuple[int, ...]
     joint_last: bool = False  # replicated text after the image rows (HunyuanVideo's [video ; text])
+    # read at every attention call, so fields set from the above once per layout rather than properties:
+    joint: int = field(init=False, compare=False)  # leading tokens of each attention call every rank holds in full
+    text_lens: list[int] = field(init=False, compare=False)  # every rank's split text tokens (zeros: replicated)
+    seq_lens: list[int] = field(init=False, compare=False)  # every rank's split rows, sp_attention(seq_lens=...)
+
+    def __post_init__(self) -> None:
+        text_lens = split_sizes(self.text_total if self.text_sharded else 0, self.world_size)
+        object.__setattr__(self, "joint", 0 if self.text_sharded else self.text_total)
+        object.__setattr__(self, "text_lens", text_lens)
+        object.__setattr__(self, "seq_lens", [text + n for text, n in zip(text_lens, self.image_lens)])
 
     @property
     def world_size(self) -> int:
         return len(self.image_lens)
-
-    @property
-    def joint(self) -> int:
-        """Leading tokens of each attention call that every rank holds in full."""
-        return 0 if self.text_sharded else self.text_total
-
-    @property
-    def text_lens(self) -> list[int]:
-        """Every rank's split text token count (zeros when the text is replicated)."""
-        return split_sizes(self.text_total if self.text_sharded else 0, self.world_size)
 
     @property
     def text_range(self) -> tuple[int, int]:
@@ -55,11 +55,6 @@ class TokenLayout:
         """This rank's image/video tokens, as a [start, stop) range of the whole image sequence."""
         start = sum(self.image_lens[: self.rank])
         return start, start + self.image_lens[self.rank]
-
-    @property
-    def seq_lens(self) -> list[int]:
-        """Every rank's sharded (non-joint) token count in an attention call, for `sp_attention(seq_lens=...)`."""
-        return [text + n for text, n in zip(self.text_lens, self.image_lens)]
 
 
 @dataclass
