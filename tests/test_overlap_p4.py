@@ -125,9 +125,10 @@ def test_one_group_runs_the_stock_processors(pool):
         assert res["error"] <= TOL, res
 
 
-def test_ring_layouts_run_the_plain_path(pool):
+def test_layouts_with_ring_stages_run_the_plain_path(pool):
     family, case = MODELS["qwen-image-uneven-batch2"]
-    for res in pool.run(_model, ParallelConfig(method="ring"), family, case):
+    usp = ParallelConfig(machines=2, gpus_per_machine=2, method="usp", ulysses=2, ring=2)
+    for res in pool.run(_model, usp, family, case):
         assert res["processors"] == ["QwenImageOverlapAttnProcessor"] and res["runs"] == [], res
         assert res["error"] <= TOL, res
 
