@@ -77,10 +77,9 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
         calls.append((q.shape[1], list(kwargs["seq_lens"]), 0 if joint is None else joint.shape[1]))
         return real(q, *args, **kwargs)
 
-    def spy_overlapped(ctx: Any, groups: int, like: torch.Tensor, project: Any, out_project: Any, joint: int,
-                       lens: list[int]) -> Any:
-        calls.append((like.shape[1] - joint, list(lens), joint))
-        return real_overlapped(ctx, groups, like, project, out_project, joint, lens)
+    def spy_overlapped(ctx: Any, plan: Any, like: torch.Tensor, *args: Any) -> Any:
+        calls.append((like.shape[1] - plan.joint, list(plan.lens), plan.joint))
+        return real_overlapped(ctx, plan, like, *args)
 
     real, processors_base.sp_attention = processors_base.sp_attention, spy
     real_overlapped, overlap_processors.run_overlapped = overlap_processors.run_overlapped, spy_overlapped

@@ -16,7 +16,7 @@ from plan_cases import Case, context
 
 import streamfusion_diffusers.diffusers.processors.overlap as overlap_processors
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
-from streamfusion_diffusers.attention.overlap import overlap_groups, run_overlapped
+from streamfusion_diffusers.attention.overlap import overlap_plan, run_overlapped
 from streamfusion_diffusers.commands.spawn import ProcessPool
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error
 from streamfusion_diffusers.models.build import build_transformer
@@ -45,8 +45,8 @@ def _layer(config: ParallelConfig, heads: int, lens: list[int], joint: int, proj
     start = joint + sum(lens[:rank])
     mine = torch.cat([x[:, :joint], x[:, start:start + lens[rank]]], dim=1)
     like = mine.new_empty(()).expand(b, mine.shape[1], heads, d)
-    groups = overlap_groups(ctx, like, joint, lens)
-    n = heads * d // groups
+    plan = overlap_plan(ctx, like, joint, lens)
+    n = heads * d // plan.groups
 
     def project(i: int):
         rows = slice(i * n, (i + 1) * n)
@@ -56,14 +56,14 @@ def _layer(config: ParallelConfig, heads: int, lens: list[int], joint: int, proj
     def out_project(i: int, o: torch.Tensor):
         return (torch.nn.functional.linear(o.flatten(2, 3), w_out[:, i * n:(i + 1) * n], b_out if i == 0 else None),)
 
-    got = run_overlapped(ctx, groups, like, project, out_project if projected else None, joint, lens)
+    got = run_overlapped(ctx, plan, like, project, out_project if projected else None)
     q, k, v = (torch.nn.functional.linear(x.double(), wi.double(), bi.double()).unflatten(-1, (-1, d))
                for wi, bi in zip(w, bias))
     ref = reference_attention(q, k, v)
     ref = torch.cat([ref[:, :joint], ref[:, start:start + lens[rank]]], dim=1)
     if projected:
         got, ref = got[0], torch.nn.functional.linear(ref.flatten(2, 3), w_out.double(), b_out.double())
-    return {"groups": groups, "error": relative_error(got, ref)}
+    return {"groups": plan.groups, "error": relative_error(got, ref)}
 
 
 @pytest.mark.parametrize("heads, lens, joint, projected, groups", [
@@ -85,9 +85,9 @@ def _model(config: ParallelConfig, family: str, case: Any) -> dict[str, Any]:
     runs: list[int] = []
     real = overlap_processors.run_overlapped
 
-    def spy(ctx, groups, *args, **kwargs):
-        runs.append(groups)
-        return real(ctx, groups, *args, **kwargs)
+    def spy(ctx, plan, *args, **kwargs):
+        runs.append(plan.groups)
+        return real(ctx, plan, *args, **kwargs)
 
     overlap_processors.run_overlapped = spy
     try:
@@ -136,7 +136,7 @@ def test_layouts_with_ring_stages_run_the_plain_path(pool):
 def _groups_error(config: ParallelConfig) -> str:
     like = torch.empty(()).expand(1, 4, 8, 8)
     try:
-        overlap_groups(context(config), like)
+        overlap_plan(context(config), like)
     except ValueError as err:
         return str(err)
     return "no error"

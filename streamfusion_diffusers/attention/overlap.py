@@ -19,10 +19,12 @@ wait is a stream wait, so the schedule is captured by a CUDA graph as it runs ea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..backends import Transport
 from ..context import ParallelContext
 from ..core.mesh import Mesh
 from ..kernels import Partial, agreed_choices, attend_chunks
@@ -32,74 +34,74 @@ from .torus import JointShard, finished
 from .ulysses import post_gather_heads, post_scatter_heads
 from .volume import peer_bytes
 
-__all__ = ["overlap_groups", "run_overlapped"]
+__all__ = ["OverlapPlan", "overlap_plan", "run_overlapped"]
 
 Project = Callable[[int], tuple[Tensor, Tensor, Tensor]]
 OutProject = Callable[[int, Tensor], tuple[Tensor, ...]]
 
 
-def overlap_groups(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
-                   seq_lens: Sequence[int] | None = None) -> int:
-    """How many head groups the pipeline runs for q shaped `like` ([B, J + L_local, H, D]); 1: the plain path
-    (no all-to-all to hide, a layout with torus or ring stages, a one-sided transport, or overlap off).
-    Collective on a new shape (the layout choice and the shape agreement)."""
-    if ctx.world_size == 1 or not ctx.transport.name.startswith("torch"):
-        return 1
-    mesh, _ = _plan(ctx, like, joint_len, seq_lens)
+@dataclass(frozen=True)
+class OverlapPlan:
+    """One call's pipeline: its mesh and kernel, every rank's slice length, the joint rows and the group count."""
+
+    mesh: Mesh
+    kernel: str
+    lens: list[int]
+    joint: int
+    groups: int
+
+
+def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
+                 seq_lens: Sequence[int] | None = None) -> OverlapPlan | None:
+    """The pipeline for q shaped `like` ([B, J + L_local, H, D]; an expanded scalar will do), or None for the
+    plain path (one group, no all-to-all to hide, torus or ring stages, a one-sided transport). Collective on a
+    new shape (the layout choice and the shape agreement), like `sp_attention`."""
+    asked = ctx.config.overlap_groups
+    if asked == 1 or ctx.world_size == 1 or not ctx.transport.name.startswith("torch"):
+        return None
+    rows = like[:, joint_len:]
+    joint = (like[:, :joint_len],) * 3 if joint_len else (None, None, None)
+    lens = agreed_seq_lens(ctx, rows, rows, rows, joint, seq_lens)  # every rank agrees (once per shape)
+    mesh, kernel = ctx.attention_plan(rows, lens, joint_len)  # method "auto" chooses here, once per shape
     lay = mesh.layout
     if lay.torus != 1 or lay.ring != 1 or lay.ulysses_intra == 1:
-        return 1
+        return None
     per_rank = like.shape[2] // lay.ulysses
-    asked = ctx.config.overlap_groups
-    if asked is None:
-        return 2 if per_rank % 2 == 0 else 1
-    if per_rank % asked:
+    if asked is not None and per_rank % asked:
         raise ValueError(f"overlap_groups={asked} does not divide the {per_rank} heads each rank attends "
                          f"({like.shape[2]} heads over Ulysses degree {lay.ulysses}); pass a divisor of "
                          f"{per_rank}, or overlap_groups=None to choose, or 1 to turn overlap off")
-    return asked
+    groups = asked if asked is not None else 2 if per_rank % 2 == 0 else 1
+    return OverlapPlan(mesh, kernel, lens, joint_len, groups) if groups > 1 else None
 
 
-def run_overlapped(ctx: ParallelContext, groups: int, like: Tensor, project: Project,
-                   out_project: OutProject | None = None, joint_len: int = 0,
-                   seq_lens: Sequence[int] | None = None, scale: float | None = None) -> Tensor | tuple[Tensor, ...]:
-    """The attention of every head group over the whole sequence, pipelined with the projections.
-
-    like: a tensor shaped as the whole q ([B, J + L_local, H, D]; an expanded scalar will do). Returns the sums of
-    `out_project`'s tensors over the groups, or without it the attention output [B, J + L_local, H, D]."""
-    mesh, kernel = _plan(ctx, like, joint_len, seq_lens)
-    lens = _lens(ctx, like, joint_len, seq_lens)
+def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, project: Project,
+                   out_project: OutProject | None = None, scale: float | None = None) -> Tensor | tuple[Tensor, ...]:
+    """The attention of every head group over the whole sequence, pipelined with the projections. Returns the
+    sums of `out_project`'s tensors over the groups, or without it the attention output [B, J + L_local, H, D]."""
     b, _, heads, d = like.shape
     transport = ctx.transport
-    transport.begin_layer(peer_bytes(mesh.layout, lens, b, heads, d, joint_len, like.element_size()))
-    group_like = like[:, :, : heads // groups]
-    signature = ("sp_attention", mesh.layout, tuple(lens), joint_len, b, heads // groups, d, like.dtype)
+    transport.begin_layer(peer_bytes(plan.mesh.layout, plan.lens, b, heads, d, plan.joint, like.element_size()))
+    h = heads // plan.groups
+    signature = ("sp_attention", plan.mesh.layout, tuple(plan.lens), plan.joint, b, h, d, like.dtype)
     try:
-        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, group_like, kernel):
-            return _Pipeline(mesh, ctx, lens, joint_len, scale, kernel, project, out_project).run(groups)
+        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, like[:, :, :h], plan.kernel):
+            return _Pipeline(plan, transport, scale, project, out_project).run()
     finally:
         transport.end_layer()  # also on an error: every transfer posted is over before it propagates
-
-
-def _plan(ctx: ParallelContext, like: Tensor, joint_len: int, seq_lens: Sequence[int] | None) -> tuple[Mesh, str]:
-    return ctx.attention_plan(like[:, joint_len:], _lens(ctx, like, joint_len, seq_lens), joint_len)
-
-
-def _lens(ctx: ParallelContext, like: Tensor, joint_len: int, seq_lens: Sequence[int] | None) -> list[int]:
-    rows = like[:, joint_len:]
-    joint = (like[:, :joint_len],) * 3 if joint_len else (None, None, None)
-    return agreed_seq_lens(ctx, rows, rows, rows, joint, seq_lens)
 
 
 class _Pipeline:
     """One layer's schedule over the head groups (the module docstring draws it)."""
 
-    def __init__(self, mesh: Mesh, ctx: ParallelContext, lens: list[int], joint_len: int, scale: float | None,
-                 kernel: str, project: Project, out_project: OutProject | None):
-        self.mesh, self.transport, self.lens, self.joint = mesh, ctx.transport, lens, joint_len
-        self.scale, self.kernel, self.project, self.out_project = scale, kernel, project, out_project
+    def __init__(self, plan: OverlapPlan, transport: Transport, scale: float | None, project: Project,
+                 out_project: OutProject | None):
+        self.mesh, self.transport, self.lens, self.joint = plan.mesh, transport, plan.lens, plan.joint
+        self.groups, self.scale, self.kernel = plan.groups, scale, plan.kernel
+        self.project, self.out_project = project, out_project
 
-    def run(self, groups: int) -> Tensor | tuple[Tensor, ...]:
+    def run(self) -> Tensor | tuple[Tensor, ...]:
+        groups = self.groups
         inbound, outbound, parts = self.post_in(0), [], []
         for g in range(groups):
             following = self.post_in(g + 1) if g + 1 < groups else None  # projected while in(g) travels

@@ -18,7 +18,7 @@ from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStrea
                                                                  apply_rotary_emb_qwen)
 from torch import Tensor
 
-from ...attention.overlap import overlap_groups, run_overlapped
+from ...attention.overlap import OverlapPlan, overlap_plan, run_overlapped
 from .backend import Route
 
 QKV = tuple[Tensor, Tensor, Tensor]
@@ -48,22 +48,20 @@ class _Overlapped:
 
     _parallel_config: Route
 
-    def _groups(self, attn: torch.nn.Module, like: Tensor, masked: bool, *linears: torch.nn.Module | None
-                ) -> tuple[int, int, list[int] | None]:
-        """(G, joint rows, seq_lens) for this call; G = 1: run the stock call."""
+    def _plan(self, attn: torch.nn.Module, like: Tensor, masked: bool, *linears: torch.nn.Module | None
+              ) -> OverlapPlan | None:
+        """The pipeline for this call; None: run the stock call."""
         route = self._parallel_config
         layout = route.state.layout
         if masked or route.attention is not None or torch.compiler.is_compiling() or not _plain(*linears) \
-                or getattr(attn, "fused_projections", False) or (layout is not None and layout.joint_last) \
-                or route.ctx.config.overlap_groups == 1:
-            return 1, 0, None
+                or getattr(attn, "fused_projections", False) or (layout is not None and layout.joint_last):
+            return None
         joint, lens = (layout.joint, layout.seq_lens) if layout is not None else (0, None)
-        return overlap_groups(route.ctx, like, joint, lens), joint, lens
+        return overlap_plan(route.ctx, like, joint, lens)
 
-    def _run(self, like: Tensor, groups: int, joint: int, lens: list[int] | None,
-             project: Callable[[int], QKV], out_project: Callable[[int, Tensor], tuple[Tensor, ...]] | None
-             ) -> Tensor | tuple[Tensor, ...]:
-        return run_overlapped(self._parallel_config.ctx, groups, like, project, out_project, joint, lens)
+    def _run(self, plan: OverlapPlan, like: Tensor, project: Callable[[int], QKV],
+             out_project: Callable[[int, Tensor], tuple[Tensor, ...]] | None) -> Tensor | tuple[Tensor, ...]:
+        return run_overlapped(self._parallel_config.ctx, plan, like, project, out_project)
 
     @staticmethod
     def _joint_out(attn: torch.nn.Module, text: int, groups: int) -> Callable[[int, Tensor], tuple[Tensor, ...]]:
@@ -86,10 +84,10 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
         like = hidden_states.new_empty(()).expand(b, text + hidden_states.shape[1], attn.heads, d)
         extra = (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.to_out[0], attn.to_add_out) \
             if joint_block else ()
-        groups, joint, lens = self._groups(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v,
-                                           *extra)
-        if groups == 1:
+        plan = self._plan(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v, *extra)
+        if plan is None:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        groups = plan.groups
 
         def project(g: int) -> QKV:
             q = attn.norm_q(_rows(attn.to_q, hidden_states, g, groups, d))
@@ -106,8 +104,8 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
             return q, k, v
 
         if not joint_block:
-            return self._run(like, groups, joint, lens, project, None).flatten(2, 3)
-        img, txt = self._run(like, groups, joint, lens, project, self._joint_out(attn, text, groups))
+            return self._run(plan, like, project, None).flatten(2, 3)
+        img, txt = self._run(plan, like, project, self._joint_out(attn, text, groups))
         return attn.to_out[1](img), txt
 
 
@@ -126,10 +124,11 @@ class QwenImageOverlapAttnProcessor(_Overlapped, QwenDoubleStreamAttnProcessor2_
         masked = attention_mask is not None or (encoder_hidden_states_mask is not None and not checked)
         text, b, d = encoder_hidden_states.shape[1], hidden_states.shape[0], attn.inner_dim // attn.heads
         like = hidden_states.new_empty(()).expand(b, text + hidden_states.shape[1], attn.heads, d)
-        groups, joint, lens = self._groups(attn, like, masked, attn.to_q, attn.to_k, attn.to_v, attn.add_q_proj,
-                                           attn.add_k_proj, attn.add_v_proj, attn.to_out[0], attn.to_add_out)
-        if groups == 1:
+        plan = self._plan(attn, like, masked, attn.to_q, attn.to_k, attn.to_v, attn.add_q_proj, attn.add_k_proj,
+                          attn.add_v_proj, attn.to_out[0], attn.to_add_out)
+        if plan is None:
             return super().__call__(*stock)
+        groups = plan.groups
 
         def norm(module: torch.nn.Module | None, x: Tensor) -> Tensor:
             return x if module is None else module(x)
@@ -146,7 +145,7 @@ class QwenImageOverlapAttnProcessor(_Overlapped, QwenDoubleStreamAttnProcessor2_
                 txt[:2] = [apply_rotary_emb_qwen(x, txt_freqs, use_real=False) for x in txt[:2]]
             return tuple(torch.cat([t, i], dim=1) for t, i in zip(txt, img))
 
-        img, txt = self._run(like, groups, joint, lens, project, self._joint_out(attn, text, groups))
+        img, txt = self._run(plan, like, project, self._joint_out(attn, text, groups))
         if len(attn.to_out) > 1:
             img = attn.to_out[1](img)
         return img, txt
