@@ -53,6 +53,11 @@ class ParallelConfig:
     (Torus Pull Q, Pull KV, Push O; ring passes) as one byte per value with per-token-and-head scales
     (backends/quantized.py); None sends them as they are. int8 is the more accurate (about 0.65 % rms per
     value against e4m3's 2.6 %; a Torus layer over 2 machines: 1.0e-2 against 3.7e-2), at the same bytes.
+    overlap_groups: G, the head groups of the Flux and Qwen-Image processors' pipelined Ulysses
+    (attention/overlap.py: group g's all-to-all travels while group g+1 is projected, its output's beside group
+    g-1's output projection); it applies where the attention is pure Ulysses (torus and ring degree 1) over the
+    torch transport, eagerly and in CUDA graphs (compiled code runs the plain path). None: 2 where the heads per
+    rank are even, else 1; 1: off; G must divide the heads per rank.
     """
 
     machines: int = 1
@@ -69,6 +74,7 @@ class ParallelConfig:
     recipe: str | None = None
     cfg: int | Literal["auto"] = 1
     comm_dtype: str | None = None
+    overlap_groups: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS + ("auto",):
@@ -80,7 +86,7 @@ class ParallelConfig:
             raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
-        for name in ("machines", "gpus_per_machine", "ulysses", "ring", "torus"):
+        for name in ("machines", "gpus_per_machine", "ulysses", "ring", "torus", "overlap_groups"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -6,7 +6,8 @@ parallel_config=self._parallel_config)`. Each routed module gets a copy of its p
 backend (processors/backend.py), with the module's route (context, shard state, name) in the `parallel_config`
 slot that the dispatcher hands the backend. Nothing global changes: a module that is not routed runs as before,
 and `unparallelize` puts the original processors back. Stock processors that call torch's SDPA themselves
-(CogVideoX's) are replaced by the plan's adapter instead.
+(CogVideoX's) are replaced by the plan's adapter instead; Flux.1's and Qwen-Image's by their twins that pipeline
+the Ulysses all-to-all with the projections (processors/overlap.py), unless overlap_groups=1.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from ..context import ParallelContext
 from .plans import ModelPlan
 from .processors.backend import BACKEND, Route, backend_name, streamfusion_attention
+from .processors.overlap import OVERLAPPED
 from .sharding import PlanState
 
 
@@ -38,7 +40,8 @@ def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan,
     if not hasattr(processor, "_attention_backend"):
         raise ValueError(f"{name} runs {type(processor).__name__}, which does not call diffusers' "
                          f"dispatch_attention_fn; its plan needs an adapter processor for it")
-    mine = copy.copy(processor)
+    overlapped = OVERLAPPED.get(type(processor))
+    mine = overlapped() if overlapped is not None and route.ctx.config.overlap_groups != 1 else copy.copy(processor)
     mine._attention_backend, mine._parallel_config = backend_name(), route
     return mine
 

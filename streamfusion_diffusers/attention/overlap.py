@@ -1,0 +1,146 @@
+"""Ulysses with its all-to-alls hidden behind the projections: heads in G groups, run as a pipeline.
+
+The caller hands over two callables: `project(g)` -> (q, k, v) of head group g ([B, J + L_local, H/G, D], joint
+rows first), and optionally `out_project(g, o_g)` -> the output projection's share of group g (a tuple of
+tensors; their sums over the groups are the projected output). Group g holds the contiguous heads
+[g H/G, (g+1) H/G), so its projection is a row slice of the Q/K/V weights and its share of the output
+projection a column slice of the output weight: views, no copies. Within a group, rank j attends heads
+j h/G .. (j+1) h/G - 1 of it, so a rank's heads differ from plain Ulysses' but every head is attended once,
+exactly. The schedule, on the compute stream with the exchanges on the transport's:
+
+    project 0, post in(0)
+    for g: project g+1, post in(g+1)  (in(g) travels) | wait in(g), attend g  (in(g+1) travels)
+           post out(g) | wait out(g-1), out-project g-1  (out(g) travels)
+    wait out(G-1), out-project G-1
+
+Only for pure Ulysses inside the attention (torus T = 1, ring R = 1) over a torch transport (NCCL or gloo): every
+wait is a stream wait, so the schedule is captured by a CUDA graph as it runs eagerly.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..backends import Transport
+from ..context import ParallelContext
+from ..core.mesh import Mesh
+from ..kernels import Partial, agreed_choices, attend_chunks
+from .agreement import agreed_seq_lens
+from .joint import gather_joint, joint_shard
+from .torus import JointShard, finished
+from .ulysses import post_gather_heads, post_scatter_heads
+from .volume import peer_bytes
+
+__all__ = ["OverlapPlan", "overlap_plan", "run_overlapped"]
+
+Project = Callable[[int], tuple[Tensor, Tensor, Tensor]]
+OutProject = Callable[[int, Tensor], tuple[Tensor, ...]]
+
+
+@dataclass(frozen=True)
+class OverlapPlan:
+    """One call's pipeline: its mesh and kernel, every rank's slice length, the joint rows and the group count."""
+
+    mesh: Mesh
+    kernel: str
+    lens: list[int]
+    joint: int
+    groups: int
+
+
+def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
+                 seq_lens: Sequence[int] | None = None) -> OverlapPlan | None:
+    """The pipeline for q shaped `like` ([B, J + L_local, H, D]; an expanded scalar will do), or None for the
+    plain path (one group, no all-to-all to hide, torus or ring stages, a one-sided transport). Collective on a
+    new shape (the layout choice and the shape agreement), like `sp_attention`."""
+    asked = ctx.config.overlap_groups
+    if asked == 1 or ctx.world_size == 1 or not ctx.transport.name.startswith("torch"):
+        return None
+    rows = like[:, joint_len:]
+    joint = (like[:, :joint_len],) * 3 if joint_len else (None, None, None)
+    lens = agreed_seq_lens(ctx, rows, rows, rows, joint, seq_lens)  # every rank agrees (once per shape)
+    mesh, kernel = ctx.attention_plan(rows, lens, joint_len)  # method "auto" chooses here, once per shape
+    lay = mesh.layout
+    if lay.torus != 1 or lay.ring != 1 or lay.ulysses_intra == 1:
+        return None
+    per_rank = like.shape[2] // lay.ulysses
+    if asked is not None and per_rank % asked:
+        raise ValueError(f"overlap_groups={asked} does not divide the {per_rank} heads each rank attends "
+                         f"({like.shape[2]} heads over Ulysses degree {lay.ulysses}); pass a divisor of "
+                         f"{per_rank}, or overlap_groups=None to choose, or 1 to turn overlap off")
+    groups = asked if asked is not None else 2 if per_rank % 2 == 0 else 1
+    return OverlapPlan(mesh, kernel, lens, joint_len, groups) if groups > 1 else None
+
+
+def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, project: Project,
+                   out_project: OutProject | None = None, scale: float | None = None) -> Tensor | tuple[Tensor, ...]:
+    """The attention of every head group over the whole sequence, pipelined with the projections. Returns the
+    sums of `out_project`'s tensors over the groups, or without it the attention output [B, J + L_local, H, D]."""
+    b, _, heads, d = like.shape
+    transport = ctx.transport
+    transport.begin_layer(peer_bytes(plan.mesh.layout, plan.lens, b, heads, d, plan.joint, like.element_size()))
+    h = heads // plan.groups
+    signature = ("sp_attention", plan.mesh.layout, tuple(plan.lens), plan.joint, b, h, d, like.dtype)
+    try:
+        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, like[:, :, :h], plan.kernel):
+            return _Pipeline(plan, transport, scale, project, out_project).run()
+    finally:
+        transport.end_layer()  # also on an error: every transfer posted is over before it propagates
+
+
+class _Pipeline:
+    """One layer's schedule over the head groups (the module docstring draws it)."""
+
+    def __init__(self, plan: OverlapPlan, transport: Transport, scale: float | None, project: Project,
+                 out_project: OutProject | None):
+        self.mesh, self.transport, self.lens, self.joint = plan.mesh, transport, plan.lens, plan.joint
+        self.groups, self.scale, self.kernel = plan.groups, scale, plan.kernel
+        self.project, self.out_project = project, out_project
+
+    def run(self) -> Tensor | tuple[Tensor, ...]:
+        groups = self.groups
+        inbound, outbound, parts = self.post_in(0), [], []
+        for g in range(groups):
+            following = self.post_in(g + 1) if g + 1 < groups else None  # projected while in(g) travels
+            outbound.append(self.attend(*inbound))  # in(g + 1) travels meanwhile
+            inbound = following
+            if g > 0:
+                parts.append(self.finish(g - 1, *outbound[g - 1]))  # while out(g) travels
+        parts.append(self.finish(groups - 1, *outbound[-1]))
+        if self.out_project is None:
+            return torch.cat(parts, dim=2)
+        total = list(parts[0])
+        for part in parts[1:]:
+            for acc, x in zip(total, part):
+                acc.add_(x)
+        return tuple(total)
+
+    def post_in(self, g: int) -> tuple[Callable[[], list[Tensor]], JointShard | None, Tensor | None]:
+        q, k, v = self.project(g)
+        j = self.joint
+        shard = joint_shard(q[:, :j], k[:, :j], v[:, :j], self.mesh) if j else None
+        front = (shard.q, shard.k, shard.v) if shard is not None else ()
+        wait = post_scatter_heads((q[:, j:], k[:, j:], v[:, j:]), self.mesh, self.transport, self.lens, front)
+        return wait, shard, (q[:, :j] if j else None)
+
+    def attend(self, wait: Callable[[], list[Tensor]], shard: JointShard | None, joint_q: Tensor | None
+               ) -> tuple[Callable[[], Tensor], Tensor | None]:
+        xq, xk, xv = (x[0] for x in wait())
+        partial = Partial()
+        attend_chunks([partial], [xq], [(xk, xv)], self.scale, self.kernel, finalize=True)
+        out = finished(partial, xq)
+        skip = shard.q.shape[1] if shard is not None else 0
+        gathered = post_gather_heads([out[:, skip:]], self.mesh, self.transport, self.lens)
+        if shard is None:
+            return gathered, None
+        done = JointShard(shard.q, shard.k, shard.v, Partial(out[:, :skip], None, True))
+        return gathered, gather_joint(done, joint_q, self.mesh, self.transport)
+
+    def finish(self, g: int, gathered: Callable[[], Tensor], joint_out: Tensor | None) -> Tensor | tuple[Tensor, ...]:
+        out = gathered()
+        if joint_out is not None:
+            out = torch.cat([joint_out, out], dim=1)
+        return out if self.out_project is None else self.out_project(g, out)
