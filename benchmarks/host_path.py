@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers.bench.host_path import Shape, run_rank
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 
 
 def table(results: list) -> str:

@@ -8,7 +8,7 @@ import torch
 from streamfusion_diffusers.bench.command import _cases, run_tasks
 from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer
 from streamfusion_diffusers.choice.workloads import parse_workload
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import threshold
 
 METHODS = ("ulysses", "ring", "usp", "tas", "torus")

@@ -9,7 +9,7 @@ import torch
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers.backends.watch import EXIT_CODE
-from streamfusion_diffusers.commands.spawn import ProcessPool, RankFailure
+from streamfusion_diffusers.runtime.pool import ProcessPool, RankFailure
 from streamfusion_diffusers.commands.timing import deadline
 
 DEADLINE_S = 2.0

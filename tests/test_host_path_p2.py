@@ -12,7 +12,7 @@ import pytest
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers.bench.host_path import Shape, run_rank
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.mesh import GroupCache
 
 MAX_ATTENTION_CALLS = 90  # Python calls per attention call (78 measured), with margin

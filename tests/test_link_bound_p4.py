@@ -17,7 +17,7 @@ from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer, padded_
 from streamfusion_diffusers.bench.report import markdown
 from streamfusion_diffusers.choice.costmodel import candidate_layouts, link_bound
 from streamfusion_diffusers.choice.workloads import Workload, parse_workload
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.config import METHODS
 from streamfusion_diffusers.core.links import parse_link
 from streamfusion_diffusers.core.mesh import GroupCache

@@ -17,13 +17,13 @@ from plan_cases import Case, context
 import streamfusion_diffusers.diffusers.processors.overlap as overlap_processors
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.attention.overlap import overlap_plan, run_overlapped
-from streamfusion_diffusers.commands.spawn import ProcessPool
+from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error
 from streamfusion_diffusers.models.build import build_transformer
 
 WORLD = 4
 TOL = 1e-4
-ULYSSES = ParallelConfig(method="ulysses")
+ULYSSES = ParallelConfig(method="ulysses", overlap_groups=2)  # asked for: the pipeline runs eager too
 
 
 @pytest.fixture(scope="module")
@@ -118,16 +118,17 @@ def test_models_match_unparallelized(pool, name):
         assert res["error"] <= TOL, res
 
 
-def test_one_group_runs_the_stock_processors(pool):
+@pytest.mark.parametrize("groups", [1, None])  # off; and by default on a forward that runs eager (no CUDA graph)
+def test_one_group_and_the_eager_default_run_the_stock_processors(pool, groups):
     family, case = MODELS["flux-uneven"]
-    for res in pool.run(_model, ParallelConfig(method="ulysses", overlap_groups=1), family, case):
+    for res in pool.run(_model, ParallelConfig(method="ulysses", overlap_groups=groups), family, case):
         assert res["processors"] == ["FluxAttnProcessor"] and res["runs"] == [], res
         assert res["error"] <= TOL, res
 
 
 def test_layouts_with_ring_stages_run_the_plain_path(pool):
     family, case = MODELS["qwen-image-uneven-batch2"]
-    usp = ParallelConfig(machines=2, gpus_per_machine=2, method="usp", ulysses=2, ring=2)
+    usp = ParallelConfig(machines=2, gpus_per_machine=2, method="usp", ulysses=2, ring=2, overlap_groups=2)
     for res in pool.run(_model, usp, family, case):
         assert res["processors"] == ["QwenImageOverlapAttnProcessor"] and res["runs"] == [], res
         assert res["error"] <= TOL, res

@@ -121,10 +121,11 @@ def _signature(leaves: list[Any]) -> tuple:
 
 
 def graph_hooks(target: Any) -> list[GraphedForward]:
-    """The graph hooks of a pipeline's transformers (none where graphs are off)."""
+    """The graph hooks of a pipeline's transformers, or of a transformer (none where graphs are off)."""
     found = []
-    for name in ("transformer", "transformer_2"):
-        registry = getattr(getattr(target, name, None), "_diffusers_hook", None)
+    transformers = [getattr(target, name, None) for name in ("transformer", "transformer_2")]
+    for transformer in transformers if transformers[0] is not None else [target]:  # a pipeline, or a transformer
+        registry = getattr(transformer, "_diffusers_hook", None)
         hook = registry.get_hook(GRAPH_HOOK) if registry is not None else None
         if hook is not None:
             found.append(hook)
