@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,7 @@ class ForwardHook(ModelHook):
         super().__init__()
         self.ctx, self.state, self.key_masks = ctx, state, key_masks
         self.names: tuple[str, ...] = ()
+        self.kept: dict[str, tuple[weakref.ref, int]] = {}  # each key mask last seen to keep every key, by identity
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
         self.names = parameter_names(module)
@@ -155,10 +157,16 @@ class ForwardHook(ModelHook):
             mask = arguments.get(name)
             if mask is None:
                 continue
-            if not bool(mask.bool().all()):
-                raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
-                                 f"attention does not take key masks; run one prompt per call (batch 1) or pad "
-                                 f"no prompt, so that {name} keeps every token")
+            kept = self.kept.get(name)
+            if kept is None or kept[0]() is not mask or kept[1] != mask._version:  # a mask not checked yet (one
+                # check per pipeline call, not a device synchronize per step)
+                if not bool(mask.bool().all()):
+                    raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
+                                     f"attention does not take key masks; run one prompt per call (batch 1) or pad "
+                                     f"no prompt, so that {name} keeps every token")
+                self.kept[name] = (weakref.ref(mask), mask._version)
+            if name in kwargs:  # it keeps every key: the model runs as without it (exact), and no model code
+                kwargs[name] = None  # reads it back to the host inside a captured CUDA graph
             checked.append(name)
         text = arguments.get(TEXT)
         text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
