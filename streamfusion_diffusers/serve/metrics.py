@@ -19,6 +19,7 @@ class Metrics:
         self.phases: Counter[str] = Counter()
         self.generations = 0
         self.dropped = 0  # clients gone before their request started
+        self.cancelled = 0  # requests stopped while they ran (client gone, video deleted)
         self.restarts = 0
         self.peak_bytes = 0.0
         self.last_peak_bytes = 0.0
@@ -62,6 +63,8 @@ class Metrics:
         metric("running", "gauge", "requests running on a parallel group", [("", running)])
         metric("dropped_total", "counter", "queued requests dropped because their client disconnected",
                [("", self.dropped)])
+        metric("cancelled_total", "counter", "running requests cancelled (client disconnected, video deleted)",
+               [("", self.cancelled)])
         metric("generations_total", "counter", "pipeline calls (an image or a video each)", [("", self.generations)])
         metric("phase_seconds_total", "counter", "seconds per pipeline phase, summed over generations (rank 0)",
                [(f'{{phase="{p}"}}', s) for p, s in sorted(self.phases.items())])
