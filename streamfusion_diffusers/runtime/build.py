@@ -14,6 +14,7 @@ import torch.distributed as dist
 from .. import init_parallel
 from ..context import ParallelContext
 from ..models.pipelines import family_of
+from .invariant import rows_invariant
 from .job import DTYPES, Job, real_size
 from .phases import PhaseTimer
 
@@ -85,6 +86,8 @@ def prepare(job: Job) -> Prepared:
         build = build_full_pipeline if real_size(job.model) else build_pipeline
         pipe = build(job.model, seed=job.seed, dtype=dtype, device=home)
     stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
+    if not job.gpu:  # an image the same alone and in a batch (invariant.py); before parallelize's hooks wrap forward
+        rows_invariant(pipe)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights)
     if home != device:  # what was not sharded (the VAE, small encoders); the shards are on the GPU already
         for name, part in pipe.components.items():

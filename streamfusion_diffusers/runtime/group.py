@@ -33,6 +33,9 @@ class Group:
         self.pool: ProcessPool | None = None
         self.info: dict[str, Any] = {}  # rank 0's answer to `build`: build and warm-up times, the warm-up's record
         self.restarts = 0
+        self._running: dict[str, Request] = {}  # the batch in flight, by request id
+        self._cancelled: set[str] = set()  # its requests cancelled so far
+        self._call = 0  # its call number in the pool (what a cancel names)
 
     def start(self) -> dict[str, Any]:
         """Start the ranks, build and warm up the pipeline (blocking: the service runs it in a thread)."""
@@ -43,16 +46,34 @@ class Group:
         self.state = "ready"
         return self.info
 
-    def run(self, request: Request, deadline_s: float) -> dict[str, Any]:
-        """One request on every rank (blocking). Raises RankFailure (the pool already stopped) when a rank died,
-        failed, or did not stop within HARD_GRACE_S past the deadline."""
+    def run(self, batch: list[Request], deadline_s: float) -> dict[str, Any]:
+        """One batch on every rank as one pipeline call (blocking). Raises RankFailure (the pool already stopped)
+        when a rank died, failed, or did not stop within HARD_GRACE_S past the deadline."""
         assert self.pool is not None
-        return self.pool.run_within(deadline_s + HARD_GRACE_S, worker.run, request, deadline_s)[0]
+        self._call, self._cancelled = self.pool.calls + 1, set()
+        self._running = {r.id: r for r in batch}
+        try:
+            return self.pool.run_within(deadline_s + HARD_GRACE_S, worker.run, batch, deadline_s)[0]
+        finally:
+            self._running = {}
 
-    @property
-    def progress(self) -> tuple[int, int] | None:
-        """(steps done, steps) of the running request, from rank 0's notes."""
-        return self.pool.last_note if self.pool is not None else None
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a running request: its batch stops at the next step every rank agrees on once every request of
+        it is cancelled; until then the batch runs on (its other requests still want their images) and the
+        cancelled one's images are dropped by the caller. False when the request is not running here."""
+        if request_id not in self._running or self.pool is None:
+            return False
+        self._cancelled.add(request_id)
+        if self._cancelled >= self._running.keys():
+            self.pool.cancel(self._call)
+        return True
+
+    def progress(self, request_id: str) -> tuple[int, int] | None:
+        """(steps done, steps) of a running request, from rank 0's notes; None when it is not running here."""
+        found = self.pool.last_note if self.pool is not None and request_id in self._running else None
+        if found is None or request_id not in found[0]:
+            return None
+        return found[1], found[2]
 
     @property
     def pids(self) -> list[int]:

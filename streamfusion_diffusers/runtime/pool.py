@@ -7,6 +7,9 @@ cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out o
 memory, exited) or raises ends the whole job within seconds, naming the rank and the cause, and its peers are
 stopped; a rank that stalls ends it when its peers' collectives give up (`timeout_s`); ranks whose parent
 dies exit too. While a function runs, a rank may `note` its progress; the pool keeps the latest (`last_note`).
+Each call has a number; `cancel` asks the call in flight to stop through a value every rank can read
+(`cancelled`): the ranks look at it where they agree on stopping (a step's end), so they stop together, and a
+cancel that comes after its call has ended never stops the next one.
 """
 from __future__ import annotations
 
@@ -77,6 +80,8 @@ def _exit_with(parent: int) -> None:
 
 
 _OUTBOX: mp.Queue | None = None  # in a rank process: where `note` sends (the pool's outbox, set at start)
+_CANCEL: Any = None  # in a rank process: the pool's cancel value (the number of the call to stop)
+_CALL = 0  # in a rank process: the number of the call it runs
 
 
 def note(value: Any) -> None:
@@ -84,6 +89,12 @@ def note(value: Any) -> None:
     note as `last_note`. Outside a pool's rank it does nothing."""
     if _OUTBOX is not None:
         _OUTBOX.put((int(os.environ["RANK"]), None, value))
+
+
+def cancelled() -> bool:
+    """Whether the parent asked the call this rank runs to stop (ranks may read it at different moments: they
+    agree on it with a collective before stopping). Outside a pool's rank: never."""
+    return _CANCEL is not None and _CANCEL.value == _CALL
 
 
 def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
@@ -99,9 +110,9 @@ def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
 
 
 def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: float, parent: tuple[int, int, list],
-            env: dict[str, str], inbox: mp.Queue, outbox: mp.Queue) -> None:
-    global _OUTBOX
-    _OUTBOX = outbox
+            env: dict[str, str], inbox: mp.Queue, outbox: mp.Queue, cancel: Any) -> None:
+    global _OUTBOX, _CANCEL, _CALL
+    _OUTBOX, _CANCEL = outbox, cancel
     pid, log_level, warning_filters = parent
     threading.Thread(target=_exit_with, args=(pid,), daemon=True).start()
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
@@ -119,7 +130,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: floa
         return
     outbox.put((rank, True, None))
     while (task := inbox.get()) is not None:
-        fn, args, kwargs = task
+        _CALL, fn, args, kwargs = task
         try:
             outbox.put((rank, True, fn(*args, **kwargs)))
         except Exception:  # noqa: BLE001
@@ -144,10 +155,12 @@ class ProcessPool:
         port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._outbox = ctx.Queue()
+        self._cancel = ctx.Value("q", 0, lock=False)  # the number of the call to stop (one writer: this process)
+        self._calls = 0  # the number of the latest call
         parent = (os.getpid(), logging.getLogger().getEffectiveLevel(), list(warnings.filters))
         self._procs = [
             ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, parent, dict(env or {}),
-                                              self._inboxes[r], self._outbox), daemon=True)
+                                              self._inboxes[r], self._outbox, self._cancel), daemon=True)
             for r in range(world_size)
         ]
         for p in self._procs:
@@ -211,9 +224,20 @@ class ProcessPool:
         if not self._procs:
             raise RuntimeError("the process pool is closed")
         self.last_note = None
+        self._calls += 1
         for inbox in self._inboxes:
-            inbox.put((fn, args, kwargs))
+            inbox.put((self._calls, fn, args, kwargs))
         return self._collect(getattr(fn, "__name__", "task"), wait_s)
+
+    @property
+    def calls(self) -> int:
+        """The number of the latest call (the next one is calls + 1)."""
+        return self._calls
+
+    def cancel(self, call: int) -> None:
+        """Ask call number `call` (running, or the next one) to stop where its ranks next agree on it
+        (`cancelled`); no other call is affected, so a cancel that comes after its call has ended is harmless."""
+        self._cancel.value = call
 
     def close(self, stop: bool = False) -> None:
         """Let the ranks finish (their shutdown is collective), or with `stop` end them at once."""

@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 from .job import Job
+
+_IDS = itertools.count(1)
+
+
+def _next_id() -> str:
+    """A request id unique in this process (the front's): what progress, cancels and logs name a request by."""
+    return f"req-{next(_IDS)}"
 
 
 @dataclass(frozen=True)
@@ -20,6 +28,7 @@ class Request:
     seed: int
     guidance_scale: float | None
     n: int = 1
+    id: str = field(default_factory=_next_id)
 
     @classmethod
     def of(cls, job: Job) -> Request:
@@ -32,6 +41,11 @@ class Request:
         return dataclasses.replace(base, prompt=self.prompt, height=self.height, width=self.width,
                                    frames=self.frames, steps=self.steps, seed=self.seed + index,
                                    guidance_scale=self.guidance_scale)
+
+    @property
+    def shape(self) -> tuple:
+        """What the pipeline call is shaped by: requests that share it can run as one call (runtime/batch.py)."""
+        return self.height, self.width, self.frames, self.steps, self.guidance_scale, self.negative_prompt
 
     @property
     def size(self) -> str:

@@ -1,10 +1,11 @@
-"""What runs in each rank process of a job: build the pipeline once, then one request at a time.
+"""What runs in each rank process of a job: build the pipeline once, then one batch of requests at a time.
 
-Every rank of the group receives the same request and runs the same pipeline call, so each rank's collectives
-meet their peers'; the group's first rank returns the pixels and what ran (the front encodes them). A request
-that runs past its deadline stops at a step boundary that every rank agrees on (a one-integer all-reduce over a
-gloo side group at each step's end), so the ranks stay in step and the next request needs no rebuild; NCCL never
-waits on Python for it. `generate` is one request to such a job, `serve` many.
+Every rank of the group receives the same batch and runs the same pipeline call, so each rank's collectives
+meet their peers'; the group's first rank returns the pixels and what ran (the front encodes them). A batch stops
+early at a step boundary every rank agrees on, when it runs past its deadline or the front cancels it (pool.py's
+cancel value): a one-integer all-reduce over a gloo side group at each step's end, so the ranks stay in step and
+the next batch needs no rebuild; NCCL never waits on Python for it. Rank 0 notes each step (the batch's request
+ids, steps done, steps). `generate` is one request to such a job, `serve` many.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import torch.distributed as dist
 from .build import Prepared, call_kwargs, no_autograd, prepare, run_record
 from .job import Job
 from .phases import PhaseTimer
-from .pool import note
+from .batch import call_plan
+from .pool import cancelled, note
 from .request import Request
 
 WARMUP_STEPS = 2  # the warm-up generation's steps: the layout chosen and every lazy first call made at the first,
@@ -42,11 +44,14 @@ class Served:
 _SERVED: Served | None = None
 
 
-class Late(Exception):
-    """Every rank passed the request's deadline at the same step."""
+GO, LATE, CANCELLED = 0, 1, 2  # what a rank says at a step's end; the ranks take the largest
 
-    def __init__(self, step: int):
-        self.step = step
+
+class Stopped(Exception):
+    """Every rank stopped the call at the same step: past its deadline, or cancelled."""
+
+    def __init__(self, why: str, step: int):
+        self.why, self.step = why, step
 
 
 def build(job: Job, serving: bool = True) -> dict | None:
@@ -66,37 +71,46 @@ def build(job: Job, serving: bool = True) -> dict | None:
         warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width,
                        frames=job.frames, steps=min(job.steps, WARMUP_STEPS), seed=job.seed,
                        guidance_scale=job.guidance_scale)
-        record = _generate(_SERVED, warm, 0, deadline=float("inf"))[1]
+        record = _generate(_SERVED, [warm], deadline=float("inf"))[1]
+        record = record[0] if record else None
     if dist.get_rank() != 0:
         return None
     return {"build_s": prepared.build_s, "warmup_s": time.perf_counter() - started, "record": record,
             "pid": os.getpid()}
 
 
-def _step_end(served: Served, deadline: float, steps: int):
-    """The step callback: agree on the deadline, then note the progress (rank 0)."""
+def _step_end(served: Served, deadline: float, ids: list[str], steps: int):
+    """The step callback: agree on stopping (deadline or cancel), then note the progress (rank 0)."""
     def step_end(pipe: Any, step: int, timestep: Any, kwargs: dict) -> dict:
-        late = torch.tensor([int(time.monotonic() > deadline)], dtype=torch.int32)
+        stop = torch.tensor([CANCELLED if cancelled() else LATE if time.monotonic() > deadline else GO],
+                            dtype=torch.int32)
         if served.side is not None:
-            dist.all_reduce(late, op=dist.ReduceOp.MAX, group=served.side)
-        if late.item():
-            raise Late(step + 1)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=served.side)
+        if stop.item():
+            raise Stopped("cancelled" if stop.item() == CANCELLED else "late", step + 1)
         if dist.get_rank() == 0:
-            note((step + 1, steps))
+            note((ids, step + 1, steps))
         return kwargs
 
     return step_end
 
 
-def _generate(served: Served, request: Request, index: int, deadline: float,
-              build_s: float = 0.0) -> tuple[Any, dict | None]:
-    """Generation `index` of the request: (the pipeline's result, rank 0's record, else None); `build_s`: the
-    build's share of the record's total (the first request of a one-request job)."""
-    job = request.job(served.job, index)
+def _generate(served: Served, batch: list[Request], deadline: float,
+              build_s: float = 0.0) -> tuple[list | None, list[dict] | None]:
+    """The batch's images in one pipeline call: (each image's pixels, each image's record) in request order on
+    rank 0, else (None, None); `build_s`: the build's share of the records' total (a one-request job)."""
+    job = batch[0].job(served.job)  # the call's shape: every request of a batch shares it
+    plan = call_plan(batch)
     kwargs = call_kwargs(job, served.prepared)
-    if request.negative_prompt is not None:
-        kwargs["negative_prompt"] = request.negative_prompt
-    if job.gpu:  # the record's peak memory is this request's
+    call = plan.kwargs(job.spec.video)
+    if "prompt_embeds" in kwargs:  # the job's one prompt, encoded before the transformer was built
+        call.pop("prompt")
+    kwargs.update(call)
+    if batch[0].negative_prompt is not None:
+        kwargs["negative_prompt"] = batch[0].negative_prompt
+    if isinstance(kwargs.get("negative_prompt"), str) and isinstance(kwargs.get("prompt"), list):
+        kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * len(kwargs["prompt"])  # one per prompt
+    if job.gpu:  # the record's peak memory is this call's
         torch.cuda.reset_peak_memory_stats(served.prepared.device)
     phases = PhaseTimer(served.prepared.device)
     started = time.perf_counter()
@@ -105,32 +119,37 @@ def _generate(served: Served, request: Request, index: int, deadline: float,
         from ..diffusers.graphs import set_horizon  # diffusers is an extra: imported only to run
 
         set_horizon(pipe, None if served.serving else job.steps)
+    ids = [r.id for r in batch]
     try:
         with no_autograd(job):
-            result = phases.call(pipe, callback_on_step_end=_step_end(served, deadline, job.steps), **kwargs)
-    except Late:  # stopped mid-call: reset what a finished call resets (a cache's state), as the pipeline would
+            result = phases.call(pipe, callback_on_step_end=_step_end(served, deadline, ids, job.steps), **kwargs)
+    except Stopped:  # stopped mid-call: reset what a finished call resets (a cache's state), as the pipeline would
         pipe.maybe_free_model_hooks()
         raise
     seconds = phases.now() - started
     if dist.get_rank() != 0:
         return None, None
-    return result, run_record(job, served.prepared, result, phases, seconds, build_s=build_s)
+    pixels = plan.unshuffle(list(result.frames if served.job.spec.video else result.images))
+    records = []
+    for request in batch:
+        for index in range(request.n):
+            record = run_record(request.job(served.job, index), served.prepared, result, phases, seconds, build_s)
+            records.append({**record, "request_id": request.id, "batch": len(plan.seeds)})
+    return pixels, records
 
 
-def run(request: Request, deadline_s: float = float("inf"), build_s: float = 0.0) -> dict | None:
-    """One request on every rank: its n generations (seed, seed + 1, ...). Rank 0 answers {"pixels": [a PIL
-    image, or a video's PIL frames, each], "records": [...]}, or {"late": step} when the deadline stopped it."""
+def run(batch: list[Request], deadline_s: float = float("inf"), build_s: float = 0.0) -> dict | None:
+    """One batch of requests (same call shape) on every rank, as one pipeline call: request i's n images have
+    seeds seed, seed + 1, ... Rank 0 answers {"pixels": [a PIL image, or a video's PIL frames, each], "records":
+    [...]} in request order, or {"stopped": "late" or "cancelled", "step": step, "steps": steps} when every
+    rank stopped the call at a step's end."""
     assert _SERVED is not None, "run before build"
     deadline = time.monotonic() + deadline_s
-    pixels, records = [], []
     try:
-        for index in range(request.n):
-            result, record = _generate(_SERVED, request, index, deadline, build_s)
-            if record is not None:
-                pixels.append(result.frames[0] if _SERVED.job.spec.video else result.images[0])
-                records.append(record)
-    except Late as late:
-        return {"late": late.step, "steps": request.steps} if dist.get_rank() == 0 else None
+        pixels, records = _generate(_SERVED, batch, deadline, build_s)
+    except Stopped as stopped:
+        return {"stopped": stopped.why, "step": stopped.step, "steps": batch[0].steps} \
+            if dist.get_rank() == 0 else None
     return {"pixels": pixels, "records": records} if dist.get_rank() == 0 else None
 
 
@@ -138,7 +157,7 @@ def generate(job: Job) -> dict | None:
     """The job's own generation, as one request: what `generate` runs on every rank."""
     build(job, serving=False)
     assert _SERVED is not None
-    return run(Request.of(job), build_s=_SERVED.prepared.build_s)
+    return run([Request.of(job)], build_s=_SERVED.prepared.build_s)
 
 
-__all__ = ["Late", "build", "generate", "run"]
+__all__ = ["Stopped", "build", "generate", "run"]

@@ -317,11 +317,7 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
 
     @app.delete("/v1/videos/{video_id}")
     async def delete_video(video_id: str) -> dict[str, Any]:
-        job = video_job(video_id)
-        if job.status in ("queued", "in_progress"):
-            raise ApiError(409, f"video {video_id} is {job.status}: delete it once it has finished",
-                           param="video_id", code="video_not_ready")
-        service.videos.forget(video_id)
+        service.delete_video(video_job(video_id))  # a queued or running one is stopped first
         return {"id": video_id, "object": "video.deleted", "deleted": True}
 
     return app

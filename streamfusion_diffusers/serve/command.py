@@ -20,6 +20,7 @@ import sys
 
 import torch
 
+from ..runtime.batch import max_batch
 from ..runtime.job import Job, add_arguments as add_job_arguments, cluster, make_job, real_size
 from ..core.extras import install_hint
 from ..core.join import launched
@@ -60,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most width x height of a request (default: 4 x the model's default size)")
     parser.add_argument("--max-frames", type=int, default=None,
                         help="most frames of a video request (default: 2 x the model's default frames)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="most images one pipeline call takes, from requests of one size, steps and guidance "
+                             "(default: the job's; 1: every request alone)")
+    parser.add_argument("--batch-wait-ms", type=float, default=15.0,
+                        help="how long a free group waits after a request for more of its shape (default 15)")
     parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -190,7 +196,10 @@ def main(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop)
+    if (args.max_batch is not None and args.max_batch < 1) or args.batch_wait_ms < 0:
+        raise ValueError("--max-batch must be at least 1 and --batch-wait-ms at least 0")
+    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop,
+                      max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000)
     app = make_app(service, api_key, args.max_body_bytes, loopback(args.host), tuple(args.allow_origin))
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5,
                             access_log=False)

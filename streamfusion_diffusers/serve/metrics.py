@@ -34,6 +34,8 @@ class Metrics:
         self._running = Gauge(f"{PREFIX}_running", "requests running on a parallel group", registry=registry)
         self._dropped = Counter(f"{PREFIX}_dropped", "queued requests dropped because their client disconnected",
                                 registry=registry)
+        self._cancelled = Counter(f"{PREFIX}_cancelled", "running requests cancelled (client disconnected, video "
+                                  "deleted)", registry=registry)
         self._generations = Counter(f"{PREFIX}_generations", "pipeline calls (an image or a video each)",
                                     registry=registry)
         self._phases = Counter(f"{PREFIX}_phase_seconds", "seconds per pipeline phase, summed over generations "
@@ -54,6 +56,9 @@ class Metrics:
 
     def dropped(self) -> None:
         self._dropped.inc()
+
+    def cancelled(self) -> None:
+        self._cancelled.inc()
 
     def restarted(self) -> None:
         self._restarts.inc()

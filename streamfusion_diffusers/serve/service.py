@@ -9,6 +9,12 @@ with the queue; a rank that ends while its group is idle is seen within WATCH_S 
 way, before the group takes a request; a group that fails MAX_RESTARTS times in a row is given up, and once no
 group is left every queued request is answered 503 and the server stops with an error. Drain (SIGTERM): new
 requests get 503, the requests already accepted run, then the server exits.
+
+A free group runs the oldest request together with those of its pipeline-call shape that wait or come within
+`batch_wait_s`, up to `max_batch` images, as one pipeline call (runtime/batch.py). A client that leaves (or a
+video that is deleted) cancels its request: one still queued is dropped; a running one is answered 499 at once,
+and its batch stops at the next step on every rank once every request of the batch is cancelled; until then the
+batch runs on for the others and the cancelled request's images are dropped. The group goes on with the queue.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..runtime.batch import batch_key, unbatched_why
 from ..runtime.group import Group, RankFailure, failure_status
 from ..runtime.job import Job
 from ..runtime.output import encode
@@ -32,7 +39,7 @@ from .work import Work, WorkQueue
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3  # consecutive failed restarts of one group before it is given up
-POLL_S = 0.25  # how often a waiting request checks that its client is still there
+POLL_S = 0.05  # how often a waiting request checks that its client is still there (a cancel lands within a step)
 WATCH_S = 0.5  # how often an idle group checks that its ranks are alive (a rank killed between requests)
 
 
@@ -40,8 +47,13 @@ class Service:
     """The served job on `len(devices)` groups, behind one bounded queue."""
 
     def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
-                 request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None]):
+                 request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
+                 max_batch: int = 1, batch_wait_s: float = 0.0):
         self.job, self.checker = job, Checker(job, limits)
+        if max_batch > 1 and (why := unbatched_why(job)):
+            logger.info("every request runs as its own pipeline call: %s", why)
+            max_batch = 1
+        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self.groups = [Group(i, job, d) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
@@ -63,6 +75,8 @@ class Service:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self._supervise(g)) for g in self.groups]
+        for task in self._tasks:
+            task.add_done_callback(_said)
 
     async def _supervise(self, group: Group) -> None:
         failures = 0
@@ -100,7 +114,11 @@ class Service:
                 await self._restart(group, causes + " while idle")
                 continue
             if work is not None:
-                await self._run(group, work)
+                batch = [work]
+                if self.max_batch > 1:
+                    batch = await self.queue.gather(work, lambda w: batch_key(self.job, w.params), self.max_batch,
+                                                    self.batch_wait_s)
+                await self._run(group, [w for w in batch if not w.done.done()])
 
     def _group_ready(self) -> None:
         if not self.ready_once and all(g.state == "ready" for g in self.groups):
@@ -115,27 +133,43 @@ class Service:
                                             code="unavailable"))
             self.on_exit(1)
 
-    async def _run(self, group: Group, work: Work) -> None:
-        work.started, work.group = time.monotonic(), group
-        self.running += 1
+    async def _run(self, group: Group, batch: list[Work]) -> None:
+        if not batch:  # every request of it was cancelled while it gathered
+            return
+        started = time.monotonic()
+        for work in batch:
+            work.started, work.group = started, group
+        self.running += len(batch)
+        deadline = max(w.deadline for w in batch)
         try:
-            result = await asyncio.to_thread(group.run, work.params, work.deadline - work.started)
+            result = await asyncio.to_thread(group.run, [w.params for w in batch], deadline - started)
         except Exception as err:  # noqa: BLE001 - RankFailure (the pool stopped its ranks), or the pool's own error
-            self.running -= 1
+            self.running -= len(batch)
             summary = err.summary if isinstance(err, RankFailure) else f"{type(err).__name__}: {err}"
             status = failure_status(err) if isinstance(err, RankFailure) else 500
-            work.fail(ApiError(status, f"the request failed on parallel group {group.index}: {summary}; the group "
-                                       f"restarts", code="rank_failed"))
+            for work in batch:
+                work.fail(ApiError(status, f"the request failed on parallel group {group.index}: {summary}; the "
+                                           f"group restarts", code="rank_failed"))
             await self._restart(group, summary)
             return
-        if "late" in result:
-            self.running -= 1
-            work.fail(ApiError(504, f"the request ran past --request-timeout {self.request_timeout_s:g} s and was "
-                                    f"stopped after step {result['late']} of {result['steps']}", code="timeout"))
+        if "stopped" in result:
+            self.running -= len(batch)
+            for work in batch:  # cancelled ones are answered already
+                work.fail(ApiError(504, f"the request ran past --request-timeout {self.request_timeout_s:g} s and was "
+                                        f"stopped after step {result['step']} of {result['steps']}", code="timeout"))
             return
-        self.metrics.ran(result["records"], time.monotonic() - work.started)
-        self._encoding.add(task := asyncio.create_task(self._answer(work, result)))  # the group takes the next
-        task.add_done_callback(self._encoding.discard)
+        seconds = time.monotonic() - started
+        at = 0
+        for work in batch:
+            n = work.params.n
+            answer = {"pixels": result["pixels"][at:at + n], "records": result["records"][at:at + n]}
+            at += n
+            if work.done.done():  # cancelled while it ran: its images are dropped
+                self.running -= 1
+                continue
+            self.metrics.ran(answer["records"], seconds)
+            self._encoding.add(task := asyncio.create_task(self._answer(work, answer)))  # the group takes the next
+            task.add_done_callback(self._encoding.discard)
 
     async def _answer(self, work: Work, result: dict[str, Any]) -> None:
         """Encode a finished request's pixels (PNG or mp4) off the event loop and answer it; its group is free."""
@@ -176,9 +210,30 @@ class Service:
             if work.started is None and time.monotonic() > work.deadline and self.queue.drop(work):
                 raise ApiError(504, "the request waited past --request-timeout in the queue and did not run",
                                code="timeout")
-            if work.started is None and await disconnected() and self.queue.drop(work):
-                self.metrics.dropped()
-                raise ApiError(499, "the client closed the connection before the request started", code="dropped")
+            if await disconnected():
+                if self.cancel(work):
+                    raise ApiError(499, "the client closed the connection: its request was stopped", code="cancelled")
+                if work.started is None and self.queue.drop(work):
+                    self.metrics.dropped()
+                    raise ApiError(499, "the client closed the connection before the request started",
+                                   code="dropped")
+
+    def cancel(self, work: Work) -> bool:
+        """Cancel a running request (answered 499; its batch stops once every request of it is cancelled);
+        False when it is not running."""
+        if work.started is None or work.done.done() or not work.group.cancel(work.params.id):
+            return False
+        self.metrics.cancelled()
+        work.fail(ApiError(499, "the request was cancelled while it ran", code="cancelled"))
+        return True
+
+    def delete_video(self, job: VideoJob) -> None:
+        """Stop a video job where it is (dropped from the queue, or cancelled while it runs) and forget it."""
+        if job.work.started is None and self.queue.drop(job.work):
+            job.work.fail(ApiError(499, "the video was deleted before it started", code="cancelled"))
+        else:
+            self.cancel(job.work)
+        self.videos.forget(job.id)
 
     async def submit_video(self, params: Request) -> VideoJob:
         work = await self.submit("video", params)
@@ -239,6 +294,12 @@ class Service:
         for group in self.groups:
             await asyncio.to_thread(group.stop, group.state != "ready" or self.running > 0)
         self.videos.close()
+
+
+def _said(task: asyncio.Task) -> None:
+    """Log a supervising task's unexpected end (else its group would stop taking requests without a word)."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("a parallel group's supervisor failed", exc_info=task.exception())
 
 
 def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ the model's multiple (the pipeline would round others silently) and give at leas
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import secrets

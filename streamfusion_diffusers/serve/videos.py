@@ -42,7 +42,7 @@ class VideoJob:
         if self.path is not None:
             return 100
         group = self.work.group
-        done = group.progress if group is not None else None
+        done = group.progress(self.work.params.id) if group is not None else None
         return min(99, int(100 * done[0] / max(done[1], 1))) if done else 0
 
     def describe(self) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Beyond `limit` waiting requests a new one gets 429 with Retry-After (the expected wait for a place); a client
 that disconnects while its request waits is dropped from the queue; a request whose deadline passes while it
-waits is answered 504 without running. Closing (drain) refuses new requests with 503 and lets the groups take
+waits is answered 504 without running. A free group takes the oldest request and those of its pipeline-call shape
+that wait or come within a short window (`gather`), to run them as one call. Closing (drain) refuses new requests with 503 and lets the groups take
 what is already queued.
 """
 from __future__ import annotations
@@ -81,6 +82,27 @@ class WorkQueue:
                     await asyncio.wait_for(self._changed.wait(), wait_s)
                 except asyncio.TimeoutError:
                     return None
+
+    async def gather(self, first: Work, key: Callable[[Work], Any], max_images: int, wait_s: float) -> list[Work]:
+        """`first` and the waiting requests of its key, oldest first, while their images fit `max_images` (a
+        request alone may have more); those that come within `wait_s` of now join too (a burst lands in one
+        batch). Requests of other keys keep their places."""
+        batch, images, want = [first], first.params.n, key(first)
+        ends = time.monotonic() + wait_s
+        async with self._changed:
+            while True:
+                for work in list(self._items):
+                    if images + work.params.n <= max_images and key(work) == want and time.monotonic() < work.deadline:
+                        self._items.remove(work)
+                        batch.append(work)
+                        images += work.params.n
+                left = ends - time.monotonic()
+                if images >= max_images or left <= 0 or self.closed:
+                    return batch
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
 
     async def put_back(self, work: Work) -> None:
         """Return a request taken but not started to the head of the queue (its group could not run it)."""
