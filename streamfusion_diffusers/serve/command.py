@@ -28,7 +28,7 @@ from .validation import Limits
 
 API_KEY_ENV = "STREAMFUSION_API_KEY"
 # generate's options that mean something else here (what a request does not give, and the warm-up)
-RETITLED = {"prompt": "the warm-up generation's prompt", "seed": "the seed random weights are built from (as generate builds them) and the warm-up's",
+RETITLED = {"prompt": "the warm-up generation's prompt", "seed": "the warm-up generation's seed (a request gives its own)",
             "height": "default height of a request (default: the model's)",
             "width": "default width of a request (default: the model's)",
             "frames": "default frames of a video request (default: the model's)",
