@@ -35,6 +35,8 @@ def test_replicas_split_whole_machines_first_then_each_machine():
     (("--request-timeout", "0"), "--request-timeout 0: must be at least"),
     (("--model", "flux-dev"), "real-size model and no GPU"),
     (("--height", "62"), "--height 62: must be a multiple of 4"),
+    (("--keep-videos", "0"), "--keep-videos 0: must be above 0"),
+    (("--video-ttl", "-1"), "--video-ttl -1.0: must be above 0"),
     (("--allow-origin", "pages.example"), "--allow-origin pages.example: must be scheme://host[:port]"),
 ])
 def test_bad_options_are_one_line(capsys, argv, words):

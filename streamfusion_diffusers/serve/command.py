@@ -25,6 +25,7 @@ from ..core.extras import install_hint
 from ..core.join import launched
 from ..models.pipelines import family_of
 from .validation import Limits
+from .videos import Keep
 
 API_KEY_ENV = "STREAMFUSION_API_KEY"
 # generate's options that mean something else here (what a request does not give, and the warm-up)
@@ -62,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most frames of a video request (default: 2 x the model's default frames)")
     parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    parser.add_argument("--keep-videos", type=int, default=Keep.count,
+                        help=f"finished video jobs kept (their mp4 files too), the oldest forgotten first (default "
+                             f"{Keep.count})")
+    parser.add_argument("--keep-video-bytes", type=int, default=Keep.bytes,
+                        help=f"most bytes of finished mp4 files kept, the oldest removed first (default {Keep.bytes}, "
+                             f"4 GiB; the newest stays however large)")
+    parser.add_argument("--video-ttl", type=float, default=Keep.ttl_s,
+                        help=f"seconds a finished video is kept (default {Keep.ttl_s:g}); its expires_at says when")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="a site whose pages may call the API from a browser (CORS), as scheme://host[:port]; "
                              "repeatable (default: none, only the page at / of this server)")
@@ -156,6 +165,7 @@ def log_to_stderr(requests: bool) -> None:
 
 def main(args: argparse.Namespace) -> int:
     job, devices = serve_job(args)
+    keep = Keep(args.keep_videos, args.keep_video_bytes, args.video_ttl)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"streamfusion serve: listening on {args.host} without --api-key: anyone who reaches this port can "
@@ -190,7 +200,8 @@ def main(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop)
+    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop,
+                      keep)
     app = make_app(service, api_key, args.max_body_bytes, loopback(args.host), tuple(args.allow_origin))
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5,
                             access_log=False)

@@ -26,7 +26,7 @@ from ..runtime.request import Request
 from .errors import ApiError
 from .metrics import Metrics
 from .validation import Checker, Limits
-from .videos import VideoJob, VideoStore
+from .videos import Keep, VideoJob, VideoStore
 from .work import Work, WorkQueue
 
 logger = logging.getLogger(__name__)
@@ -40,12 +40,13 @@ class Service:
     """The served job on `len(devices)` groups, behind one bounded queue."""
 
     def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
-                 request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None]):
+                 request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
+                 keep_videos: Keep = Keep()):
         self.job, self.checker = job, Checker(job, limits)
         self.groups = [Group(i, job, d) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
-        self.videos = VideoStore()
+        self.videos = VideoStore(keep_videos)
         self.request_timeout_s = request_timeout_s
         self.on_ready, self.on_exit = on_ready, on_exit
         self.started = time.monotonic()
