@@ -55,6 +55,7 @@ class Service:
         self.draining = False
         self.failure: Exception | None = None  # why the first start failed (the command reports it)
         self.running = 0
+        self.busy: set[int] = set()  # the groups running a request now
         self._tasks: list[asyncio.Task] = []
         self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
@@ -119,6 +120,7 @@ class Service:
     async def _run(self, group: Group, work: Work) -> None:
         work.started, work.group = time.monotonic(), group
         self.running += 1
+        self.busy.add(group.index)
         try:
             result = await asyncio.to_thread(group.run, work.params, work.deadline - work.started)
         except Exception as err:  # noqa: BLE001 - RankFailure (the pool stopped its ranks), or the pool's own error
@@ -129,6 +131,8 @@ class Service:
                                        f"restarts", code="rank_failed"))
             await self._restart(group, summary)
             return
+        finally:
+            self.busy.discard(group.index)
         if "late" in result:
             self.running -= 1
             work.fail(ApiError(504, f"the request ran past --request-timeout {self.request_timeout_s:g} s and was "
@@ -200,21 +204,28 @@ class Service:
     # ---- state
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        """200 only when every group is ready and the server takes requests; else 503 and why."""
+        """200 while at least one group serves (ready or busy) and the server takes requests; else 503 and why.
+        Each group says its own state: starting, ready, busy, restarting, failed or stopped."""
         states = {g.state for g in self.groups}
         if self.draining:
             status = "draining"
-        elif states == {"ready"}:
+        elif "ready" in states:
             status = "ready"
         elif "failed" in states and states <= {"failed", "stopped"}:
             status = "failed"
         else:
             status = "recovering" if self.ready_once else "starting"
         # no process ids: /health takes no key, and pids help only someone on the machine already
-        groups = [{k: v for k, v in g.describe().items() if k != "pids"} for g in self.groups]
+        groups = [{**{k: v for k, v in g.describe().items() if k != "pids"}, "state": self._group_state(g)}
+                  for g in self.groups]
         body = {"status": status, "model": self.job.model, "queue": len(self.queue), "running": self.running,
                 "groups": groups}
         return (200 if status == "ready" else 503), body
+
+    def _group_state(self, group: Group) -> str:
+        if group.state == "ready":
+            return "busy" if group.index in self.busy else "ready"
+        return {"recovering": "restarting"}.get(group.state, group.state)
 
     def render_metrics(self) -> bytes:
         return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))
