@@ -58,9 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=int, default=4, help="most images per request (default 4)")
     parser.add_argument("--max-steps", type=int, default=100, help="most num_inference_steps (default 100)")
     parser.add_argument("--max-pixels", type=int, default=None,
-                        help="most width x height of a request (default: 4 x the model's default size)")
+                        help="most width x height of a request (default on GPUs: the largest the memory planner "
+                             "fits on one GPU of a group; on the CPU 64 x the model's default size)")
     parser.add_argument("--max-frames", type=int, default=None,
-                        help="most frames of a video request (default: 2 x the model's default frames)")
+                        help="most frames of a video request (default on GPUs: the most the memory planner fits at "
+                             "the model's default size; on the CPU 2 x the model's default frames)")
     parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--keep-videos", type=int, default=Keep.count,
@@ -121,10 +123,25 @@ def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
     return job, group_devices(args.replicas, job.world_size, gpu)
 
 
+CPU_PIXELS = 64  # on the CPU, requests up to 64 x the model's own pixels (8 x each side): no GPU memory to plan
+
+
 def limits(args: argparse.Namespace, job: Job) -> Limits:
-    return Limits(max_n=args.max_n, max_steps=args.max_steps,
-                  max_pixels=args.max_pixels or 4 * job.spec.height * job.spec.width,
-                  max_frames=args.max_frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
+    """The request limits: as given, else on GPUs what the memory planner says fits one GPU of the group (the
+    largest square image, the most frames at the model's own size), else on the CPU CPU_PIXELS x the model's."""
+    pixels, frames = CPU_PIXELS * job.spec.height * job.spec.width, 2 * job.spec.frames
+    if job.gpu and (args.max_pixels is None or args.max_frames is None):
+        from ..models.memory import GIB, largest_size
+
+        gib = torch.cuda.get_device_properties(0).total_memory / GIB
+        pixels, frames = largest_size(job.model, job.world_size, gib, cfg=job.parallel.cfg,
+                                      sharded=job.shard_weights)
+        if pixels == 0:
+            raise ValueError(f"{job.model} does not fit {gib:.0f} GiB GPUs on {job.world_size} rank(s) at any size "
+                             f"(streamfusion plan --memory says why): add --shard-weights or ranks, or give "
+                             f"--max-pixels to try anyway")
+    return Limits(max_n=args.max_n, max_steps=args.max_steps, max_pixels=args.max_pixels or pixels,
+                  max_frames=args.max_frames or frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
 
 
 def listen(host: str, port: int) -> socket.socket:
