@@ -361,3 +361,21 @@ def test_the_fused_kernels_check_the_layouts_they_address() -> None:
         tables(outs=[q.new_empty(q.shape)], finalize=False)  # a running state: float32
     with pytest.raises(ValueError, match="writes state as a contiguous"):
         tables(states=[(torch.zeros(1, 2, 6, 64).transpose(1, 2), lse)], outs=[state], finalize=False)
+
+
+def test_pinned_choices_are_made_by_rule_and_never_timed() -> None:
+    """--deterministic: the kernel choice runs no candidate to time it, in a layer call or out of one."""
+    from streamfusion_diffusers.kernels import dispatch
+    from streamfusion_diffusers.kernels.state import KernelState, owned_by
+
+    def untimed(*_: object) -> None:
+        raise AssertionError("a pinned choice timed a candidate")
+
+    candidates = {"sdpa": (untimed, untimed), "fused": (untimed, untimed)}
+    dispatch.pin()
+    try:
+        with owned_by(KernelState()):
+            assert dispatch.choose(("shape",), candidates) == "fused"
+            assert dispatch.choose(("shape",), {"sdpa": candidates["sdpa"]}) == "sdpa"
+    finally:
+        dispatch.pin(False)

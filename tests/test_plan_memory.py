@@ -56,3 +56,27 @@ def test_plan_and_plan_memory_need_no_machines(capsys):
     assert "on 1 x 8 GPUs" in capsys.readouterr().out
     assert plan.main(_args("--memory")) == 0
     assert "on 1 x 8 GPUs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model, ranks, gib", [("flux-dev", 4, 79.2), ("flux-dev", 1, 79.2), ("wan2.2-t2v-a14b", 4, 139.8)])
+def test_the_largest_admitted_size_fits_and_one_step_more_does_not(model, ranks, gib):
+    """What a server admits by default on GPUs: the planner's peak at the largest square fits the GPU beside the
+    runtime's share, one size step more does not; likewise the frames of a video model at its own size."""
+    from streamfusion_diffusers.models import MODELS
+    from streamfusion_diffusers.models.memory import RUNTIME_GIB, estimate, largest_size
+
+    spec = MODELS[model]
+    pixels, frames = largest_size(model, ranks, gib)
+    side = int(pixels ** 0.5)
+    at = spec.frames
+    assert side % spec.size_step == 0 and side >= spec.height
+    assert estimate(model, side, side, at, ranks).peak + RUNTIME_GIB <= gib
+    bigger = side + spec.size_step
+    assert estimate(model, bigger, bigger, at, ranks).peak + RUNTIME_GIB > gib
+    if spec.video:
+        assert (frames - 1) % spec.temporal == 0 and frames >= spec.frames
+        assert estimate(model, spec.height, spec.width, frames, ranks).peak + RUNTIME_GIB <= gib
+        more = frames + spec.temporal
+        assert estimate(model, spec.height, spec.width, more, ranks).peak + RUNTIME_GIB > gib
+    else:
+        assert frames == 0

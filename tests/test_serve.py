@@ -67,19 +67,21 @@ def test_openai_client_generates_images(client):
     assert run["output_size"] == {"height": 48, "width": 64} and run["build_s"] == 0.0
 
 
-def test_a_served_image_is_pixel_identical_to_generate(client, tmp_path):
+@pytest.mark.parametrize("seed", [0, 3, 12345])
+def test_a_served_image_is_pixel_identical_to_generate(client, tmp_path, seed):
     subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", "tiny-flux", "--prompt",
-                    PROMPT, "--seed", "0", "--output", str(tmp_path)], cwd=ROOT, check=True, capture_output=True,
+                    PROMPT, "--seed", str(seed), "--output", str(tmp_path)], cwd=ROOT, check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     generated = np.asarray(Image.open(tmp_path / "image.png"))
-    # random weights are seeded by --seed in both (the server's default 0): the request's seed is the same one
+    # random weights have their own seed (--weights-seed, default 0) in both: only the noise follows the seed
     answer = client.images.generate(model="tiny-flux", prompt=PROMPT, response_format="b64_json",
-                                    extra_body={"seed": 0})
+                                    extra_body={"seed": seed})
     served = png(answer.data[0].b64_json)
     assert served.shape == generated.shape
     assert np.array_equal(served, generated)
     run = json.loads((tmp_path / "run.json").read_text())
-    assert answer.model_extra["streamfusion"]["runs"][0]["layout"] == run["layout"]
+    ran = answer.model_extra["streamfusion"]["runs"][0]
+    assert ran["layout"] == run["layout"] and ran["weights_seed"] == run["weights_seed"] == 0
 
 
 BAD = [  # (body, status, param, words the message must hold)
@@ -97,7 +99,7 @@ BAD = [  # (body, status, param, words the message must hold)
     ({"prompt": "a", "size": "64"}, 400, "size", "WIDTHxHEIGHT"),
     ({"prompt": "a", "size": "0x64"}, 400, "size", "positive multiples of 4"),
     ({"prompt": "a", "size": "62x64"}, 400, "size", "multiples of 4"),
-    ({"prompt": "a", "size": "4096x4096"}, 400, "size", "at most 16384"),
+    ({"prompt": "a", "size": "4096x4096"}, 400, "size", "at most 262144"),
     ({"prompt": "a", "size": "4x4"}, 400, "size", "fewer than the 4 ranks"),
     ({"prompt": "a", "size": [64, 64]}, 400, "size", "WIDTHxHEIGHT"),
     ({"prompt": "a", "num_inference_steps": 0}, 400, "num_inference_steps", "from 1 to 400"),

@@ -35,6 +35,8 @@ def test_replicas_split_whole_machines_first_then_each_machine():
     (("--request-timeout", "0"), "--request-timeout 0: must be at least"),
     (("--model", "flux-dev"), "real-size model and no GPU"),
     (("--height", "62"), "--height 62: must be a multiple of 4"),
+    (("--keep-videos", "0"), "--keep-videos 0: must be above 0"),
+    (("--video-ttl", "-1"), "--video-ttl -1.0: must be above 0"),
     (("--allow-origin", "pages.example"), "--allow-origin pages.example: must be scheme://host[:port]"),
 ])
 def test_bad_options_are_one_line(capsys, argv, words):
@@ -53,3 +55,16 @@ def test_under_torchrun_it_is_refused(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert "not under torchrun" in _refused(capsys)
+
+
+def test_on_the_cpu_a_tiny_model_admits_512x512_by_default():
+    import argparse
+
+    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "tiny-flux", "--cpu"])
+    job, _ = serve_job(args)
+    assert limits(args, job).max_pixels >= 512 * 512
+    assert limits(parser.parse_args(["--model", "tiny-flux", "--cpu", "--max-pixels", "4096"]), job).max_pixels == 4096

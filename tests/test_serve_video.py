@@ -3,6 +3,8 @@ two parallel groups of 2 gloo ranks each serving requests at once behind one que
 from __future__ import annotations
 
 import io
+import os
+import signal
 import time
 
 import httpx
@@ -68,3 +70,24 @@ def test_the_page_makes_a_video_in_a_real_browser(server):
         page.wait_for_selector("video#result", timeout=120_000)
         status = page.text_content("#status")
     assert "done in" in status and "seed 2" in status
+
+
+def test_health_is_200_while_one_of_two_groups_restarts(server):
+    """A rank of group 0 killed while idle: the group restarts (said per group) and the server still serves on
+    group 1 meanwhile; then both are ready again."""
+    os.kill(server.rank_pids()[0], signal.SIGKILL)
+    ends = time.monotonic() + 30
+    while True:
+        health = httpx.get(server.url + "/health")
+        states = [g["state"] for g in health.json()["groups"]]
+        if "restarting" in states:
+            break
+        assert time.monotonic() < ends, f"the killed rank went unseen: {states}"
+        time.sleep(0.05)
+    assert health.status_code == 200 and health.json()["status"] == "ready", health.json()
+    assert sorted(states) == ["ready", "restarting"]
+    ends = time.monotonic() + 120
+    while [g["state"] for g in httpx.get(server.url + "/health").json()["groups"]] != ["ready", "ready"]:
+        assert time.monotonic() < ends, "the killed group did not come back"
+        time.sleep(0.3)
+    assert "group 0" in server.stderr and "restarting it" in server.stderr

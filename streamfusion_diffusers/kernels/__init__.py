@@ -223,9 +223,9 @@ def agreed_choices(state: KernelState, group: Group, signature: Hashable, q: Ten
                    ) -> AbstractContextManager:
     """Scope of one sp_attention layer call (signature: what every rank knows alike about it): its kernels keep
     what they keep in `state` (its context's), and its "auto" choices every rank of `group` shares (see
-    dispatch.py); no agreement where no choice is measured: a named kernel, or no fused candidate for q's device,
-    dtype and head dim (the same on every rank)."""
-    if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q):
+    dispatch.py); no agreement where no choice is measured: a named kernel, pinned choices, or no fused candidate
+    for q's device, dtype and head dim (the same on every rank)."""
+    if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q) and not dispatch.pinned():
         return _agreeing(state, group, signature)
     return owned_by(state)
 

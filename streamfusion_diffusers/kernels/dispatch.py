@@ -15,6 +15,9 @@ layer signature times each position locally and runs the local pick; at its end 
 [calls x kernels] times over the group gives every rank the same table, and each position takes the kernel
 whose slowest rank is fastest. Later calls of that signature look the choice up, with no collective; none runs
 while a CUDA graph is captured (the warm-up before it chooses) nor on one rank. `clear()` must run on every rank.
+
+`pin()` (a job's --deterministic) replaces the timing by a fixed rule, the same in every process and every run:
+timings differ between processes within noise, and a differing pick differs in the last bits of the pixels.
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 KERNELS = ("sdpa", "fused")  # every choice's candidates, in the order of the agreed table's columns
 Candidates = dict[str, tuple[Callable[[], object], Callable[[object], None]]]
+PINNED = "fused"  # what a pinned choice takes where it is a candidate (no merge pass after it), else "sdpa"
+_pinned = False  # set by pin(): this process's "auto" choices by rule, none timed
 
 
 @dataclass
@@ -80,6 +85,16 @@ def _fastest(times: dict[str, float]) -> str:
     return min(times, key=times.get)
 
 
+def pin(on: bool = True) -> None:
+    """Make this process's "auto" kernel choices (here and sdpa.py's backend) by a fixed rule, never timed."""
+    global _pinned
+    _pinned = on
+
+
+def pinned() -> bool:
+    return _pinned
+
+
 def count_call() -> None:
     """An attend_chunks call began (whether or not it will choose): inside `layer`, the next call position."""
     scope = _layer.get()
@@ -89,7 +104,10 @@ def count_call() -> None:
 
 def choose(key: Hashable, candidates: Candidates) -> str:
     """The kernel (a name in KERNELS) to run for this signature: inside `layer`, the one agreed for this call
-    position (this rank's fastest until the ranks have agreed); outside, this rank's fastest, cached."""
+    position (this rank's fastest until the ranks have agreed); outside, this rank's fastest, cached; pinned,
+    PINNED where it is a candidate."""
+    if _pinned:
+        return PINNED if PINNED in candidates else KERNELS[0]
     scope = _layer.get()
     if scope is None:
         local = current().local

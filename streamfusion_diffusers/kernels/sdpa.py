@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.logs import say_once
-from .dispatch import time_ms
+from .dispatch import pinned, time_ms
 from .state import current
 
 logger = logging.getLogger(__name__)
@@ -64,19 +64,23 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     The backends differ up to 2x (flash against cuDNN on Hopper: benchmarks/kernel_table.py) and PyTorch's own
     pick depends on its version and the GPU, so each backend is timed once per shape (dispatch.time_ms), kept in
     the running call's KernelState, and the fastest runs from then on; while a CUDA graph is captured an untimed
-    shape takes the first backend that runs it. Ranks time alone: their picks can differ only where the times
+    shape takes the first backend that runs it, as every shape does when the choices are pinned (dispatch.pin).
+    Ranks time alone: their picks can differ only where the times
     are within noise, which is also all that a differing pick can cost. Off CUDA: PyTorch's default SDPA."""
     if not q.is_cuda:
         return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), scale=scale).transpose(1, 2)
     key = (q.device, q.dtype, *((tuple(x.shape), x.stride()) for x in (q, k, v)))
     state = current()
     if key not in state.no_lse:
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing, pin = torch.cuda.is_current_stream_capturing(), pinned()
         times: dict[str, float] = {}
         for backend in BACKENDS:
             try:
-                if capturing:
-                    return attention_no_lse(backend, q, k, v, scale)
+                if capturing or pin:  # the first backend that runs it, untimed
+                    out = attention_no_lse(backend, q, k, v, scale)
+                    if pin:
+                        state.no_lse[key] = backend
+                    return out
                 times[backend] = time_ms(lambda: None, lambda _, b=backend: attention_no_lse(b, q, k, v, scale))
             except RuntimeError as err:
                 if not unsupported(err):

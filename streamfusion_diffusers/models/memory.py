@@ -126,4 +126,31 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
                     attention / GIB, vae / GIB, encoder_peak / GIB)
 
 
-__all__ = ["GPUS_GB", "Estimate", "Parts", "RUNTIME_GIB", "estimate", "pipeline_parts"]
+def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None = None, cfg: int = 1,
+                 sharded: bool = False) -> tuple[int, int]:
+    """(the most pixels of a square image, the most frames at the model's own size) whose peak fits a GPU of
+    `gpu_gib` beside RUNTIME_GIB on each of `ranks` ranks: what a server admits by default. (0, 0) where even the
+    smallest does not fit; frames 0 for image models."""
+    spec = MODELS[model]
+    parts = pipeline_parts(model)
+    room = gpu_gib - RUNTIME_GIB
+
+    def fits(height: int, width: int, frames: int) -> bool:
+        return estimate(model, height, width, frames, ranks, cfg=cfg, sharded=sharded, parts=parts).peak <= room
+
+    at = frames or spec.frames
+    low, high = 0, 16384 // spec.size_step  # the side in size steps: the largest that fits, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid * spec.size_step, mid * spec.size_step, at) else (low, mid - 1)
+    side = low * spec.size_step
+    most_frames = 0
+    if spec.video:
+        k = 0
+        while k < 1024 and fits(spec.height, spec.width, spec.temporal * (k + 1) + 1):
+            k += 1
+        most_frames = spec.temporal * k + 1 if fits(spec.height, spec.width, spec.temporal * k + 1) else 0
+    return side * side, most_frames
+
+
+__all__ = ["GPUS_GB", "Estimate", "Parts", "RUNTIME_GIB", "estimate", "largest_size", "pipeline_parts"]

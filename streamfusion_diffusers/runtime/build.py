@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ import torch.distributed as dist
 
 from .. import init_parallel
 from ..context import ParallelContext
+from ..kernels import dispatch
 from ..models.pipelines import family_of
 from .invariant import rows_invariant
 from .job import DTYPES, Job, real_size
@@ -65,6 +67,8 @@ def prepare(job: Job) -> Prepared:
     rank = dist.get_rank()
     if rank != 0:  # progress (loading, denoising) on rank 0 only
         diffusers_logging.disable_progress_bar()
+    if job.deterministic:
+        pin_choices()
     device = torch.device("cuda", torch.cuda.current_device()) if job.gpu else torch.device("cpu")
     dtype = DTYPES[job.dtype]
     ctx = init_parallel(job.parallel)
@@ -78,13 +82,13 @@ def prepare(job: Job) -> Prepared:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=home)
     elif real_size(job.model) and family.encode_first and not shards:  # encoder and transformer do
         # not fit one GPU together
-        pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.seed, dtype=dtype,
-                                    device=device)
+        pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.weights_seed,
+                                    dtype=dtype, device=device)
         prompt = {"prompt_embeds": embeds}
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
-        pipe = build(job.model, seed=job.seed, dtype=dtype, device=home)
+        pipe = build(job.model, seed=job.weights_seed, dtype=dtype, device=home)
     stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     if not job.gpu:  # an image the same alone and in a batch (invariant.py); before parallelize's hooks wrap forward
         rows_invariant(pipe)
@@ -97,6 +101,17 @@ def prepare(job: Job) -> Prepared:
         compile_transformers(pipe)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started)
+
+
+def pin_choices() -> None:
+    """--deterministic: no choice of this process depends on a timing or on what ran before it: the attention
+    kernel and SDPA backend by rule (kernels/dispatch.py), cuDNN's algorithms fixed, cuBLAS's reproducible
+    workspaces, and torch's deterministic algorithms where they exist (a warning names an op that has none).
+    Method "auto" needs nothing: its layout comes from the recipe or the cost model, untimed, broadcast by rank 0."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when this process's cuBLAS starts
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    dispatch.pin()
 
 
 def call_kwargs(job: Job, prepared: Prepared) -> dict[str, Any]:
@@ -121,7 +136,8 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "height": job.height, "width": job.width, "frames": job.frames if job.spec.video else None,
         "output_size": _output_size(job, result),
         "steps": job.steps, "guidance_scale": job.guidance_scale, "true_cfg_scale": job.true_cfg_scale,
-        "seed": job.seed, "dtype": job.dtype,
+        "seed": job.seed, "weights_seed": None if job.weights else job.weights_seed, "dtype": job.dtype,
+        "deterministic": job.deterministic,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
         "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
         "vae_decode": prepared.transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded
@@ -158,4 +174,4 @@ def no_autograd(job: Job) -> Any:
     return torch.no_grad() if job.shard_weights else torch.inference_mode()
 
 
-__all__ = ["Prepared", "call_kwargs", "graph_record", "no_autograd", "prepare", "run_record"]
+__all__ = ["Prepared", "call_kwargs", "graph_record", "no_autograd", "pin_choices", "prepare", "run_record"]

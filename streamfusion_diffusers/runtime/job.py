@@ -25,6 +25,8 @@ from ..models.pipelines import FAMILIES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_PROMPT = "a photo of a red cat on a quiet street at sunset"
+WEIGHTS_SEED = 0  # random weights' seed unless --weights-seed: apart from the generation's --seed, so every seed
+# of `generate` and every request of `serve` run on the same model
 SPAWN_SHAPE = (2, 2)  # machines x processes per machine of a CPU job not under torchrun
 
 
@@ -44,7 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CogVideoX, Wan: CFG (two branches when > 1); Flux.1, Flux.2: distilled guidance "
                              "(default: the model's; Qwen-Image has none)")
     parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the model's)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the generation's noise (default 0)")
+    parser.add_argument("--weights-seed", type=int, default=WEIGHTS_SEED,
+                        help=f"the seed random weights are built from (default {WEIGHTS_SEED}); without --weights "
+                             f"only")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="pin every kernel and backend choice instead of timing them in each process (the "
+                             "attention kernel, the SDPA backend; cuDNN and torch's deterministic algorithms), so "
+                             "two runs of the same job on the same GPUs give the same pixels; may run slower")
     parser.add_argument("--method", choices=METHODS + ("auto",), default="auto",
                         help="default auto: the layout of the recipe entry for this shape and cluster (see --recipe), "
                              "else the cost model's fastest; chosen at the first attention call and logged")
@@ -134,6 +143,8 @@ class Job:
     compile: bool = False
     shard_weights: bool = False
     stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
+    weights_seed: int = WEIGHTS_SEED  # random weights' seed (not the generation's)
+    deterministic: bool = False  # every kernel and backend choice pinned, none timed
 
     @property
     def spec(self) -> ModelSpec:
@@ -290,4 +301,5 @@ def make_job(args: argparse.Namespace) -> Job:
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
                compile=args.compile,
-               shard_weights=args.shard_weights, stack=stack)
+               shard_weights=args.shard_weights, stack=stack, weights_seed=args.weights_seed,
+               deterministic=args.deterministic)

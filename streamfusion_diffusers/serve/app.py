@@ -292,13 +292,13 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
     def video_job(video_id: str):
         job = service.videos.get(video_id)
         if job is None:
-            raise ApiError(404, f"no video {video_id[:80]!r} here (unknown, or forgotten after --keep-videos newer "
-                                f"ones)", param="video_id", code="video_not_found")
+            raise ApiError(404, f"no video {video_id[:80]!r} here: unknown, deleted, or forgotten (this server keeps "
+                                f"{service.videos.keep.said()})", param="video_id", code="video_not_found")
         return job
 
     @app.get("/v1/videos")
     async def list_videos() -> dict[str, Any]:
-        data = [job.describe() for job in reversed(service.videos.jobs.values())]
+        data = [job.describe() for job in service.videos.listing()]
         return {"object": "list", "data": data, "has_more": False}
 
     @app.get("/v1/videos/{video_id}")

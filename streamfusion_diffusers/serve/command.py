@@ -26,10 +26,11 @@ from ..core.extras import install_hint
 from ..core.join import launched
 from ..models.pipelines import family_of
 from .validation import Limits
+from .videos import Keep
 
 API_KEY_ENV = "STREAMFUSION_API_KEY"
 # generate's options that mean something else here (what a request does not give, and the warm-up)
-RETITLED = {"prompt": "the warm-up generation's prompt", "seed": "the seed random weights are built from (as generate builds them) and the warm-up's",
+RETITLED = {"prompt": "the warm-up generation's prompt", "seed": "the warm-up generation's seed (a request gives its own)",
             "height": "default height of a request (default: the model's)",
             "width": "default width of a request (default: the model's)",
             "frames": "default frames of a video request (default: the model's)",
@@ -58,9 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=int, default=4, help="most images per request (default 4)")
     parser.add_argument("--max-steps", type=int, default=100, help="most num_inference_steps (default 100)")
     parser.add_argument("--max-pixels", type=int, default=None,
-                        help="most width x height of a request (default: 4 x the model's default size)")
+                        help="most width x height of a request (default on GPUs: the largest the memory planner "
+                             "fits on one GPU of a group; on the CPU 64 x the model's default size)")
     parser.add_argument("--max-frames", type=int, default=None,
-                        help="most frames of a video request (default: 2 x the model's default frames)")
+                        help="most frames of a video request (default on GPUs: the most the memory planner fits at "
+                             "the model's default size; on the CPU 2 x the model's default frames)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="most images one pipeline call takes, from requests of one size, steps and guidance "
                              "(default: the job's; 1: every request alone)")
@@ -68,6 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long a free group waits after a request for more of its shape (default 15)")
     parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    parser.add_argument("--keep-videos", type=int, default=Keep.count,
+                        help=f"finished video jobs kept (their mp4 files too), the oldest forgotten first (default "
+                             f"{Keep.count})")
+    parser.add_argument("--keep-video-bytes", type=int, default=Keep.bytes,
+                        help=f"most bytes of finished mp4 files kept, the oldest removed first (default {Keep.bytes}, "
+                             f"4 GiB; the newest stays however large)")
+    parser.add_argument("--video-ttl", type=float, default=Keep.ttl_s,
+                        help=f"seconds a finished video is kept (default {Keep.ttl_s:g}); its expires_at says when")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="a site whose pages may call the API from a browser (CORS), as scheme://host[:port]; "
                              "repeatable (default: none, only the page at / of this server)")
@@ -118,10 +129,25 @@ def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
     return job, group_devices(args.replicas, job.world_size, gpu)
 
 
+CPU_PIXELS = 64  # on the CPU, requests up to 64 x the model's own pixels (8 x each side): no GPU memory to plan
+
+
 def limits(args: argparse.Namespace, job: Job) -> Limits:
-    return Limits(max_n=args.max_n, max_steps=args.max_steps,
-                  max_pixels=args.max_pixels or 4 * job.spec.height * job.spec.width,
-                  max_frames=args.max_frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
+    """The request limits: as given, else on GPUs what the memory planner says fits one GPU of the group (the
+    largest square image, the most frames at the model's own size), else on the CPU CPU_PIXELS x the model's."""
+    pixels, frames = CPU_PIXELS * job.spec.height * job.spec.width, 2 * job.spec.frames
+    if job.gpu and (args.max_pixels is None or args.max_frames is None):
+        from ..models.memory import GIB, largest_size
+
+        gib = torch.cuda.get_device_properties(0).total_memory / GIB
+        pixels, frames = largest_size(job.model, job.world_size, gib, cfg=job.parallel.cfg,
+                                      sharded=job.shard_weights)
+        if pixels == 0:
+            raise ValueError(f"{job.model} does not fit {gib:.0f} GiB GPUs on {job.world_size} rank(s) at any size "
+                             f"(streamfusion plan --memory says why): add --shard-weights or ranks, or give "
+                             f"--max-pixels to try anyway")
+    return Limits(max_n=args.max_n, max_steps=args.max_steps, max_pixels=args.max_pixels or pixels,
+                  max_frames=args.max_frames or frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -162,6 +188,7 @@ def log_to_stderr(requests: bool) -> None:
 
 def main(args: argparse.Namespace) -> int:
     job, devices = serve_job(args)
+    keep = Keep(args.keep_videos, args.keep_video_bytes, args.video_ttl)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"streamfusion serve: listening on {args.host} without --api-key: anyone who reaches this port can "
@@ -198,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
 
     if (args.max_batch is not None and args.max_batch < 1) or args.batch_wait_ms < 0:
         raise ValueError("--max-batch must be at least 1 and --batch-wait-ms at least 0")
-    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop,
+    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop, keep,
                       max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000)
     app = make_app(service, api_key, args.max_body_bytes, loopback(args.host), tuple(args.allow_origin))
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5,

@@ -33,7 +33,7 @@ from ..runtime.request import Request
 from .errors import ApiError
 from .metrics import Metrics
 from .validation import Checker, Limits
-from .videos import VideoJob, VideoStore
+from .videos import Keep, VideoJob, VideoStore
 from .work import Work, WorkQueue
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class Service:
 
     def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
                  request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
-                 max_batch: int = 1, batch_wait_s: float = 0.0):
+                 keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0):
         self.job, self.checker = job, Checker(job, limits)
         if max_batch > 1 and (why := unbatched_why(job)):
             logger.info("every request runs as its own pipeline call: %s", why)
@@ -57,7 +57,7 @@ class Service:
         self.groups = [Group(i, job, d) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
-        self.videos = VideoStore()
+        self.videos = VideoStore(keep_videos)
         self.request_timeout_s = request_timeout_s
         self.on_ready, self.on_exit = on_ready, on_exit
         self.started = time.monotonic()
@@ -66,6 +66,7 @@ class Service:
         self.draining = False
         self.failure: Exception | None = None  # why the first start failed (the command reports it)
         self.running = 0
+        self.busy: set[int] = set()  # the groups running a request now
         self._tasks: list[asyncio.Task] = []
         self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
@@ -141,6 +142,7 @@ class Service:
             work.started, work.group = started, group
         self.running += len(batch)
         deadline = max(w.deadline for w in batch)
+        self.busy.add(group.index)
         try:
             result = await asyncio.to_thread(group.run, [w.params for w in batch], deadline - started)
         except Exception as err:  # noqa: BLE001 - RankFailure (the pool stopped its ranks), or the pool's own error
@@ -152,6 +154,8 @@ class Service:
                                            f"group restarts", code="rank_failed"))
             await self._restart(group, summary)
             return
+        finally:
+            self.busy.discard(group.index)
         if "stopped" in result:
             self.running -= len(batch)
             for work in batch:  # cancelled ones are answered already
@@ -254,21 +258,28 @@ class Service:
     # ---- state
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        """200 only when every group is ready and the server takes requests; else 503 and why."""
+        """200 while at least one group serves (ready or busy) and the server takes requests; else 503 and why.
+        Each group says its own state: starting, ready, busy, restarting, failed or stopped."""
         states = {g.state for g in self.groups}
         if self.draining:
             status = "draining"
-        elif states == {"ready"}:
+        elif "ready" in states:
             status = "ready"
         elif "failed" in states and states <= {"failed", "stopped"}:
             status = "failed"
         else:
             status = "recovering" if self.ready_once else "starting"
         # no process ids: /health takes no key, and pids help only someone on the machine already
-        groups = [{k: v for k, v in g.describe().items() if k != "pids"} for g in self.groups]
+        groups = [{**{k: v for k, v in g.describe().items() if k != "pids"}, "state": self._group_state(g)}
+                  for g in self.groups]
         body = {"status": status, "model": self.job.model, "queue": len(self.queue), "running": self.running,
                 "groups": groups}
         return (200 if status == "ready" else 503), body
+
+    def _group_state(self, group: Group) -> str:
+        if group.state == "ready":
+            return "busy" if group.index in self.busy else "ready"
+        return {"recovering": "restarting"}.get(group.state, group.state)
 
     def render_metrics(self) -> bytes:
         return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))

@@ -1,8 +1,10 @@
 """Video jobs as OpenAI's video API shapes them: POST gives a job id at once, GET says how it is getting on
 (status queued / in_progress / completed / failed, progress 0-100), GET .../content gives the mp4.
 
-Finished videos are files in a folder of the server's own (removed when it stops); beyond `keep` jobs the oldest
-finished ones are forgotten, so a long-running server's disk and memory stay bounded.
+Finished videos are files in a folder of the server's own (removed when it stops). A finished job is forgotten,
+its file removed, once it is older than the time to live, or when the finished jobs outnumber `--keep-videos` or
+their files outweigh `--keep-video-bytes` (the oldest first), so a long-running server's disk and memory stay
+bounded; jobs still queued or running are bounded by the queue.
 """
 from __future__ import annotations
 
@@ -19,6 +21,25 @@ from ..runtime.output import FPS
 from .work import Work
 
 
+@dataclass(frozen=True)
+class Keep:
+    """How many finished videos the server keeps, how many bytes of them, and for how long."""
+
+    count: int = 256
+    bytes: int = 4 << 30
+    ttl_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for option, value in (("--keep-videos", self.count), ("--keep-video-bytes", self.bytes),
+                              ("--video-ttl", self.ttl_s)):
+            if value <= 0:
+                raise ValueError(f"{option} {value}: must be above 0 (a finished video must be kept until fetched)")
+
+    def said(self) -> str:
+        return (f"--keep-videos {self.count} newest, --keep-video-bytes {self.bytes}, --video-ttl {self.ttl_s:g} s "
+                f"after it finished")
+
+
 @dataclass(eq=False)
 class VideoJob:
     id: str
@@ -29,6 +50,9 @@ class VideoJob:
     error: dict[str, str] | None = None
     path: Path | None = None
     record: dict[str, Any] | None = None
+    size: int = 0  # bytes of its file
+    finished: float | None = None  # time.monotonic() when it completed or failed
+    expires_at: int | None = None
 
     @property
     def status(self) -> str:
@@ -50,7 +74,7 @@ class VideoJob:
         params = self.work.params
         found = {"id": self.id, "object": "video", "model": self.model, "status": self.status,
                  "progress": self.progress(), "created_at": self.created_at, "completed_at": self.completed_at,
-                 "expires_at": None, "prompt": params.prompt, "size": params.size,
+                 "expires_at": self.expires_at, "prompt": params.prompt, "size": params.size,
                  "seconds": f"{(params.frames - 1) / FPS:g}", "error": self.error, "remixed_from_video_id": None}
         if self.record is not None:
             found["streamfusion"] = self.record
@@ -58,9 +82,9 @@ class VideoJob:
 
 
 class VideoStore:
-    """The server's video jobs, newest last."""
+    """The server's video jobs, newest last, within `keep`."""
 
-    def __init__(self, keep: int = 256):
+    def __init__(self, keep: Keep = Keep()):
         self.keep = keep
         self.folder = Path(tempfile.mkdtemp(prefix="streamfusion-serve-"))
         self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
@@ -68,21 +92,49 @@ class VideoStore:
     def add(self, model: str, work: Work) -> VideoJob:
         job = VideoJob(id=f"video_{secrets.token_hex(12)}", model=model, work=work, created_at=int(time.time()))
         self.jobs[job.id] = job
-        finished = [j for j in self.jobs.values() if j.status in ("completed", "failed")]
-        for old in finished[:max(0, len(self.jobs) - self.keep)]:
-            self.forget(old.id)
+        self.evict()
         return job
 
     def get(self, video_id: str) -> VideoJob | None:
+        self.evict()
         return self.jobs.get(video_id)
+
+    def listing(self) -> list[VideoJob]:
+        """Every job kept, newest first."""
+        self.evict()
+        return list(reversed(self.jobs.values()))
 
     def complete(self, job: VideoJob, mp4: bytes, record: dict[str, Any]) -> None:
         path = self.folder / f"{job.id}.mp4"
         path.write_bytes(mp4)
-        job.path, job.record, job.completed_at = path, record, int(time.time())
+        job.path, job.record, job.size = path, record, len(mp4)
+        self._finished(job)
 
     def fail(self, job: VideoJob, code: str, message: str) -> None:
-        job.error, job.completed_at = {"code": code, "message": message}, int(time.time())
+        job.error = {"code": code, "message": message}
+        self._finished(job)
+
+    def _finished(self, job: VideoJob) -> None:
+        job.finished, job.completed_at = time.monotonic(), int(time.time())
+        job.expires_at = job.completed_at + int(self.keep.ttl_s)
+        self.evict()
+
+    def evict(self) -> None:
+        """Forget the finished jobs past the time to live, then the oldest beyond the count and the bytes (the
+        newest one stays, however large: its client has yet to fetch it)."""
+        now = time.monotonic()
+        finished = [j for j in self.jobs.values() if j.finished is not None]
+        for job in finished:
+            if now - job.finished > self.keep.ttl_s:
+                self.forget(job.id)
+        finished = [j for j in finished if j.id in self.jobs]
+        held = sum(j.size for j in finished)
+        for job in finished[:-1]:
+            if len(finished) <= self.keep.count and held <= self.keep.bytes:
+                break
+            self.forget(job.id)
+            finished.remove(job)
+            held -= job.size
 
     def forget(self, video_id: str) -> None:
         job = self.jobs.pop(video_id, None)
@@ -93,4 +145,4 @@ class VideoStore:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-__all__ = ["VideoJob", "VideoStore"]
+__all__ = ["Keep", "VideoJob", "VideoStore"]
