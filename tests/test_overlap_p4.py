@@ -72,7 +72,7 @@ def _layer(config: ParallelConfig, heads: int, lens: list[int], joint: int, proj
     (8, [4, 4, 4, 4], 3, False, 2),     # no output projection: the heads put back together
 ])
 def test_layer_matches_single_process_attention(pool, heads, lens, joint, projected, groups):
-    config = ParallelConfig(method="ulysses", overlap_groups=None if groups == 2 else groups)
+    config = ParallelConfig(method="ulysses", overlap_groups=groups)
     for res in pool.run(_layer, config, heads, lens, joint, projected):
         assert res["groups"] == groups, res
         assert res["error"] <= TOL, res
@@ -118,8 +118,8 @@ def test_models_match_unparallelized(pool, name):
         assert res["error"] <= TOL, res
 
 
-@pytest.mark.parametrize("groups", [1, None])  # off; and by default on a forward that runs eager (no CUDA graph)
-def test_one_group_and_the_eager_default_run_the_stock_processors(pool, groups):
+@pytest.mark.parametrize("groups", [1, None])  # off, as asked and by default
+def test_one_group_and_the_default_run_the_stock_processors(pool, groups):
     family, case = MODELS["flux-uneven"]
     for res in pool.run(_model, ParallelConfig(method="ulysses", overlap_groups=groups), family, case):
         assert res["processors"] == ["FluxAttnProcessor"] and res["runs"] == [], res

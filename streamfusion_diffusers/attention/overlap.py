@@ -54,10 +54,10 @@ class OverlapPlan:
 def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
                  seq_lens: Sequence[int] | None = None) -> OverlapPlan | None:
     """The pipeline for q shaped `like` ([B, J + L_local, H, D]; an expanded scalar will do), or None for the
-    plain path (one group, no all-to-all to hide, torus or ring stages, a one-sided transport). Collective on a
+    plain path (not asked for, no all-to-all to hide, torus or ring stages, a one-sided transport). Collective on a
     new shape (the layout choice and the shape agreement), like `sp_attention`."""
     asked = ctx.config.overlap_groups
-    if asked == 1 or ctx.world_size == 1 or not ctx.transport.name.startswith("torch"):
+    if asked is None or asked == 1 or ctx.world_size == 1 or not ctx.transport.name.startswith("torch"):
         return None
     rows = like[:, joint_len:]
     joint = (like[:, :joint_len],) * 3 if joint_len else (None, None, None)
@@ -67,12 +67,11 @@ def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
     if lay.torus != 1 or lay.ring != 1 or lay.ulysses_intra == 1:
         return None
     per_rank = like.shape[2] // lay.ulysses
-    if asked is not None and per_rank % asked:
+    if per_rank % asked:
         raise ValueError(f"overlap_groups={asked} does not divide the {per_rank} heads each rank attends "
                          f"({like.shape[2]} heads over Ulysses degree {lay.ulysses}); pass a divisor of "
-                         f"{per_rank}, or overlap_groups=None to choose, or 1 to turn overlap off")
-    groups = asked if asked is not None else 2 if per_rank % 2 == 0 else 1
-    return OverlapPlan(mesh, kernel, lens, joint_len, groups) if groups > 1 else None
+                         f"{per_rank}, or 1 (or None) to turn overlap off")
+    return OverlapPlan(mesh, kernel, lens, joint_len, asked)
 
 
 def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, project: Project,

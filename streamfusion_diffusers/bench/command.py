@@ -78,8 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"relative error of {LOWP_THRESHOLD:g} instead of the exact tolerance)")
     parser.add_argument("--overlap-groups", type=int, default=None,
                         help="head groups of the Flux.1 / Qwen-Image processors' pipelined Ulysses (ParallelConfig."
-                             "overlap_groups): 1 turns the overlap off, to time a step without it; default: the "
-                             "config's choice")
+                             "overlap_groups), to time a step with it; default: off")
     parser.add_argument("--variants", default="eager",
                         help=f"comma-separated ways to run our layouts, each timed beside the others: "
                              f"{', '.join(variants.VARIANTS)} (cuda-graph at layer and step level; "

@@ -72,7 +72,7 @@ class Setup:
     recipe: str | None = None  # where method "auto" looks for its layout (None: the packaged recipes)
     comm_dtype: str | None = None  # "fp8" / "int8": inter-machine chunks as 1-byte values (backends/quantized.py)
     kernel: str = "auto"  # the local attention kernel of our cases (tune records the one it timed)
-    overlap_groups: int | None = None  # the pipelined Ulysses' head groups (None: the config's choice; 1: off)
+    overlap_groups: int | None = None  # the pipelined Ulysses' head groups (None or 1: off)
 
 
 def device_of_job() -> torch.device:

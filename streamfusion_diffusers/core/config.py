@@ -56,10 +56,10 @@ class ParallelConfig:
     overlap_groups: G, the head groups of the Flux and Qwen-Image processors' pipelined Ulysses
     (attention/overlap.py: group g's all-to-all travels while group g+1 is projected, its output's beside group
     g-1's output projection); it applies where the attention is pure Ulysses (torus and ring degree 1) over the
-    torch transport, eagerly and in CUDA graphs (compiled code runs the plain path). None: on a forward that
-    replays from CUDA graphs (parallelize(..., cuda_graph=True)) 2 where the heads per rank are even, else 1,
-    and off on an eager one (the pipeline's extra Python would cost more there than the exchanges it hides);
-    1: off; G > 1: on, eager too (G must divide the heads per rank).
+    torch transport, eagerly and in CUDA graphs (compiled code runs the plain path). None or 1: off, the
+    default: on the GPUs measured, the smaller projections and the exchanges sharing the SMs with them cost more
+    than the exchanges they hide at the shares images are served at, and eager the pipeline doubles the Python
+    of an attention call; G > 1: on (G must divide the heads per rank).
     """
 
     machines: int = 1

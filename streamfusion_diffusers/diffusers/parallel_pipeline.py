@@ -110,7 +110,7 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
     """One transformer's hooks and attention routing, as its plan says."""
     state = PlanState()
     hooks = plan_hooks(transformer, plan, ctx, state)  # innermost first
-    original = route_attention(transformer, plan, ctx, state, cuda_graph)  # the last check that can refuse: nothing before
+    original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
     hooks.append((transformer, ForwardHook(ctx, state, plan.key_masks), FORWARD_HOOK))  # masks checked eagerly

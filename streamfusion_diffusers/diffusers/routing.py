@@ -7,7 +7,7 @@ backend (processors/backend.py), with the module's route (context, shard state, 
 slot that the dispatcher hands the backend. Nothing global changes: a module that is not routed runs as before,
 and `unparallelize` puts the original processors back. Stock processors that call torch's SDPA themselves
 (CogVideoX's) are replaced by the plan's adapter instead; Flux.1's and Qwen-Image's by their twins that pipeline
-the Ulysses all-to-all with the projections (processors/overlap.py), unless overlap_groups=1.
+the Ulysses all-to-all with the projections (processors/overlap.py), where overlap_groups > 1 asks for it.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _is_local(name: str, module: torch.nn.Module, plan: ModelPlan) -> bool:
         fnmatch.fnmatchcase(name, pattern) for pattern in plan.local_attention)
 
 
-def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan, route: Route, graphed: bool) -> Any:
+def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan, route: Route) -> Any:
     """The processor module `name` runs under parallelize: ours, or the stock one refused with the fix."""
     stock = getattr(module, "_default_processor_cls", None)
     if type(processor) in plan.adapters:
@@ -41,26 +41,22 @@ def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan,
         raise ValueError(f"{name} runs {type(processor).__name__}, which does not call diffusers' "
                          f"dispatch_attention_fn; its plan needs an adapter processor for it")
     overlapped = OVERLAPPED.get(type(processor))
-    asked = route.ctx.config.overlap_groups
-    # the pipeline makes about twice the Python calls of the plain path: by default it runs where a CUDA graph
-    # pays for them once (and hides the exchanges on every replay); asked for, it runs eager too
-    pipelined = overlapped is not None and (asked is not None and asked > 1 or asked is None and graphed)
-    mine = overlapped() if pipelined else copy.copy(processor)
+    asked = route.ctx.config.overlap_groups  # the pipeline runs only where asked for (core/config.py says why)
+    mine = overlapped() if overlapped is not None and asked is not None and asked > 1 else copy.copy(processor)
     mine._attention_backend, mine._parallel_config = backend_name(), route
     return mine
 
 
-def route_attention(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, state: PlanState,
-                    graphed: bool = False) -> dict[str, Any]:
-    """Route every self-attention over the split sequence to `sp_attention`; returns what to restore. `graphed`:
-    the forward replays from CUDA graphs (the pipelined Ulysses processors run by default then)."""
+def route_attention(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, state: PlanState
+                    ) -> dict[str, Any]:
+    """Route every self-attention over the split sequence to `sp_attention`; returns what to restore."""
     original = dict(transformer.attn_processors)
     chosen: dict[str, Any] = {}
     for key, processor in original.items():
         name = key.removesuffix(".processor")
         module = transformer.get_submodule(name)
         chosen[key] = (processor if _is_local(name, module, plan)
-                       else _routed(name, module, processor, plan, Route(ctx, state, name), graphed))
+                       else _routed(name, module, processor, plan, Route(ctx, state, name)))
     transformer.set_attn_processor(chosen)
     return original
 
