@@ -4,7 +4,9 @@ Over 2 gloo processes, a Flux transformer parallelized by each layout (bench/hos
 benchmarks/host_path.py measures it): ulysses, usp U2R1 and tas U2R1 place the ranks alike, so their attention
 calls run the very same Python functions in the same order, on one mesh; and an attention call from diffusers'
 dispatch_attention_fn, after warm-up, stays under a bound on Python function calls (389 before the per-shape plan
-and the direct transfers, 78 after: per-call work creeping back fails here).
+and the direct transfers, 78 after: per-call work creeping back fails here); so does what a whole parallelized
+forward adds to plain diffusers' (313 calls over 584 before the hooks kept their layouts, slices and FBC lead
+blocks per size, 176 after).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from streamfusion_diffusers.core.mesh import GroupCache
 
 MAX_ATTENTION_CALLS = 90  # Python calls per attention call (78 measured), with margin
 MAX_BLOCK_OVERHEAD = 90  # Python calls a parallelized block adds to plain diffusers' (69 measured)
+MAX_FORWARD_OVERHEAD = 185  # Python calls a parallelized whole forward adds to plain diffusers' (176 measured)
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +57,11 @@ def test_one_placement_shares_one_mesh():
     with ProcessPool(2) as pool:
         for same, method in pool.run(_meshes):
             assert same and method == "ulysses", (same, method)
+
+
+def test_whole_forward_stays_lean(measured):
+    """The hooks around the forward (split, gather, layout, masks, cache agreement) and two attention calls."""
+    for plain, *layouts in measured:
+        for m in layouts:
+            assert m.forward.python - plain.forward.python <= MAX_FORWARD_OVERHEAD, (m.label, m.forward.python,
+                                                                                     plain.forward.python)

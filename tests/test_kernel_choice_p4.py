@@ -58,8 +58,8 @@ def layer_calls(signature: int, world: bool) -> tuple[list[str | None], list[str
                         continue
                     # this rank's own chunk lengths: signatures differ between ranks, as with uneven splits
                     key = (signature, position, rank)
-                    chosen.append(dispatch.choose(key, {name: (lambda ms=ms: ms, None)
-                                                        for name, ms in zip(dispatch.KERNELS, per_rank[rank])}))
+                    chosen.append(dispatch.choose(key, lambda: {name: (lambda ms=ms: ms, None)
+                                                                for name, ms in zip(dispatch.KERNELS, per_rank[rank])}))
             runs.append(chosen)
     finally:
         dispatch.time_ms, dispatch._gather = timer, gather

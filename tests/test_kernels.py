@@ -375,7 +375,7 @@ def test_pinned_choices_are_made_by_rule_and_never_timed() -> None:
     dispatch.pin()
     try:
         with owned_by(KernelState()):
-            assert dispatch.choose(("shape",), candidates) == "fused"
-            assert dispatch.choose(("shape",), {"sdpa": candidates["sdpa"]}) == "sdpa"
+            assert dispatch.choose(("shape",), lambda: candidates) == "fused"
+            assert dispatch.choose(("shape",), lambda: {"sdpa": candidates["sdpa"]}) == "sdpa"
     finally:
         dispatch.pin(False)

@@ -36,7 +36,8 @@ def _choose(ctx, key: str, sdpa_ms: float, fused_ms: float) -> str:
     timer, dispatch.time_ms = dispatch.time_ms, lambda prepare, run: prepare()
     try:
         with owned_by(ctx.kernels):
-            return dispatch.choose(key, {"sdpa": (lambda: sdpa_ms, None), "fused": (lambda: fused_ms, None)})
+            return dispatch.choose(key, lambda: {"sdpa": (lambda: sdpa_ms, None),
+                                                 "fused": (lambda: fused_ms, None)})
     finally:
         dispatch.time_ms = timer
 

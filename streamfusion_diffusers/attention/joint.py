@@ -29,7 +29,7 @@ def joint_shard(q: Tensor, k: Tensor, v: Tensor, mesh: Mesh) -> JointShard:
     lay = mesh.layout
     h = q.shape[2] // lay.ulysses
     heads = _head_slice(mesh, mesh.t, mesh.u, h)
-    rows = _row_slice(split_sizes(q.shape[1], lay.ring), mesh.r)
+    rows = slice(None) if lay.ring == 1 else _row_slice(split_sizes(q.shape[1], lay.ring), mesh.r)
     return JointShard(q[:, rows, heads], k[:, :, heads], v[:, :, heads], Partial())
 
 
@@ -38,8 +38,12 @@ def gather_joint(shard: JointShard, like: Tensor, mesh: Mesh, transport: Transpo
     lay = mesh.layout
     b, length, heads, d = like.shape
     h = heads // lay.ulysses
-    rows = split_sizes(length, lay.ring)
     mine = finished(shard.partial, shard.q)
+    if lay.ring == 1 and lay.torus == 1:  # every row of rank i's heads (the i-th h) on rank i: one gather, no copy
+        everyone = mine.new_empty((lay.world_size, *mine.shape))
+        transport.all_gather(everyone, mine, mesh.world).wait()
+        return everyone.permute(1, 2, 0, 3, 4).reshape(b, length, heads, d)
+    rows = split_sizes(length, lay.ring)
     padded = mine.new_zeros((b, max(rows), h, d))
     padded[:, : mine.shape[1]] = mine
     everyone = padded.new_empty((lay.world_size, *padded.shape))

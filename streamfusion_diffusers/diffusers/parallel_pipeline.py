@@ -113,7 +113,8 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
     original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
-    hooks.append((transformer, ForwardHook(ctx, state, plan.key_masks), FORWARD_HOOK))  # masks checked eagerly
+    forward = ForwardHook(ctx, state, plan.key_masks, plan.drop_full_masks)  # masks checked eagerly
+    hooks.append((transformer, forward, FORWARD_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, ctx), CFG_HOOK))
     install(hooks)

@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
-from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+from diffusers.models._modeling_parallel import ContextParallelOutput
 from torch import Tensor
 
 from ..context import ParallelContext
-from ..core.sequence import gather, shard, split_sizes
+from ..core.sequence import gather, split_sizes
 from .plans import ModelPlan
 from .processors import ShardState, TokenLayout
-from .stack.skips import agree_skips
+from .stack.skips import agree_skips, lead_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -45,21 +45,29 @@ class PlanState(ShardState):
     masks_checked: tuple[str, ...] = ()
     joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
     text_last: bool = False
+    # every layout met so far, by (text, image tokens, joint text): a forward of a size seen before builds none
+    layouts: dict[tuple[int, int, int], TokenLayout] = field(default_factory=dict, repr=False)
 
     def record(self, name: str, tokens: int, ctx: ParallelContext) -> None:
         self.streams[name] = tokens
-        self.layout = TokenLayout(rank=ctx.rank, text_total=self.streams.get(TEXT, 0),
-                                  text_sharded=not self.joint_text, joint_last=self.text_last,
-                                  image_lens=tuple(split_sizes(self.streams.get(IMAGE, 0), ctx.world_size)))
+        text, image = self.streams.get(TEXT, 0), self.streams.get(IMAGE, 0)
+        layout = self.layouts.get((text, image, self.joint_text))
+        if layout is None:
+            layout = self.layouts[text, image, self.joint_text] = TokenLayout(
+                rank=ctx.rank, text_total=text, text_sharded=not self.joint_text, joint_last=self.text_last,
+                image_lens=tuple(split_sizes(image, ctx.world_size)))
+        self.layout = layout
 
 
-def _split(name: str, value: Tensor, spec: ContextParallelInput, ctx: ParallelContext) -> Tensor:
-    tokens, world = value.shape[spec.split_dim], ctx.world_size
+def _slice(name: str, tokens: int, ctx: ParallelContext) -> tuple[int, int]:
+    """This rank's (start, length) of `tokens` split over the SP group, as `sequence.shard` cuts them."""
+    world = ctx.world_size
     if tokens < world:
         what = "text" if "txt" in name or "encoder" in name else "image/video"  # ids, rotary tables: image
         raise ValueError(f"{tokens} {what} tokens cannot be split over {world} ranks; raise the resolution (or the "
                          f"frame count, or the prompt length) to at least {world} tokens, or run on fewer ranks")
-    return shard(value, ctx.rank, ctx.world_size, dim=spec.split_dim)
+    lens = split_sizes(tokens, world)
+    return sum(lens[:ctx.rank]), lens[ctx.rank]
 
 
 def parameter_names(module: torch.nn.Module) -> tuple[str, ...]:
@@ -74,6 +82,8 @@ class PlanSplitHook(ModelHook):
         super().__init__()
         self.ctx, self.state, self.spec = ctx, state, spec
         self.names: tuple[str, ...] = ()
+        self.slices: dict[int, tuple[int, int]] = {}  # token count -> this rank's (start, length), per size once
+        self.cut_outputs = tuple((i, s) for i, s in spec.items() if isinstance(i, int))
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
         self.names = parameter_names(module)
@@ -93,7 +103,10 @@ class PlanSplitHook(ModelHook):
             self.state.record(name, tokens, self.ctx)
         if tokens == self.state.joint_text and name != IMAGE:
             return value  # the whole text, or an input of its length (ids, mask, rotary table)
-        return _split(str(name), value, spec, self.ctx)
+        cut = self.slices.get(tokens)
+        if cut is None:
+            cut = self.slices[tokens] = _slice(str(name), tokens, self.ctx)
+        return value.narrow(spec.split_dim, *cut)
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         args = list(args)  # by parameter name, without inspect's BoundArguments (torch.compile traces this)
@@ -106,11 +119,10 @@ class PlanSplitHook(ModelHook):
         return tuple(args), kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
-        cuts = {i: spec for i, spec in self.spec.items() if isinstance(i, int)}
-        if not cuts:
+        if not self.cut_outputs:
             return output
         parts = [output] if isinstance(output, Tensor) else list(output)
-        for i, spec in cuts.items():
+        for i, spec in self.cut_outputs:
             parts[i] = self._cut(i, parts[i], spec)
         return parts[0] if isinstance(output, Tensor) else type(output)(parts)
 
@@ -123,12 +135,13 @@ class PlanGatherHook(ModelHook):
         self.ctx, self.state, self.spec = ctx, state, spec
 
     def post_forward(self, module: torch.nn.Module, output: Tensor) -> Tensor:
-        if IMAGE not in self.state.streams:
+        layout = self.state.layout
+        if IMAGE not in self.state.streams or layout is None:
             raise ValueError("the plan gathers an output but split no hidden_states before it")
-        lens = list(split_sizes(self.state.streams[IMAGE], self.ctx.world_size))
-        if output.shape[self.spec.gather_dim] != lens[self.ctx.rank]:
+        lens = layout.image_lens  # this forward's split, as the split hooks cut hidden_states
+        if output.shape[self.spec.gather_dim] != lens[layout.rank]:
             raise ValueError(f"the gathered output has {output.shape[self.spec.gather_dim]} tokens on rank "
-                             f"{self.ctx.rank}, not its {lens[self.ctx.rank]} split image tokens: the plan gathers "
+                             f"{layout.rank}, not its {lens[layout.rank]} split image tokens: the plan gathers "
                              f"a module whose output is not the split hidden_states")
         # the SP group: the whole job, or with CFG parallelism this rank's guidance branch
         return gather(output, lens, self.ctx.cfg.sp.pg, dim=self.spec.gather_dim)
@@ -138,37 +151,57 @@ class ForwardHook(ModelHook):
     """Around the whole transformer forward: a fresh layout, the plan's key masks checked once, and the skip
     decision of any First Block Cache agreed over the ranks (stack/skips.py)."""
 
-    def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...]):
+    def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...],
+                 drop_full_masks: bool = False):
         super().__init__()
-        self.ctx, self.state, self.key_masks = ctx, state, key_masks
-        self.names: tuple[str, ...] = ()
-        self.kept: dict[str, tuple[weakref.ref, int]] = {}  # each key mask last seen to keep every key, by identity
+        self.ctx, self.state, self.key_masks, self.drop_full_masks = ctx, state, key_masks, drop_full_masks
+        self.positions: dict[str, int] = {}  # forward parameter -> its position
+        self.leads: tuple[torch.nn.Module, ...] = ()  # where a First Block Cache puts its head hook
+        self.full_masks: dict[int, tuple[weakref.ref, int]] = {}  # id -> (mask, its version) found to keep all
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
-        self.names = parameter_names(module)
+        self.positions = {name: i for i, name in enumerate(parameter_names(module))}
+        self.leads = lead_blocks(module)
         return module
 
+    def _argument(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        i = self.positions.get(name, len(args))
+        return args[i] if i < len(args) else None
+
+    def _keeps_every_key(self, mask: Tensor, compiling: bool) -> bool:
+        """Whether the mask keeps every key: read from the device once per mask (a pipeline passes the same one at
+        every step), not at every forward, which would wait for the GPU each time."""
+        if compiling:
+            return bool(mask.bool().all())
+        seen = self.full_masks.get(id(mask))
+        if seen is not None and seen[0]() is mask and seen[1] == mask._version:  # not written to since
+            return True
+        if not bool(mask.bool().all()):
+            return False
+        if len(self.full_masks) >= 8:
+            self.full_masks.clear()
+        self.full_masks[id(mask)] = (weakref.ref(mask), mask._version)
+        return True
+
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        if not torch.compiler.is_compiling():  # a cache enabled before or after parallelize (none compiles whole)
-            agree_skips(module, self.ctx)
-        arguments = {**dict(zip(self.names, args)), **kwargs}
+        compiling = torch.compiler.is_compiling()
+        if not compiling:  # a cache enabled before or after parallelize (none compiles whole)
+            agree_skips(self.leads, self.ctx)
         checked = []
         for name in self.key_masks:
-            mask = arguments.get(name)
+            mask = self._argument(name, args, kwargs)
             if mask is None:
                 continue
-            kept = self.kept.get(name)
-            if kept is None or kept[0]() is not mask or kept[1] != mask._version:  # a mask not checked yet (one
-                # check per pipeline call, not a device synchronize per step)
-                if not bool(mask.bool().all()):
-                    raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
-                                     f"attention does not take key masks; run one prompt per call (batch 1) or pad "
-                                     f"no prompt, so that {name} keeps every token")
-                self.kept[name] = (weakref.ref(mask), mask._version)
-            if name in kwargs:  # it keeps every key: the model runs as without it (exact), and no model code
-                kwargs[name] = None  # reads it back to the host inside a captured CUDA graph
+            if not self._keeps_every_key(mask, compiling):
+                raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
+                                 f"attention does not take key masks; run one prompt per call (batch 1) or pad "
+                                 f"no prompt, so that {name} keeps every token")
+            if self.drop_full_masks and name in kwargs:  # it keeps every key: the model runs as without it
+                kwargs[name] = None
             checked.append(name)
-        text = arguments.get(TEXT)
+        text = self._argument(TEXT, args, kwargs)
         text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
         self.state.streams.clear()
         self.state.joint_text = text if text < self.ctx.world_size else 0

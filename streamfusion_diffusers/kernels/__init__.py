@@ -10,8 +10,8 @@ context's KernelState, state.py; inside `agreed_choices` every rank of the layer
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..core.mesh import Group
 from . import dispatch
+from .chunk_tables import aligned
 from .inputs import check_chunks, check_state
 from .merge import merge_into
 from .optional import has_triton
@@ -201,22 +202,28 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
         return "reference"
     if not (has_triton() and _fused_supports(q)):
         return "sdpa"
-    from .chunk_tables import aligned
-
-    if not all(aligned(x) for x in [*(x for _, x in pairs), *(t for kv_pair in kv for t in kv_pair)]):
-        return "sdpa"
-    load_state = any(p.out is not None for p, _ in pairs)
+    # loops, not comprehensions, and the candidates made only where the shape is new: this runs at every call
+    load_state, q_lens, kv_lens = False, [], []
+    for p, x in pairs:
+        if not aligned(x):
+            return "sdpa"
+        load_state |= p.out is not None
+        q_lens.append(x.shape[1])
+    for k, v in kv:
+        if not (aligned(k) and aligned(v)):
+            return "sdpa"
+        kv_lens.append(k.shape[1])
     b, _, h, d = q.shape
-    key = (q.device, q.dtype, b, h, d, tuple(x.shape[1] for _, x in pairs),
-           tuple(k.shape[1] for k, _ in kv), load_state, finalize)
+    key = (q.device, q.dtype, b, h, d, tuple(q_lens), tuple(kv_lens), load_state, finalize)
 
-    def prepare() -> list[tuple[Partial, Tensor]]:
-        return [(p.clone(), x) for p, x in pairs]
+    def candidates() -> dispatch.Candidates:
+        def prepare() -> list[tuple[Partial, Tensor]]:
+            return [(p.clone(), x) for p, x in pairs]
 
-    return dispatch.choose(key, {
-        "sdpa": (prepare, lambda s: _attend_unfused(s, kv, scale, finalize, "sdpa")),
-        "fused": (prepare, lambda s: _attend_fused(s, kv, scale, finalize)),
-    })
+        return {"sdpa": (prepare, lambda s: _attend_unfused(s, kv, scale, finalize, "sdpa")),
+                "fused": (prepare, lambda s: _attend_fused(s, kv, scale, finalize))}
+
+    return dispatch.choose(key, candidates)
 
 
 def agreed_choices(state: KernelState, group: Group, signature: Hashable, q: Tensor, kernel: str
@@ -226,14 +233,8 @@ def agreed_choices(state: KernelState, group: Group, signature: Hashable, q: Ten
     dispatch.py); no agreement where no choice is measured: a named kernel, pinned choices, or no fused candidate
     for q's device, dtype and head dim (the same on every rank)."""
     if kernel == "auto" and q.is_cuda and has_triton() and _fused_supports(q) and not dispatch.pinned():
-        return _agreeing(state, group, signature)
+        return dispatch.layer(signature, group, state)
     return owned_by(state)
-
-
-@contextmanager
-def _agreeing(state: KernelState, group: Group, signature: Hashable) -> Iterator[None]:
-    with owned_by(state), dispatch.layer(signature, group):
-        yield
 
 
 def _check_fused(q: Tensor) -> None:

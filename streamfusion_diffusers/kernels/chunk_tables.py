@@ -17,6 +17,8 @@ from torch import Tensor
 
 from .state import current
 
+DEVICE_TABLES = 256  # eager tables kept on the device per context (a few hundred bytes each)
+
 
 @dataclass(frozen=True)
 class ChunkTables:
@@ -73,16 +75,28 @@ def chunk_tables(
 
 
 def _device_table(rows: list[list[int]], device: torch.device) -> Tensor:
-    """The chunk tables on the GPU, from pinned memory (the only host copy a CUDA-graph capture allows). A replay
-    copies from the same host memory again, so a captured table is kept as long as the graph: in the running
-    call's KernelState (its context's, freed by shutdown(); a few hundred bytes per captured call)."""
-    host = torch.tensor(rows, dtype=torch.int64)
+    """The chunk tables on the GPU. Eager, a table already on the device serves again: its entries are offsets
+    from the base tensors, so a layer whose buffers lie alike relative to each other (every step, as the caching
+    allocator hands them out) makes no host copy. Otherwise from pinned memory (the only host copy a CUDA-graph
+    capture allows). A replay copies from the same host memory again, so a captured table is kept as long as the
+    graph: in the running call's KernelState (its context's, freed by shutdown(); a few hundred bytes per
+    captured call)."""
     if device.type != "cuda":  # Triton's interpreter, on the CPU
-        return host
-    host = host.pin_memory()
+        return torch.tensor(rows, dtype=torch.int64)
+    state = current()
     if torch.cuda.is_current_stream_capturing():
-        current().tables.append(host)
-    return host.to(device, non_blocking=True)
+        host = torch.tensor(rows, dtype=torch.int64).pin_memory()
+        state.tables.append(host)
+        return host.to(device, non_blocking=True)
+    # the stream too: a table is read only on the stream that copied it there
+    key = (torch.cuda.current_stream(device).cuda_stream, tuple(map(tuple, rows)))
+    table = state.device_tables.get(key)
+    if table is None:
+        if len(state.device_tables) >= DEVICE_TABLES:
+            del state.device_tables[next(iter(state.device_tables))]  # the oldest
+        host = torch.tensor(rows, dtype=torch.int64).pin_memory()
+        table = state.device_tables[key] = host.to(device, non_blocking=True)
+    return table
 
 
 def _offset(x: Tensor, base: Tensor) -> int:
@@ -94,8 +108,11 @@ def _offset(x: Tensor, base: Tensor) -> int:
 
 
 def aligned(x: Tensor) -> bool:
-    """The kernels' alignment contract: 16-byte address, contiguous last dim, other strides multiples of 8."""
-    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
+    """The kernels' alignment contract: a [B, L, H, D] tensor at a 16-byte address, contiguous last dim, other
+    strides multiples of 8."""
+    s = x.stride()  # [B, L, H, D]; indexed, not a generator: this runs at every call
+    return len(s) == 4 and x.data_ptr() % 16 == 0 and s[3] == 1 and s[0] % 8 == 0 and s[1] % 8 == 0 and \
+        s[2] % 8 == 0
 
 
 def _check(x: Tensor, batch: int, heads: int, dim: int) -> None:

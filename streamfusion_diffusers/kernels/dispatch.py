@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -34,7 +32,7 @@ from torch import Tensor
 
 from ..core.logs import say_once
 from ..core.mesh import Group
-from .state import current
+from .state import KernelState, current, owned_by
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +42,15 @@ PINNED = "fused"  # what a pinned choice takes where it is a candidate (no merge
 _pinned = False  # set by pin(): this process's "auto" choices by rule, none timed
 
 
-@dataclass
 class _Layer:
     """The layer call in progress: the agreed kernels by call position (None until agreed), and this call's
     local times by position (None where that call made no choice)."""
 
-    agreed: list[str | None] | None
-    calls: list[dict[str, float] | None] = field(default_factory=list)
+    __slots__ = ("agreed", "calls")
+
+    def __init__(self, agreed: list[str | None] | None):
+        self.agreed = agreed
+        self.calls: list[dict[str, float] | None] = []
 
 
 # The layer call in progress in this thread (a ContextVar: set and reset around the call by `layer`).
@@ -74,10 +74,10 @@ def time_ms(prepare: Callable[[], object], run: Callable[[object], None], reps: 
     return statistics.median(s.elapsed_time(e) for s, e in times)
 
 
-def _measure(key: Hashable, candidates: Candidates) -> dict[str, float]:
+def _measure(key: Hashable, candidates: Callable[[], Candidates]) -> dict[str, float]:
     times = current().times
     if key not in times:
-        times[key] = {name: time_ms(prepare, run) for name, (prepare, run) in candidates.items()}
+        times[key] = {name: time_ms(prepare, run) for name, (prepare, run) in candidates().items()}
     return times[key]
 
 
@@ -102,12 +102,13 @@ def count_call() -> None:
         scope.calls.append(None)
 
 
-def choose(key: Hashable, candidates: Candidates) -> str:
+def choose(key: Hashable, candidates: Callable[[], Candidates]) -> str:
     """The kernel (a name in KERNELS) to run for this signature: inside `layer`, the one agreed for this call
     position (this rank's fastest until the ranks have agreed); outside, this rank's fastest, cached; pinned,
-    PINNED where it is a candidate."""
+    PINNED where it is a candidate. candidates: makes the timed runs, called only where a signature is timed (a
+    lookup builds nothing)."""
     if _pinned:
-        return PINNED if PINNED in candidates else KERNELS[0]
+        return PINNED if PINNED in candidates() else KERNELS[0]
     scope = _layer.get()
     if scope is None:
         local = current().local
@@ -125,20 +126,34 @@ def choose(key: Hashable, candidates: Candidates) -> str:
     return _fastest(times)
 
 
-@contextmanager
-def layer(signature: Hashable, group: Group) -> Iterator[None]:
+class layer:  # noqa: N801 - a context manager used as a function; a class: it runs at every layer call
     """Scope of one layer call whose choices every rank of `group` shares. signature: what every rank knows
     alike about the call (layout, every rank's lengths, heads, dtype), never this rank's own chunk shapes.
-    The agreed table is kept in the current KernelState (the call's context's)."""
-    agreed, key = current().agreed, (group.ranks, signature)
-    scope = _Layer(agreed.get(key))
-    token = _layer.set(scope)
-    try:
-        yield
-        if scope.agreed is None and not _capturing():
-            agreed[key] = agree(scope.calls, group, signature)
-    finally:
-        _layer.reset(token)
+    The agreed table is kept in `owner` (the call's context's KernelState, made the current one inside; None:
+    the current one)."""
+
+    __slots__ = ("signature", "group", "owner", "owned", "state", "scope", "token")
+
+    def __init__(self, signature: Hashable, group: Group, owner: KernelState | None = None):
+        self.signature, self.group, self.owner = signature, group, owner
+
+    def __enter__(self) -> None:
+        self.owned = owned_by(self.owner) if self.owner is not None else None
+        if self.owned is not None:
+            self.owned.__enter__()
+        self.state = self.owner if self.owner is not None else current()
+        self.scope = _Layer(self.state.agreed.get((self.group.ranks, self.signature)))
+        self.token = _layer.set(self.scope)
+
+    def __exit__(self, error: type[BaseException] | None, *_: object) -> None:
+        try:
+            if error is None and self.scope.agreed is None and not _capturing():
+                self.state.agreed[self.group.ranks, self.signature] = agree(self.scope.calls, self.group,
+                                                                            self.signature)
+        finally:
+            _layer.reset(self.token)
+            if self.owned is not None:
+                self.owned.__exit__()
 
 
 def agree(calls: list[dict[str, float] | None], group: Group, signature: Hashable) -> list[str | None]:

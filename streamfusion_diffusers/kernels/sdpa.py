@@ -53,7 +53,7 @@ def _call(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float, lse: bool
 def attention_no_lse(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """q [B, Lq, H, D], k, v [B, Lk, H, D] -> out [B, Lq, H, D] by one named SDPA backend, without the
     log-sum-exp: what a rank's share costs with no merge to feed (the bench's no-communication bound)."""
-    out, _ = _call(backend, *(x.transpose(1, 2) for x in (q, k, v)), scale, lse=False)
+    out, _ = _call(backend, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, lse=False)
     return out.transpose(1, 2)
 
 
@@ -69,7 +69,8 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     are within noise, which is also all that a differing pick can cost. Off CUDA: PyTorch's default SDPA."""
     if not q.is_cuda:
         return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), scale=scale).transpose(1, 2)
-    key = (q.device, q.dtype, *((tuple(x.shape), x.stride()) for x in (q, k, v)))
+    # the shapes and strides spelled out, not a generator: this runs at every call
+    key = (q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride())
     state = current()
     if key not in state.no_lse:
         capturing, pin = torch.cuda.is_current_stream_capturing(), pinned()
@@ -102,8 +103,8 @@ def attention_with_lse_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float,
     for this input's shape and dtype from then on, said once; any other error (a CUDA fault, a bad argument) is
     raised, and the backend stays first for every shape. Running out of memory is raised with the sizes.
     """
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    shape = (q.device, q.dtype, tuple(q.shape), tuple(k.shape))
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    shape = (q.device, q.dtype, q.shape, k.shape)
     for backend in backends:
         if (backend, *shape) in _unsupported:
             continue

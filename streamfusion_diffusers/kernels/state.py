@@ -23,6 +23,7 @@ class KernelState:
     agreed: dict[Hashable, list[str | None]] = field(default_factory=dict)  # (ranks, layer signature) -> per call
     no_lse: dict[Hashable, str] = field(default_factory=dict)  # shapes -> fastest SDPA backend (sdpa.attention_sdpa)
     tables: list[Tensor] = field(default_factory=list)  # pinned chunk tables of captured kernel launches
+    device_tables: dict[Hashable, Tensor] = field(default_factory=dict)  # eager chunk tables on the device
 
     def forget_choices(self) -> None:
         """Forget every time and choice (the captured tables stay: graphs may still replay them)."""
@@ -35,6 +36,7 @@ class KernelState:
         """Forget everything: the owner's graphs are gone with it."""
         self.forget_choices()
         self.tables.clear()
+        self.device_tables.clear()
 
 
 # Kernel calls made outside any sp_attention (kernel tests and benchmarks) belong to no context: the process owns

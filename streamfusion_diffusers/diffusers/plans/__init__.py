@@ -21,7 +21,7 @@ def _ours() -> dict[str, ModelPlan]:
 
 
 # diffusers' plan as shipped, with the forward inputs that mask the split self-attention's keys
-DIFFUSERS_KEY_MASKS = {"QwenImageTransformer2DModel": ("encoder_hidden_states_mask",)}
+DIFFUSERS_KEY_MASKS = {"QwenImageTransformer2DModel": ("encoder_hidden_states_mask",)}  # each dropped when full
 
 
 # diffusers plans whose attention the split cannot serve exactly, and why
@@ -46,7 +46,8 @@ def plan_for(transformer: torch.nn.Module) -> ModelPlan:
         supported = sorted(ours)
         raise ValueError(f"{name} has no context-parallel plan: parallelize takes a transformer with a diffusers "
                          f"_cp_plan (Flux, Flux.2, Wan, Qwen-Image, LTX, ...) or one of {supported}")
-    return ModelPlan(cp_plan, "diffusers", key_masks=DIFFUSERS_KEY_MASKS.get(name, ()))
+    masks = DIFFUSERS_KEY_MASKS.get(name, ())
+    return ModelPlan(cp_plan, "diffusers", key_masks=masks, drop_full_masks=bool(masks))
 
 
 __all__ = ["ModelPlan", "plan_for"]

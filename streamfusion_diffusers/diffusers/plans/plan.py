@@ -14,6 +14,8 @@ class ModelPlan:
     source: str
     local_attention: tuple[str, ...] = ()  # fnmatch patterns of attention modules over unsplit keys (cross-attn)
     key_masks: tuple[str, ...] = ()  # forward inputs that mask keys of the split self-attention
+    drop_full_masks: bool = False  # the model runs as without a key mask that keeps every key, so it is dropped
+    # (its forward then reads nothing of it back to the host, which a CUDA-graph capture could not)
     adapters: dict[type, type] = field(default_factory=dict)  # stock processor -> ours (no dispatch_attention_fn)
     text_last: bool = False  # the self-attention takes [image ; text] rows (else [text ; image])
 

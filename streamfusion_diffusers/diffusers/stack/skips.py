@@ -22,6 +22,7 @@ checking that the hook still has the shape read here (diffusers 0.42): a changed
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -65,21 +66,27 @@ class AgreedDecision:
         return change / base > self.hook.threshold
 
 
-def head_hooks(transformer: torch.nn.Module) -> list[FBCHeadBlockHook]:
-    """The First Block Cache head hooks on the transformer: on the first block of one of its block lists."""
+def lead_blocks(transformer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """The first block of each of the transformer's block lists (its ModuleList children), where a First Block
+    Cache puts its head hook; read once per transformer, not per forward."""
+    return tuple(m[0] for m in transformer.children() if isinstance(m, torch.nn.ModuleList) and len(m))
+
+
+def head_hooks(leads: Sequence[torch.nn.Module]) -> list[FBCHeadBlockHook]:
+    """The First Block Cache head hooks on `leads` (`lead_blocks`)."""
     found = []
-    for blocks in transformer.children():
-        if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
-            registry = getattr(blocks[0], "_diffusers_hook", None)
-            hook = registry.get_hook(_FBC_LEADER_BLOCK_HOOK) if registry is not None else None
-            if hook is not None:
-                found.append(hook)
+    for block in leads:
+        registry = getattr(block, "_diffusers_hook", None)
+        hook = registry.get_hook(_FBC_LEADER_BLOCK_HOOK) if registry is not None else None
+        if hook is not None:
+            found.append(hook)
     return found
 
 
-def agree_skips(transformer: torch.nn.Module, ctx: ParallelContext) -> None:
-    """Every First Block Cache on the transformer decides from the metric reduced over ctx's SP group."""
-    for hook in head_hooks(transformer):
+def agree_skips(leads: Sequence[torch.nn.Module], ctx: ParallelContext) -> None:
+    """Every First Block Cache on the transformer (given by its `lead_blocks`) decides from the metric reduced
+    over ctx's SP group."""
+    for hook in head_hooks(leads):
         agreed = hook.__dict__.get(DECISION)
         if not (isinstance(agreed, AgreedDecision) and agreed.ctx is ctx):
             check_hook()
@@ -88,8 +95,8 @@ def agree_skips(transformer: torch.nn.Module, ctx: ParallelContext) -> None:
 
 def release_skips(transformer: torch.nn.Module) -> None:
     """diffusers' own decision back (unparallelize: one rank holds every token again)."""
-    for hook in head_hooks(transformer):
+    for hook in head_hooks(lead_blocks(transformer)):
         hook.__dict__.pop(DECISION, None)
 
 
-__all__ = ["AgreedDecision", "agree_skips", "check_hook", "head_hooks", "release_skips"]
+__all__ = ["AgreedDecision", "agree_skips", "lead_blocks", "check_hook", "head_hooks", "release_skips"]
