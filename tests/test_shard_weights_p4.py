@@ -94,7 +94,8 @@ def test_every_model_sharded_gives_the_parallel_output(pool, name):
         assert res["sharded"][0] == "transformer" and any(n.startswith("text_encoder") for n in res["sharded"]), res
         assert ("transformer_2" in res["sharded"]) == (name == "tiny-wan-a14b"), res
         assert set(res["keep"].values()) == {0}, res  # no budget: every block streams
-        assert res["held"] == res["planned"] < res["whole"], res  # the plan's bytes, to the byte
+        assert res["held"] == res["planned"], res  # the plan's bytes, to the byte (tiny models: above whole, the
+        # two slots are as large as their few blocks)
 
 
 def _partial(share: float) -> dict:

@@ -405,9 +405,9 @@ def held_bytes(models: Sequence[nn.Module]) -> tuple[int, int]:
                 storage = leaf.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
         m = getattr(model, "_shards", None)
-        if m is not None:
-            for unit in [*m.streamed, m.resident]:
-                storage = unit.shard.untyped_storage()
+        if m is not None:  # the shards, and both slots (the second one viewed by no parameter where one streams)
+            for tensor in [*(unit.shard for unit in [*m.streamed, m.resident]), *m.pool.slots]:
+                storage = tensor.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values()), whole
 
