@@ -27,7 +27,7 @@ from streamfusion_diffusers.bench.model import model_inputs
 from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.context import shutdown
 from streamfusion_diffusers.diffusers.parallel_pipeline import parallelize, unparallelize
-from streamfusion_diffusers.diffusers.sharded_weights import local_bytes
+from streamfusion_diffusers.diffusers.sharded_weights import held_bytes
 from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.models.memory import GIB, estimate, pipeline_parts
 
@@ -147,7 +147,7 @@ def run(spec: str, repeats: int, modes: list[str], ctx: ParallelContext, device:
                     profiled_step = profile_step(model, inputs, device)
                 if dist.get_rank() == 0:
                     row["profile"] = profiled_step
-            held, whole = local_bytes(model)
+            held, whole = held_bytes([model])
             row.update(weights_held_gib=round(_worst(held) / GIB, 2), weights_whole_gib=round(whole / GIB, 2))
             if device.type == "cuda":
                 row["peak_gib"] = round(_worst(torch.cuda.max_memory_allocated()) / GIB, 2)

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory", type=float, default=80.0,
                         help="--serve: GB of memory per GPU, as sold (default 80: an H100)")
     parser.add_argument("--cfg", type=int, choices=(1, 2), default=1, help="--memory: the CFG split's degree")
+    parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
+                        help="--memory: GiB per GPU the sharded run may take; its row shows which blocks stay "
+                             "gathered to fit (default: every block sharded)")
     parser.add_argument("--link", default="dgx", help=f"inter-machine link: {', '.join(PRESETS)} or GBPS:LATENCY_US")
     parser.add_argument("--recipe", default=None,
                         help="recipe whose calibration header the cost model uses (default: the model's packaged one)")
@@ -93,8 +96,8 @@ def memory(args: argparse.Namespace) -> int:
     if args.cfg > ranks:
         raise ValueError(f"--cfg {args.cfg} needs at least {args.cfg} GPUs")
     parts = pipeline_parts(args.model)
-    rows = [estimate(args.model, height, width, frames, ranks, cfg=args.cfg, sharded=s, parts=parts)
-            for s in (False, True)]
+    rows = [estimate(args.model, height, width, frames, ranks, cfg=args.cfg, sharded=s, parts=parts,
+                     max_memory=args.max_memory) for s in (False, True)]
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
         return 0
@@ -106,6 +109,8 @@ def memory(args: argparse.Namespace) -> int:
         fits = ", ".join(map(str, r.fits)) or f"none of {', '.join(map(str, GPUS_GB))}"
         print(f"{'sharded' if r.sharded else 'whole':<8} {r.weights:>6.1f} {r.gathered:>8.1f} {r.activations:>7.2f} "
               f"{r.attention:>6.2f} {r.vae_decode:>7.2f} {r.text_encoder:>7.1f} {r.peak:>6.1f}  {fits}")
+        if r.split:
+            print(f"         split: {r.split}; {r.received:.2f} GiB received per rank per step")
     return 0
 
 

@@ -3,7 +3,7 @@
 The model's context-parallel plan (`plans/`: diffusers' `_cp_plan`, or ours) decides what is split and gathered
 (`sharding.py` applies it by hooks); `routing.py` sends each self-attention over the split sequence to
 `sp_attention` and leaves attention to unsplit tokens (cross-attention to the text) local. As asked, the CFG
-split (`cfg.py`), a CUDA graph of the whole forward (`graphs.py`), the weights sharded by FSDP2
+split (`cfg.py`), a CUDA graph of the whole forward (`graphs.py`), the weights sharded
 (`sharded_weights.py`) and the VAE decode over the ranks (`vae/`) go on too. The inputs arrive whole (as the
 pipeline holds them) and are cut where the plan says; only the final gather holds the whole sequence on one rank.
 """
@@ -22,7 +22,7 @@ from .cfg import CFG_HOOK, cfg_hook
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .plans import ModelPlan, plan_for
 from .routing import route_attention
-from .sharded_weights import CANNOT_UNDO, NOT_QUANTIZED, NOT_WITH_GRAPHS, is_sharded, plain_weights, shard_pipeline
+from .sharded_weights import CANNOT_UNDO, Split, is_sharded, shard_pipeline
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
 from .stack.skips import release_skips
 from .vae import decode_over_ranks, is_split, unsplit_vae_decode
@@ -38,7 +38,8 @@ class _Installed:
     hooks: list[tuple[torch.nn.Module, str]]
     state: PlanState
     vae_decode: str | None = None  # how the pipeline's VAE decodes: patch-parallel, tiles, one-rank (None: untouched)
-    sharded: tuple[str, ...] = ()  # the components whose weights FSDP2 shards (shard_weights=True)
+    sharded: tuple[str, ...] = ()  # the components whose weights are sharded (shard_weights=True)
+    split: Split | None = None  # how many blocks of each stay gathered, and the bytes a rank holds
 
 
 def _transformer(target: Any) -> torch.nn.Module:
@@ -52,16 +53,19 @@ def transformers_of(target: Any) -> list[torch.nn.Module]:
 
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
-                waves: int | str | None = None, shard_weights: bool = False) -> torch.nn.Module:
+                waves: int | str | None = None, shard_weights: bool = False, weight_budget: int | None = None
+                ) -> torch.nn.Module:
     """Run a pipeline's (or a bare) transformer sequence-parallel over ctx's ranks, as its plan splits it.
 
     cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
     waves: retired (TokenWeave waves ran copies of diffusers' block forwards and measured no gain, BENCHMARKS.md:
     Flux 2048 px step on 2 x H200, 469.3 ms with waves=2 vs 463.8 eager); any value other than None raises,
     naming what cuts a step's fixed cost instead: cuda_graph=True or torch.compile.
-    shard_weights: every rank keeps only its share of the weights between forwards (`sharded_weights.py`: the
-    transformers' blocks and, for a pipeline, its text encoders' layers, by torch FSDP2 over the job's ranks); each
-    block is gathered just before it runs. The same output; `unparallelize` cannot undo it (it refuses).
+    shard_weights: every rank keeps only its share of the weights (`sharded_weights.py`: the transformers' blocks
+    and, for a pipeline, its text encoders' layers, over the job's ranks), as far as `weight_budget` (bytes of
+    weights per rank; None: every block) needs; a sharded block is gathered in place just before it runs, the
+    others are gathered once. Plain or quantized (torchao) weights, eager, compiled or in a CUDA graph; the same
+    output; `unparallelize` cannot undo it (it refuses).
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
@@ -80,12 +84,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
     if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
-    if shard_weights and cuda_graph:
-        raise ValueError(NOT_WITH_GRAPHS)
     if shard_weights and any(is_sharded(t) for t in transformers):
-        raise ValueError("the transformer is already sharded (fully_shard): pass it unsharded to parallelize")
-    if shard_weights and not all(plain_weights(t) for t in transformers):
-        raise ValueError(NOT_QUANTIZED)
+        raise ValueError("the transformer is already sharded: pass it unsharded to parallelize")
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
     if ctx.config.method != "auto" and ctx.config.cfg != "auto":
         ctx.layout(transformers[0].config.get("num_attention_heads"))
@@ -95,7 +95,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph)
     transformer = transformers[0]
     if shard_weights:  # after the hooks: a refusal above leaves nothing sharded
-        transformer._streamfusion.sharded = tuple(shard_pipeline(target, transformers, ctx))
+        sharded, transformer._streamfusion.split = shard_pipeline(target, transformers, ctx, weight_budget)
+        transformer._streamfusion.sharded = tuple(sharded)
     if vae and getattr(target, "vae", None) is not None:  # over the ranks that hold the same latents
         group = ctx.pipeline_group
         transformer._streamfusion.vae_decode = decode_over_ranks(target.vae, group.index, group.size, group.pg)
@@ -123,7 +124,7 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
 
 def unparallelize(target: Any) -> torch.nn.Module:
     """Undo `parallelize`: the original processors back, the hooks removed. Returns the transformer. Refuses (and
-    changes nothing) where the weights were sharded: FSDP2 has no inverse."""
+    changes nothing) where the weights were sharded: each rank holds only its shards."""
     transformers = transformers_of(target)
     if getattr(transformers[0], "_streamfusion", None) is None:
         raise ValueError("this transformer is not parallelized")

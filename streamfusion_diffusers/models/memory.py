@@ -3,8 +3,8 @@
 What a rank holds at its peak, counted from the real configs built on the meta device (no memory, no weights): the
 pipeline's weights as `streamfusion generate` holds them (transformers, text encoders, VAE; Flux.2-dev unsharded
 encodes its prompt first and frees the encoder before the transformer is built), each whole or, sharded
-(`parallelize(..., shard_weights=True)`, FSDP2 over the job's ranks), 1/P of it plus what is gathered while a
-block runs (the root's own parameters, the running block and the prefetched next one); then one block's
+(`parallelize(..., shard_weights=True)`), as `choose_split` splits it within a memory target: 1/P of the streamed
+blocks, the kept ones and the root whole, and the two slots the streamed blocks are gathered into; then one block's
 activations for this rank's share of the tokens, the attention's transfer buffers (queries, keys, values sent and
 received), and the VAE decode's peak for this rank's band of rows (measured per pixel). The activation terms are
 estimates (a few live tensors per block), checked against the measured one-GPU peaks (BENCHMARKS.md, "Planning
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..diffusers.sharded_weights import blocks_of
+from ..diffusers.sharded_weights import PartSizes, choose_split, part_sizes
 from .configs import MODELS, ModelSpec
 from .pipelines import family_of
 
@@ -35,18 +35,9 @@ VAE_BYTES_PER_PIXEL = {"flux": 2.5e3, "flux2": 2.5e3, "qwen-image": 4.4e3, "wan"
 
 
 @dataclass(frozen=True)
-class Parts:
-    """Parameter bytes of one module: all of them, those of the root alone (outside every block) and the largest
-    block's."""
-
-    total: int
-    root: int
-    block: int
-
-
-@dataclass(frozen=True)
 class Estimate:
-    """One rank's peak, in GiB, by part; `fits` names the GPU sizes it fits with RUNTIME_GIB beside it."""
+    """One rank's peak, in GiB, by part; `fits` names the GPU sizes it fits with RUNTIME_GIB beside it. Sharded:
+    `split` says which blocks stream, `received` the GiB a rank receives per step for them."""
 
     model: str
     size: str
@@ -59,6 +50,8 @@ class Estimate:
     attention: float
     vae_decode: float
     text_encoder: float
+    split: str = ""
+    received: float = 0.0
 
     @property
     def peak(self) -> float:
@@ -73,38 +66,38 @@ class Estimate:
         return {**asdict(self), "peak": self.peak, "fits_gb": list(self.fits)}
 
 
-def _parts(module: nn.Module) -> Parts:
-    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
-    blocks = [b for group in blocks_of(module) for b in group]
-    total = size(module)
-    return Parts(total, total - sum(size(b) for b in blocks), max((size(b) for b in blocks), default=0))
-
-
-def pipeline_parts(model: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, Parts]:
+def pipeline_parts(model: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, PartSizes]:
     """Parameter bytes of each module of MODELS[model]'s pipeline as generate builds it, on the meta device."""
     from .build import build_pipeline
     from .full import build_full_pipeline
 
     build = build_pipeline if model.startswith("tiny-") else build_full_pipeline
     pipe = build(model, dtype=dtype, device="meta")
-    return {name: _parts(c) for name, c in pipe.components.items() if isinstance(c, nn.Module)}
+    return {name: part_sizes(c) for name, c in pipe.components.items() if isinstance(c, nn.Module)}
+
+
+def shardable(parts: dict[str, PartSizes]) -> dict[str, PartSizes]:
+    """The parts `shard_weights=True` shards: the transformers and text encoders."""
+    return {n: p for n, p in parts.items() if n.startswith(("transformer", "text_encoder"))}
+
+
+def weight_budget(max_memory_gib: float, activations_gib: float, vae: int, vae_decode_gib: float) -> int:
+    """Bytes per rank the sharded parts' weights may hold within `max_memory_gib`: what is left beside the
+    runtime's RUNTIME_GIB, the VAE, and the larger of a step's activations and the VAE decode's peak."""
+    return int((max_memory_gib - RUNTIME_GIB - max(activations_gib, vae_decode_gib)) * GIB) - vae
 
 
 def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cfg: int = 1, sharded: bool = False,
-             parts: dict[str, Parts] | None = None, bytes_per_value: int = 2) -> Estimate:
+             parts: dict[str, PartSizes] | None = None, bytes_per_value: int = 2,
+             max_memory: float | None = None) -> Estimate:
     """One rank's peak memory for MODELS[model] at height x width (x frames) on `ranks` GPUs (cfg: the CFG split's
-    degree), bf16 unless bytes_per_value says otherwise."""
+    degree), bf16 unless bytes_per_value says otherwise. Sharded, the split `shard_weights=True` takes within
+    `max_memory` GiB per GPU (None: every block streams)."""
     spec: ModelSpec = MODELS[model]
     family = family_of(model)
     parts = parts or pipeline_parts(model)
     experts = [n for n in parts if n.startswith("transformer")]
     encoders = [n for n in parts if n.startswith("text_encoder")]
-    share = ranks if sharded else 1
-    held = lambda names: sum(parts[n].total for n in names) / share  # noqa: E731
-    running = max((parts[n] for n in experts), key=lambda p: p.total)
-    encode_first = family.encode_first and not sharded and not model.startswith("tiny-")
-    weights = held(experts) + parts["vae"].total + (0 if encode_first else held(encoders))
-    gathered = running.root + 2 * running.block if sharded and ranks > 1 else 0
     cfg_t = spec.transformer
     hidden = cfg_t["num_attention_heads"] * cfg_t["attention_head_dim"]
     mlp = cfg_t.get("mlp_ratio", cfg_t.get("ffn_dim", 4 * hidden) / hidden)
@@ -115,15 +108,23 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
     attention = tokens * hidden * ATTENTION_BUFFERS * bytes_per_value if ranks // cfg > 1 else 0
     rows = math.ceil(height / ranks) if ranks > 1 else height
     vae = rows * width * VAE_BYTES_PER_PIXEL[family.name] * bytes_per_value / 2
-    encoder_peak = 0.0
-    if encoders:
-        enc = max((parts[n] for n in encoders), key=lambda p: p.total)
-        gathered_enc = enc.root + 2 * enc.block if sharded and ranks > 1 else 0
-        encoder_peak = (sum(parts[n].total for n in encoders) / share + gathered_enc + parts["vae"].total
-                        + (0 if encode_first else held(experts)))
     size = f"{frames}x{height}x{width}" if spec.video else f"{height}x{width}"
-    return Estimate(model, size, ranks, cfg, sharded, weights / GIB, gathered / GIB, activations / GIB,
-                    attention / GIB, vae / GIB, encoder_peak / GIB)
+    vae_weights = parts["vae"].total
+    if sharded and ranks > 1:
+        sizes = shardable(parts)
+        budget = None if max_memory is None else weight_budget(max_memory, (activations + attention) / GIB,
+                                                               vae_weights, vae / GIB)
+        split = choose_split(sizes, ranks, budget)
+        held = split.held - split.slots + vae_weights
+        return Estimate(model, size, ranks, cfg, True, held / GIB, split.slots / GIB, activations / GIB,
+                        attention / GIB, vae / GIB, (split.held + vae_weights) / GIB, split.describe(sizes),
+                        split.received / GIB)
+    total = lambda names: sum(parts[n].total for n in names)  # noqa: E731
+    encode_first = family.encode_first and not model.startswith("tiny-")
+    weights = total(experts) + vae_weights + (0 if encode_first else total(encoders))
+    encoder_peak = (total(encoders) + vae_weights + (0 if encode_first else total(experts))) if encoders else 0.0
+    return Estimate(model, size, ranks, cfg, False, weights / GIB, 0.0, activations / GIB, attention / GIB,
+                    vae / GIB, encoder_peak / GIB)
 
 
 def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None = None, cfg: int = 1,
@@ -153,4 +154,5 @@ def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None =
     return side * side, most_frames
 
 
-__all__ = ["GPUS_GB", "Estimate", "Parts", "RUNTIME_GIB", "estimate", "largest_size", "pipeline_parts"]
+__all__ = ["GPUS_GB", "Estimate", "PartSizes", "RUNTIME_GIB", "estimate", "largest_size", "pipeline_parts", "shardable",
+           "weight_budget"]

@@ -92,7 +92,8 @@ def prepare(job: Job) -> Prepared:
     stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     if not job.gpu:  # an image the same alone and in a batch (invariant.py); before parallelize's hooks wrap forward
         rows_invariant(pipe)
-    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights)
+    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights,
+                              weight_budget=weight_budget(job, pipe, device) if shards else None)
     if home != device:  # what was not sharded (the VAE, small encoders); the shards are on the GPU already
         for name, part in pipe.components.items():
             if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
@@ -145,7 +146,8 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "cuda_graph": {"on": job.cuda_graph, "why": job.graph_why, **graph_record(prepared.pipe)},
         "compile": job.compile,
         "shard_weights": job.shard_weights,
-        "sharded": list(prepared.transformer._streamfusion.sharded),  # what FSDP2 sharded (none on one rank)
+        "sharded": list(prepared.transformer._streamfusion.sharded),  # what was sharded (none on one rank)
+        "weight_split": _split_record(prepared.transformer._streamfusion.split),
         "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
@@ -168,10 +170,40 @@ def graph_record(pipe: Any) -> dict[str, Any]:
     return {key: sum(r[key] for r in records) if key != "budget_gib" else records[0][key] for key in records[0]}
 
 
+def weight_budget(job: Job, pipe: Any, device: torch.device) -> int | None:
+    """Bytes per rank the sharded weights may hold: --max-memory (default on GPUs: the memory free now) less the
+    activations, the VAE and a margin (models/memory.py's `weight_budget`), the least over the ranks (they must
+    agree on the split); None on the CPU without --max-memory: every block sharded."""
+    from ..diffusers.sharded_weights import part_sizes
+    from ..models.memory import GIB, estimate
+    from ..models.memory import weight_budget as budget_of
+
+    total = job.max_memory
+    if total is None:
+        if device.type != "cuda":
+            return None
+        total = torch.cuda.mem_get_info(device)[0] / GIB
+    parts = {name: part_sizes(c) for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+    cfg = job.parallel.cfg if isinstance(job.parallel.cfg, int) else 1
+    e = estimate(job.model, job.height, job.width, job.frames, job.world_size, cfg=cfg, parts=parts)
+    budget = torch.tensor([budget_of(total, e.activations + e.attention, parts["vae"].total, e.vae_decode)],
+                          dtype=torch.int64, device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(budget, op=dist.ReduceOp.MIN)
+    return int(budget.item())
+
+
+def _split_record(split: Any) -> dict | None:
+    """Blocks kept gathered per sharded part, GiB held per rank, GiB received per step (None: not sharded)."""
+    if split is None:
+        return None
+    return {"keep": split.keep, "held_gib": split.held / 2**30, "received_gib_per_step": split.received / 2**30}
+
+
 def no_autograd(job: Job) -> Any:
-    """How the pipeline call runs: inference_mode, or with sharded weights no_grad, as diffusers' pipelines run
-    (FSDP2 fails under inference_mode before torch 2.13)."""
-    return torch.no_grad() if job.shard_weights else torch.inference_mode()
+    """How the pipeline call runs: under inference_mode, sharded weights too (their gathers write into buffers
+    made outside it, which inference mode allows; tests/test_shard_weights_p4.py runs them under it)."""
+    return torch.inference_mode()
 
 
-__all__ = ["Prepared", "call_kwargs", "graph_record", "no_autograd", "pin_choices", "prepare", "run_record"]
+__all__ = ["Prepared", "call_kwargs", "graph_record", "no_autograd", "pin_choices", "prepare", "run_record",
+           "weight_budget"]

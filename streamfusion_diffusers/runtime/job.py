@@ -95,15 +95,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-vae-split decodes untiled on rank 0 only")
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="replay the transformer forward from a CUDA graph, captured once per shape (default on "
-                             "GPUs, where it is exact: not with --cache or --shard-weights, which then run eager "
-                             "and say why; --no-cuda-graph runs every step eager)")
+                             "GPUs, where it is exact: not with --cache, which then runs eager "
+                             "and says why; --no-cuda-graph runs every step eager)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the transformer's repeated blocks (fullgraph, diffusers' "
                              "compile_repeated_blocks), replayed from the CUDA graph where graphs are on")
     parser.add_argument("--shard-weights", action="store_true",
-                        help="every rank holds 1/P of the transformer's and text encoders' weights (torch FSDP2), "
-                             "each block gathered just before it runs: the same output in less memory per GPU "
-                             "(`streamfusion plan --memory` says how much)")
+                        help="every rank holds 1/P of as many of the transformer's blocks (and text encoders) as "
+                             "--max-memory needs, each gathered in place just before it runs, the others gathered "
+                             "once: the same output in less memory per GPU, with graphs, --compile and --quantize "
+                             "(`streamfusion plan --memory` shows the split)")
+    parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
+                        help="--shard-weights: GiB per GPU the run may take (default on GPUs: the free memory; the "
+                             "activations and a margin are kept out of it); on the CPU, without it every block is "
+                             "sharded")
     parser.add_argument("--cache", default=None, metavar="NAME[:VALUE]",
                         help="one of diffusers' caches, its skip decisions agreed over the ranks: first-block[:T] "
                              "(skip the other blocks while the first block's residual changes by less than T, "
@@ -142,6 +147,7 @@ class Job:
     graph_why: str = "not asked for"  # why graphs are on or off (run.json says it)
     compile: bool = False
     shard_weights: bool = False
+    max_memory: float | None = None  # GiB per GPU with sharded weights (None: the GPU's free memory; CPU: no limit)
     stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
     weights_seed: int = WEIGHTS_SEED  # random weights' seed (not the generation's)
     deterministic: bool = False  # every kernel and backend choice pinned, none timed
@@ -234,10 +240,6 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
     """Whether the forward replays from CUDA graphs, and why: on by default on GPUs wherever a replay is exact;
     asked for where it cannot be, one line that names the fix."""
     blockers = []  # (why the default runs eager, the refusal when --cuda-graph asks anyway)
-    if args.shard_weights:
-        why = "FSDP2 gathers and frees each block's weights every forward, which a captured graph cannot replay"
-        blockers.append((f"--shard-weights: {why}", f"--shard-weights does not compose with --cuda-graph ({why}): "
-                                                     f"drop one"))
     if args.cache:
         why = f"--cache {args.cache} decides per step what to run, which a CUDA graph replays unchanged"
         blockers.append((why, f"{why}; drop --cuda-graph or --cache"))
@@ -254,6 +256,8 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
         return False, "no GPU (CUDA graphs need one)"
     if blockers:
         return False, f"eager: {blockers[0][0]}"
+    if args.shard_weights:  # capturable by construction (gathers into fixed buffers), not yet run in a graph on GPUs
+        return False, "eager: --shard-weights gathers are not yet measured inside a CUDA graph (--cuda-graph asks)"
     return True, "the default on GPUs"
 
 
@@ -289,9 +293,10 @@ def make_job(args: argparse.Namespace) -> Job:
     if tokens < world:
         raise ValueError(f"{height}x{width} gives {tokens} image tokens, fewer than the {world} ranks; "
                          f"raise --height/--width or run on fewer processes")
-    if args.quantize and args.shard_weights:
-        raise ValueError("--shard-weights does not compose with --quantize (torchao's quantized weights, which FSDP2 "
-                         "cannot split): drop one")
+    if args.max_memory is not None and not args.shard_weights:
+        raise ValueError("--max-memory is the memory --shard-weights fits in: add --shard-weights or drop it")
+    if args.max_memory is not None and args.max_memory <= 0:
+        raise ValueError(f"--max-memory {args.max_memory:g}: give the GiB per GPU the run may take (> 0)")
     cuda_graph, graph_why = graph_choice(args, gpu)
     steps = given(args.steps, spec.steps)
     stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
@@ -301,5 +306,5 @@ def make_job(args: argparse.Namespace) -> Job:
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
                compile=args.compile,
-               shard_weights=args.shard_weights, stack=stack, weights_seed=args.weights_seed,
-               deterministic=args.deterministic)
+               shard_weights=args.shard_weights, max_memory=args.max_memory, stack=stack,
+               weights_seed=args.weights_seed, deterministic=args.deterministic)
