@@ -14,10 +14,10 @@ for p in ${GEN_PS:-4 1 2}; do
   for flags in "" "--no-cuda-graph"; do
     name="p${p}${flags:+-eager}"
     echo "=== $name: generate --model $MODEL --height $SIZE --width $SIZE --steps $STEPS $flags" | tee -a "$OUT/default_path.log"
-    start=$(date +%s.%N)
+    start=$SECONDS
     CUDA_VISIBLE_DEVICES=$gpus timeout 300 python -m streamfusion_diffusers generate --model "$MODEL" --height "$SIZE" \
       --width "$SIZE" --steps "$STEPS" --output "$work/$name" $flags 2>&1 | grep -v Warning | tail -8 | tee -a "$OUT/default_path.log"
-    echo "wall $(echo "$(date +%s.%N) - $start" | bc) s" | tee -a "$OUT/default_path.log"
+    echo "wall $((SECONDS - start)) s" | tee -a "$OUT/default_path.log"
   done
 done
 python - "$work" "$OUT/default_path.json" <<'PY'
