@@ -45,7 +45,10 @@ def plan_of(ctx: ParallelContext, q: Tensor, k: Tensor, v: Tensor, joint: tuple[
             seq_lens: Sequence[int] | None) -> Plan:
     """The context's plan for this call's shapes: built, checked and agreed once per shape (collectively, at its
     first call), looked up after."""
-    key = (q.shape, k.shape, v.shape, q.dtype, q.device, None if joint[0] is None else
+    given = (joint[0] is not None) + (joint[1] is not None) + (joint[2] is not None)
+    if given not in (0, 3):
+        return _make_plan(ctx, q, k, v, joint, seq_lens)  # refused there, naming the fix
+    key = (q.shape, k.shape, v.shape, q.dtype, q.device, None if given == 0 else
            (joint[0].shape, joint[1].shape, joint[2].shape, joint[0].dtype),
            None if seq_lens is None else tuple(seq_lens))
     plan = ctx.plans.get(key)
