@@ -95,16 +95,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-vae-split decodes untiled on rank 0 only")
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="replay the transformer forward from a CUDA graph, captured once per shape (default on "
-                             "GPUs, where it is exact: not with --cache, which then runs eager "
-                             "and says why; --no-cuda-graph runs every step eager)")
+                             "GPUs, where it is exact: not with --cache or --shard-weights, which then run eager "
+                             "and say why; --no-cuda-graph runs every step eager)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the transformer's repeated blocks (fullgraph, diffusers' "
                              "compile_repeated_blocks), replayed from the CUDA graph where graphs are on")
     parser.add_argument("--shard-weights", action="store_true",
                         help="every rank holds 1/P of as many of the transformer's blocks (and text encoders) as "
                              "--max-memory needs, each gathered in place just before it runs, the others gathered "
-                             "once: the same output in less memory per GPU, with graphs, --compile and --quantize "
-                             "(`streamfusion plan --memory` shows the split)")
+                             "once: the same output in less memory per GPU, with --compile, --quantize and, asked for, "
+                             "--cuda-graph (`streamfusion plan --memory` shows the split)")
     parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                         help="--shard-weights: GiB per GPU the run may take (default on GPUs: the free memory; the "
                              "activations and a margin are kept out of it); on the CPU, without it every block is "
