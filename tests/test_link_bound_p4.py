@@ -52,7 +52,7 @@ def _counted_per_layout(machines: int) -> list[tuple[int, int, int, int]]:
                                 ulysses=lay.ulysses if lay.method not in ("ulysses", "ring") else None,
                                 torus=lay.torus if lay.method == "torus" else None, emulate_link=LINK)
         ctx = init_parallel(config, groups=GROUPS)
-        assert ctx.mesh(W.heads).layout == lay
+        assert ctx.mesh(W.heads).layout == lay.placement  # the layout asked for, under its placement's name
         before = dataclasses.astuple(ctx.transport.counted)
         sp_attention(q, k, v, ctx, joint_q=jq, joint_k=jk, joint_v=jv)
         out.append(tuple(a - b for a, b in zip(dataclasses.astuple(ctx.transport.counted), before)))
