@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from serve_cases import Server
+from streamfusion_diffusers.serve.service import restart_wait
 
 FAULT_S = 15.0  # a killed rank's request is answered within this (the pool polls every 0.5 s, then 5 s of grace)
 
@@ -93,3 +94,26 @@ def test_sigterm_refuses_new_requests_finishes_the_one_in_flight_and_exits_0(ser
     time.sleep(0.5)
     assert server.left() == [], "processes left after exit"
     assert "leaked semaphore" not in server.stderr, server.stderr  # ranks stopped by force hold none
+
+
+def test_an_out_of_memory_rank_fails_its_request_with_503_and_the_group_serves_on():
+    """One rank runs out of memory at step 4 (injected): every rank leaves the call together, the request gets
+    503, and the next request runs on the same ranks (no restart)."""
+    with Server("--model", "tiny-flux", env={"STREAMFUSION_TEST_OOM_AT_STEP": "4"}) as server:
+        pids = server.rank_pids()
+        answer: dict = {}
+        _generate(server.url, answer, num_inference_steps=6)
+        assert answer["status"] == 503, answer
+        error = answer["body"]["error"]
+        assert error["code"] == "out_of_memory" and "after step 4 of 6" in error["message"], error
+        after: dict = {}
+        _generate(server.url, after, num_inference_steps=3)
+        assert after["status"] == 200, after
+        assert server.rank_pids() == pids
+        assert "streamfusion_restarts_total 0" in httpx.get(server.url + "/metrics").text
+
+
+def test_restarts_are_rate_limited():
+    assert restart_wait([0.0, 1.0, 2.0], now=2.0, burst=3, window_s=60.0) == 0.0
+    assert restart_wait([0.0, 1.0, 2.0, 3.0], now=3.0, burst=3, window_s=60.0) == 57.0
+    assert restart_wait([0.0, 1.0, 2.0, 70.0], now=70.0, burst=3, window_s=60.0) == 0.0

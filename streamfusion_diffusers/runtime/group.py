@@ -33,6 +33,7 @@ class Group:
         self.pool: ProcessPool | None = None
         self.info: dict[str, Any] = {}  # rank 0's answer to `build`: build and warm-up times, the warm-up's record
         self.restarts = 0
+        self.restarted_at: list[float] = []  # when each restart began (time.monotonic()), for the rate limit
         self._running: dict[str, Request] = {}  # the batch in flight, by request id
         self._cancelled: set[str] = set()  # its requests cancelled so far
         self._call = 0  # its call number in the pool (what a cancel names)

@@ -39,6 +39,8 @@ from .work import Work, WorkQueue
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3  # consecutive failed restarts of one group before it is given up
+RESTART_BURST, RESTART_WINDOW_S = 3, 60.0  # a group restarts at most this often within this window: a request
+# that kills a rank each time it runs cannot keep every group rebuilding
 POLL_S = 0.05  # how often a waiting request checks that its client is still there (a cancel lands within a step)
 WATCH_S = 0.5  # how often an idle group checks that its ranks are alive (a rank killed between requests)
 
@@ -83,6 +85,10 @@ class Service:
         failures = 0
         while True:
             if group.state != "ready":
+                if (wait := restart_wait(group.restarted_at, time.monotonic())) > 0:
+                    logger.warning("group %d: restarted %d times within %g s: waiting %.0f s before the next",
+                                   group.index, RESTART_BURST, RESTART_WINDOW_S, wait)
+                    await asyncio.sleep(wait)
                 try:
                     await asyncio.to_thread(group.start)
                 except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
@@ -159,8 +165,7 @@ class Service:
         if "stopped" in result:
             self.running -= len(batch)
             for work in batch:  # cancelled ones are answered already
-                work.fail(ApiError(504, f"the request ran past --request-timeout {self.request_timeout_s:g} s and was "
-                                        f"stopped after step {result['step']} of {result['steps']}", code="timeout"))
+                work.fail(stopped_error(result, self.request_timeout_s, group.index))
             return
         seconds = time.monotonic() - started
         at = 0
@@ -193,6 +198,7 @@ class Service:
         logger.warning("group %d: %s; restarting it", group.index, why)
         group.state = "recovering"
         group.restarts += 1
+        group.restarted_at = [*group.restarted_at[-RESTART_BURST:], time.monotonic()]
         self.metrics.restarted()
         await asyncio.to_thread(group.stop, True)
         group.state = "recovering"
@@ -313,6 +319,27 @@ def _said(task: asyncio.Task) -> None:
         logger.error("a parallel group's supervisor failed", exc_info=task.exception())
 
 
+def restart_wait(restarted_at: list[float], now: float, burst: int = RESTART_BURST,
+                 window_s: float = RESTART_WINDOW_S) -> float:
+    """Seconds a group must wait before its latest restart: none until it has restarted more than `burst` times,
+    then until `window_s` after the restart `burst` before the latest."""
+    if len(restarted_at) <= burst:
+        return 0.0
+    return max(0.0, restarted_at[-burst - 1] + window_s - now)
+
+
+def stopped_error(result: dict[str, Any], request_timeout_s: float, group: int) -> ApiError:
+    """The answer to a batch every rank stopped together: out of memory on a rank (503: the group serves on, a
+    smaller request or a later try may fit), or past its deadline (504)."""
+    at = f"after step {result['step']} of {result['steps']}"
+    if result["stopped"] == "out_of_memory":
+        return ApiError(503, f"parallel group {group} ran out of GPU memory {at}: the request was stopped and the "
+                             f"memory freed; ask for a smaller size, fewer frames or a smaller n, or try again later",
+                        code="out_of_memory", headers={"Retry-After": "1"})
+    return ApiError(504, f"the request ran past --request-timeout {request_timeout_s:g} s and was stopped {at}",
+                    code="timeout")
+
+
 def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
     """The answer's extra field: the group, the time queued and in all, the seeds, and each generation's record
     (what run.json holds)."""
@@ -320,4 +347,4 @@ def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
             work.arrived, "seeds": [work.params.seed + i for i in range(work.params.n)], "runs": result["records"]}
 
 
-__all__ = ["Service", "what_ran"]
+__all__ = ["Service", "restart_wait", "stopped_error", "what_ran"]
