@@ -60,8 +60,7 @@ class Stopped(Exception):
 
 
 def build(job: Job, serving: bool = True) -> dict | None:
-    """Build and parallelize the job's pipeline on this rank; to serve, warm it up with one short generation
-    so that the layout is chosen and every lazy first call made before the first request. Rank 0 says what ran."""
+    """Build and parallelize the job's pipeline on this rank (to serve: `warm_up` next). Rank 0 says how long."""
     global _SERVED
     if serving:  # Ctrl-C reaches the whole terminal: the server drains, not its ranks
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -70,18 +69,21 @@ def build(job: Job, serving: bool = True) -> dict | None:
         prepared.pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server's log
     side = dist.new_group(backend="gloo") if serving and dist.get_world_size() > 1 else None
     _SERVED = Served(job, prepared, side, serving)
+    return {"build_s": prepared.build_s, "pid": os.getpid()} if dist.get_rank() == 0 else None
+
+
+def warm_up() -> dict | None:
+    """One short generation before the first request, so that the layout is chosen, every lazy first call made
+    and the default size's CUDA graph captured. Rank 0 says how long, and what ran."""
+    assert _SERVED is not None, "warm_up before build"
+    job = _SERVED.job
     started = time.perf_counter()
-    record = None
-    if serving:
-        warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width,
-                       frames=job.frames, steps=min(job.steps, WARMUP_STEPS), seed=job.seed,
-                       guidance_scale=job.guidance_scale)
-        record = _generate(_SERVED, [warm], deadline=float("inf"))[1]
-        record = record[0] if record else None
+    warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
+                   steps=min(job.steps, WARMUP_STEPS), seed=job.seed, guidance_scale=job.guidance_scale)
+    records = _generate(_SERVED, [warm], deadline=float("inf"))[1]
     if dist.get_rank() != 0:
         return None
-    return {"build_s": prepared.build_s, "warmup_s": time.perf_counter() - started, "record": record,
-            "pid": os.getpid()}
+    return {"warmup_s": time.perf_counter() - started, "record": records[0] if records else None}
 
 
 class Agreement:
@@ -195,4 +197,4 @@ def generate(job: Job) -> dict | None:
     return run([Request.of(job)], build_s=_SERVED.prepared.build_s)
 
 
-__all__ = ["Stopped", "build", "generate", "run"]
+__all__ = ["Stopped", "build", "generate", "run", "warm_up"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -50,7 +51,8 @@ class Service:
 
     def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
                  request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
-                 keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0):
+                 keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0,
+                 build_timeout_s: float = math.inf, drain_timeout_s: float = math.inf):
         self.job, self.checker = job, Checker(job, limits)
         if max_batch > 1 and (why := unbatched_why(job)):
             logger.info("every request runs as its own pipeline call: %s", why)
@@ -61,6 +63,7 @@ class Service:
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
         self.videos = VideoStore(keep_videos)
         self.request_timeout_s = request_timeout_s
+        self.build_timeout_s, self.drain_timeout_s = build_timeout_s, drain_timeout_s
         self.on_ready, self.on_exit = on_ready, on_exit
         self.started = time.monotonic()
         self.created = int(time.time())
@@ -69,6 +72,8 @@ class Service:
         self.failure: Exception | None = None  # why the first start failed (the command reports it)
         self.running = 0
         self.busy: set[int] = set()  # the groups running a request now
+        self.active: set[Work] = set()  # the requests running or being encoded (answered 503 past a drain's bound)
+        self.down_since: dict[int, float] = {}  # when each restarting group failed
         self._tasks: list[asyncio.Task] = []
         self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
@@ -90,7 +95,7 @@ class Service:
                                    group.index, RESTART_BURST, RESTART_WINDOW_S, wait)
                     await asyncio.sleep(wait)
                 try:
-                    await asyncio.to_thread(group.start)
+                    await asyncio.to_thread(group.start, self.build_timeout_s, logger.info)
                 except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
                     group.stop(now=True)
                     if self.draining or self.queue.closed:
@@ -110,6 +115,8 @@ class Service:
                     await asyncio.sleep(min(2.0**failures, 30.0))
                     continue
                 failures = 0
+                if (down := self.down_since.pop(group.index, None)) is not None:
+                    logger.warning("group %d: back after %.1f s", group.index, time.monotonic() - down)
                 self._group_ready()
             work = await self.queue.take(WATCH_S)
             if work is None and self.queue.closed:
@@ -146,6 +153,8 @@ class Service:
         started = time.monotonic()
         for work in batch:
             work.started, work.group = started, group
+            self.active.add(work)
+            work.done.add_done_callback(lambda _, w=work: self.active.discard(w))
         self.running += len(batch)
         deadline = max(w.deadline for w in batch)
         self.busy.add(group.index)
@@ -197,6 +206,7 @@ class Service:
         event loop keeps answering meanwhile); its supervising task starts it again."""
         logger.warning("group %d: %s; restarting it", group.index, why)
         group.state = "recovering"
+        self.down_since.setdefault(group.index, time.monotonic())
         group.restarts += 1
         group.restarted_at = [*group.restarted_at[-RESTART_BURST:], time.monotonic()]
         self.metrics.restarted()
@@ -291,13 +301,24 @@ class Service:
         return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))
 
     async def drain(self) -> None:
-        """Refuse new requests (503), let the accepted ones run, then ask the server to exit (0)."""
+        """Refuse new requests (503), let the accepted ones run for up to the drain's bound (past it, what is
+        still queued or running is answered 503), then ask the server to exit (0)."""
         if self.draining:
             return
         self.draining = True
         await self.queue.close()
+        ends = time.monotonic() + self.drain_timeout_s
         while len(self.queue) or self.running:
             if not any(g.state in ("ready", "starting", "recovering") for g in self.groups):
+                break
+            if time.monotonic() > ends:
+                logger.warning("%d request(s) still queued or running --drain-timeout %g s after the stop: answered "
+                               "503", len(self.queue) + len(self.active), self.drain_timeout_s)
+                error = ApiError(503, f"the server stopped: the request was not done --drain-timeout "
+                                      f"{self.drain_timeout_s:g} s after the stop was asked", code="unavailable")
+                await self.queue.close(error)
+                for work in list(self.active):
+                    work.fail(error)
                 break
             await asyncio.sleep(0.1)
         self.on_exit(0)
