@@ -163,9 +163,11 @@ def test_a_start_past_build_timeout_fails_with_one_line():
 
 def test_a_drain_past_drain_timeout_answers_503_and_exits():
     with Server("--model", "tiny-flux", "--max-steps", "2000", "--drain-timeout", "1") as server:
-        said = server.stderr
-        for stage in ("rank(s) started", "group 0: pipeline built", "group 0: warm-up done"):
-            assert stage in said, said
+        stages = ("rank(s) started", "group 0: pipeline built", "group 0: warm-up done")
+        ends = time.monotonic() + 10  # said before the ready line, on stderr (read by a thread of its own)
+        while not all(stage in server.stderr for stage in stages):
+            assert time.monotonic() < ends, server.stderr
+            time.sleep(0.1)
         answer: dict = {}
         running = threading.Thread(target=_generate, args=(server.url, answer), kwargs={"num_inference_steps": 2000})
         running.start()
