@@ -1,18 +1,23 @@
 """`streamfusion serve` when things go wrong: a rank killed mid-request (5xx within seconds, /health 503, the
 group restarted and rebuilt, the queue served again), a rank killed between requests (the group rebuilt before
 the next one runs) and SIGTERM (new requests 503, the one in flight finishes,
-exit 0, no process left). One server, in this order."""
+exit 0, no process left). One server, in this order. Then each on a server of its own: a rank out of memory,
+SIGTERM during start-up, a build past --build-timeout, a drain past --drain-timeout."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
+import psutil
 import pytest
 
-from serve_cases import Server
+from serve_cases import ROOT, Server
+from streamfusion_diffusers.serve.service import restart_wait
 
 FAULT_S = 15.0  # a killed rank's request is answered within this (the pool polls every 0.5 s, then 5 s of grace)
 
@@ -57,6 +62,9 @@ def test_a_killed_rank_fails_its_request_within_seconds_then_the_group_is_rebuil
         assert time.monotonic() < ends, "the group was not rebuilt"
         time.sleep(0.5)
     assert victim not in server.rank_pids()
+    while "group 0: back after" not in server.stderr:  # said once ready, on stderr (read by a thread of its own)
+        assert time.monotonic() < ends, server.stderr
+        time.sleep(0.1)
     after: dict = {}
     _generate(server.url, after, seed=1)
     assert after["status"] == 200
@@ -93,3 +101,84 @@ def test_sigterm_refuses_new_requests_finishes_the_one_in_flight_and_exits_0(ser
     time.sleep(0.5)
     assert server.left() == [], "processes left after exit"
     assert "leaked semaphore" not in server.stderr, server.stderr  # ranks stopped by force hold none
+
+
+def test_an_out_of_memory_rank_fails_its_request_with_503_and_the_group_serves_on():
+    """One rank runs out of memory at step 4 (injected): every rank leaves the call together, the request gets
+    503, and the next request runs on the same ranks (no restart)."""
+    with Server("--model", "tiny-flux", env={"STREAMFUSION_TEST_OOM_AT_STEP": "4"}) as server:
+        pids = server.rank_pids()
+        answer: dict = {}
+        _generate(server.url, answer, num_inference_steps=6)
+        assert answer["status"] == 503, answer
+        error = answer["body"]["error"]
+        assert error["code"] == "out_of_memory" and "after step 4 of 6" in error["message"], error
+        after: dict = {}
+        _generate(server.url, after, num_inference_steps=3)
+        assert after["status"] == 200, after
+        assert server.rank_pids() == pids
+        assert "streamfusion_restarts_total 0" in httpx.get(server.url + "/metrics").text
+
+
+def test_restarts_are_rate_limited():
+    assert restart_wait([0.0, 1.0, 2.0], now=2.0, burst=3, window_s=60.0) == 0.0
+    assert restart_wait([0.0, 1.0, 2.0, 3.0], now=3.0, burst=3, window_s=60.0) == 57.0
+    assert restart_wait([0.0, 1.0, 2.0, 70.0], now=70.0, burst=3, window_s=60.0) == 0.0
+
+
+def _starting(*args: str) -> tuple[subprocess.Popen, list[str]]:
+    """A serve process being started (not waited for), and its stderr lines as they come."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "streamfusion_diffusers", "serve", "--port", "0", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    return proc, lines
+
+
+def test_sigterm_during_start_up_exits_within_2_s():
+    proc, lines = _starting("--model", "tiny-flux")
+    ends = time.monotonic() + 120
+    while len(ranks := psutil.Process(proc.pid).children(recursive=True)) < 4:  # spawned: now starting
+        assert time.monotonic() < ends and proc.poll() is None, "".join(lines)
+        time.sleep(0.05)
+    time.sleep(1.0)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    took = time.monotonic() - sent
+    assert code == 0 and took < 2.0, (code, took, "".join(lines))
+    assert not any("warm-up done" in line for line in lines), "the start finished first: nothing was tested"
+    time.sleep(0.5)
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert "Traceback" not in "".join(lines)
+
+
+def test_a_start_past_build_timeout_fails_with_one_line():
+    proc, lines = _starting("--model", "tiny-flux", "--build-timeout", "0.5")
+    assert proc.wait(timeout=120) == 2  # a configuration to change, as a bad option
+    time.sleep(0.2)
+    said = [line for line in lines if "--build-timeout" in line]
+    assert len(said) == 1 and "group 0: its start took longer than --build-timeout 0.5 s" in said[0], lines
+    assert "Traceback" not in "".join(lines)
+
+
+def test_a_drain_past_drain_timeout_answers_503_and_exits():
+    with Server("--model", "tiny-flux", "--max-steps", "2000", "--drain-timeout", "1") as server:
+        stages = ("rank(s) started", "group 0: pipeline built", "group 0: warm-up done")
+        ends = time.monotonic() + 10  # said before the ready line, on stderr (read by a thread of its own)
+        while not all(stage in server.stderr for stage in stages):
+            assert time.monotonic() < ends, server.stderr
+            time.sleep(0.1)
+        answer: dict = {}
+        running = threading.Thread(target=_generate, args=(server.url, answer), kwargs={"num_inference_steps": 2000})
+        running.start()
+        _wait_for_steps(server.url)
+        sent = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        running.join(timeout=60)
+        assert answer["status"] == 503, answer
+        assert answer["body"]["error"]["code"] == "unavailable" and "--drain-timeout 1" in answer["body"]["error"][
+            "message"]
+        assert server.proc.wait(timeout=30) == 0, server.stderr
+        assert time.monotonic() - sent < 10

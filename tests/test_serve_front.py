@@ -51,3 +51,27 @@ def test_a_loopback_server_answers_only_loopback_names():
     assert _get(edge, Host="[::1]:8000").status_code == 200
     public = Edge(fine, Metrics(), loopback=False, allow_origins=())  # --host 0.0.0.0: any name
     assert _get(public, Host="gpu-box.example:8000").status_code == 200
+
+
+def test_magcache_refuses_a_step_count_other_than_the_servers_saying_why():
+    import argparse
+
+    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+    from streamfusion_diffusers.serve.errors import ApiError
+    from streamfusion_diffusers.serve.protocol import ImageRequest
+    from streamfusion_diffusers.serve.validation import Checker
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "tiny-flux", "--cache", "magcache", "--steps", "4"])
+    job, _ = serve_job(args)
+    checker = Checker(job, limits(args, job))
+    assert checker.image(ImageRequest(prompt="a", num_inference_steps=4)).steps == 4
+    assert checker.image(ImageRequest(prompt="a")).steps == 4
+    try:
+        checker.image(ImageRequest(prompt="a", num_inference_steps=6))
+    except ApiError as err:
+        assert err.status == 400 and err.param == "num_inference_steps" and "--cache magcache" in err.message
+        assert "ask for 4" in err.message
+    else:
+        raise AssertionError("a magcache server took another step count")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 from . import worker
@@ -24,6 +26,10 @@ HARD_GRACE_S = 30.0  # past its deadline, how long a request may still take to s
 # declared stalled and restarted (a step, then the decode of a large video, fits in it on a GPU)
 
 
+class BuildTimeout(ValueError):
+    """A group's start (ranks, build, warm-up) took longer than it may: a configuration to change."""
+
+
 class Group:
     """One parallel group: `job.world_size` ranks on `devices` (GPU indices; None on the CPU)."""
 
@@ -33,16 +39,35 @@ class Group:
         self.pool: ProcessPool | None = None
         self.info: dict[str, Any] = {}  # rank 0's answer to `build`: build and warm-up times, the warm-up's record
         self.restarts = 0
+        self.restarted_at: list[float] = []  # when each restart began (time.monotonic()), for the rate limit
         self._running: dict[str, Request] = {}  # the batch in flight, by request id
         self._cancelled: set[str] = set()  # its requests cancelled so far
         self._call = 0  # its call number in the pool (what a cancel names)
 
-    def start(self) -> dict[str, Any]:
-        """Start the ranks, build and warm up the pipeline (blocking: the service runs it in a thread)."""
+    def start(self, timeout_s: float = math.inf, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+        """Start the ranks, build and warm up the pipeline (blocking: the service runs it in a thread), saying each
+        stage done. Raises BuildTimeout past `timeout_s` in all, RankFailure when a rank fails or `stop` is called
+        meanwhile (from another thread: it ends the start at once)."""
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices else None
-        self.pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
-                                timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env)
-        self.info = self.pool.run(worker.build, self.job)[0]
+        started = time.monotonic()
+        self.pool = pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
+                                       timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env, wait=False)
+        stage = "starting the ranks"
+        try:
+            pool.wait_started(timeout_s)
+            say(f"group {self.index}: {self.job.world_size} rank(s) started in {time.monotonic() - started:.1f} s")
+            stage = "building the pipeline"
+            self.info = pool.run_within(timeout_s - (time.monotonic() - started), worker.build, self.job)[0]
+            say(f"group {self.index}: pipeline built in {self.info['build_s']:.1f} s")
+            stage = "warming up"
+            self.info.update(pool.run_within(timeout_s - (time.monotonic() - started), worker.warm_up)[0])
+        except RankFailure as err:
+            if time.monotonic() - started >= timeout_s and not err.died:
+                raise BuildTimeout(f"group {self.index}: its start took longer than --build-timeout {timeout_s:g} s "
+                                   f"(stopped while {stage}): raise --build-timeout") from None
+            raise
+        graphs = " (the default size's CUDA graph captured)" if self.job.cuda_graph else ""
+        say(f"group {self.index}: warm-up done in {self.info['warmup_s']:.1f} s{graphs}")
         self.state = "ready"
         return self.info
 
@@ -104,4 +129,4 @@ def failure_status(err: RankFailure) -> int:
     return 504 if stalled else 500
 
 
-__all__ = ["Group", "RankFailure", "failure_status"]
+__all__ = ["BuildTimeout", "Group", "RankFailure", "failure_status"]

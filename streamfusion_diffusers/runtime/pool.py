@@ -144,10 +144,13 @@ class ProcessPool:
     timeout_s: the process group's (how long a collective waits for a peer). wait_s: how long one call may
     take in all before the pool gives up on it (None: timeout_s; math.inf: as long as every rank runs).
     env: variables set in every rank before it joins (e.g. CUDA_VISIBLE_DEVICES: which GPUs the pool's ranks get).
+    wait: wait here for every rank to join; else the caller calls `wait_started` (meanwhile another thread may
+    `close` the pool, e.g. a server stopping during its start-up). `close(stop=True)` from another thread ends
+    a call in flight too: it raises RankFailure at once.
     """
 
     def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 wait_s: float | None = None, env: dict[str, str] | None = None):
+                 wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True):
         self.world_size, self.timeout_s = world_size, timeout_s
         self.wait_s = timeout_s if wait_s is None else wait_s
         self.last_note: Any = None  # the latest `note` a rank sent while a call ran
@@ -163,9 +166,15 @@ class ProcessPool:
                                               self._inboxes[r], self._outbox, self._cancel), daemon=True)
             for r in range(world_size)
         ]
+        self._closed = False
         for p in self._procs:
             p.start()
-        self._collect("start-up", self.wait_s)
+        if wait:
+            self.wait_started()
+
+    def wait_started(self, wait_s: float | None = None) -> None:
+        """Until every rank has joined the process group (RankFailure past `wait_s`, default the pool's)."""
+        self._collect("start-up", self.wait_s if wait_s is None else wait_s)
 
     @property
     def pids(self) -> list[int]:
@@ -183,11 +192,18 @@ class ProcessPool:
         failures: dict[int, str] = {}
         died: set[int] = set()
         pending = set(range(self.world_size))
+        procs = self._procs  # as they are now: another thread's `close` empties the attribute
         started = time.monotonic()
         give_up = started + wait_s
         while pending:
+            if self._closed:  # closed by another thread: nothing more will come
+                failures.update(dict.fromkeys(pending, "stopped: the pool was closed"))
+                break
             try:
-                rank, ok, value = self._outbox.get(timeout=POLL_S)
+                item = self._outbox.get(timeout=POLL_S)
+                if item is None:  # `close` waking this wait: the loop's top sees the pool closed
+                    continue
+                rank, ok, value = item
                 if ok is None:  # a note, not an answer
                     self.last_note = value
                     continue
@@ -198,7 +214,7 @@ class ProcessPool:
                     failures[rank] = value
             except queue.Empty:
                 for rank in sorted(pending):
-                    code = self._procs[rank].exitcode
+                    code = procs[rank].exitcode
                     if code is not None:
                         pending.discard(rank)
                         died.add(rank)
@@ -241,6 +257,9 @@ class ProcessPool:
 
     def close(self, stop: bool = False) -> None:
         """Let the ranks finish (their shutdown is collective), or with `stop` end them at once."""
+        if stop:
+            self._closed = True
+            self._outbox.put(None)  # a call that waits in another thread sees it at once
         for inbox, proc in zip(self._inboxes, self._procs):
             if proc.is_alive():
                 if stop:
@@ -254,6 +273,7 @@ class ProcessPool:
                 proc.kill()
                 proc.join()
         self._procs = []
+        self._closed = True
 
     def __enter__(self) -> ProcessPool:
         return self

@@ -4,8 +4,11 @@ Every rank of the group receives the same batch and runs the same pipeline call,
 meet their peers'; the group's first rank returns the pixels and what ran (the front encodes them). A batch stops
 early at a step boundary every rank agrees on, when it runs past its deadline or the front cancels it (pool.py's
 cancel value): a one-integer all-reduce over a gloo side group at each step's end, so the ranks stay in step and
-the next batch needs no rebuild; NCCL never waits on Python for it. Rank 0 notes each step (the batch's request
-ids, steps done, steps). `generate` is one request to such a job, `serve` many.
+the next batch needs no rebuild; NCCL never waits on Python for it. A rank whose call runs out of GPU memory
+frees its cache and joins that agreement once more saying so (matching its peers' next step end, or their
+agreement after the call), so every rank leaves the call together and the group serves the next batch as it
+is. Rank 0 notes each step (the batch's request ids, steps done, steps). `generate` is one request to such a
+job, `serve` many.
 """
 from __future__ import annotations
 
@@ -44,19 +47,20 @@ class Served:
 _SERVED: Served | None = None
 
 
-GO, LATE, CANCELLED = 0, 1, 2  # what a rank says at a step's end; the ranks take the largest
+GO, LATE, CANCELLED, OUT_OF_MEMORY = 0, 1, 2, 3  # what a rank says at a step's end; the ranks take the largest
+WHY = {LATE: "late", CANCELLED: "cancelled", OUT_OF_MEMORY: "out_of_memory"}
+OOM_AT_STEP_ENV = "STREAMFUSION_TEST_OOM_AT_STEP"  # tests: the group's last rank runs out of memory at this step
 
 
 class Stopped(Exception):
-    """Every rank stopped the call at the same step: past its deadline, or cancelled."""
+    """Every rank stopped the call at the same step: past its deadline, cancelled, or out of memory on a rank."""
 
     def __init__(self, why: str, step: int):
         self.why, self.step = why, step
 
 
 def build(job: Job, serving: bool = True) -> dict | None:
-    """Build and parallelize the job's pipeline on this rank; to serve, warm it up with one short generation
-    so that the layout is chosen and every lazy first call made before the first request. Rank 0 says what ran."""
+    """Build and parallelize the job's pipeline on this rank (to serve: `warm_up` next). Rank 0 says how long."""
     global _SERVED
     if serving:  # Ctrl-C reaches the whole terminal: the server drains, not its ranks
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -65,34 +69,63 @@ def build(job: Job, serving: bool = True) -> dict | None:
         prepared.pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server's log
     side = dist.new_group(backend="gloo") if serving and dist.get_world_size() > 1 else None
     _SERVED = Served(job, prepared, side, serving)
+    return {"build_s": prepared.build_s, "pid": os.getpid()} if dist.get_rank() == 0 else None
+
+
+def warm_up() -> dict | None:
+    """One short generation before the first request, so that the layout is chosen, every lazy first call made
+    and the default size's CUDA graph captured. Rank 0 says how long, and what ran."""
+    assert _SERVED is not None, "warm_up before build"
+    job = _SERVED.job
     started = time.perf_counter()
-    record = None
-    if serving:
-        warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width,
-                       frames=job.frames, steps=min(job.steps, WARMUP_STEPS), seed=job.seed,
-                       guidance_scale=job.guidance_scale)
-        record = _generate(_SERVED, [warm], deadline=float("inf"))[1]
-        record = record[0] if record else None
+    warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
+                   steps=min(job.steps, WARMUP_STEPS), seed=job.seed, guidance_scale=job.guidance_scale)
+    records = _generate(_SERVED, [warm], deadline=float("inf"))[1]
     if dist.get_rank() != 0:
         return None
-    return {"build_s": prepared.build_s, "warmup_s": time.perf_counter() - started, "record": record,
-            "pid": os.getpid()}
+    return {"warmup_s": time.perf_counter() - started, "record": records[0] if records else None}
 
 
-def _step_end(served: Served, deadline: float, ids: list[str], steps: int):
-    """The step callback: agree on stopping (deadline or cancel), then note the progress (rank 0)."""
-    def step_end(pipe: Any, step: int, timestep: Any, kwargs: dict) -> dict:
-        stop = torch.tensor([CANCELLED if cancelled() else LATE if time.monotonic() > deadline else GO],
-                            dtype=torch.int32)
-        if served.side is not None:
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=served.side)
-        if stop.item():
-            raise Stopped("cancelled" if stop.item() == CANCELLED else "late", step + 1)
+class Agreement:
+    """Where the ranks of a call agree on stopping: at each step's end, and once after the call (so that a rank
+    that left the call early, out of memory, always meets its peers' next agreement)."""
+
+    def __init__(self, served: Served, deadline: float, ids: list[str], steps: int):
+        self.served, self.deadline, self.ids, self.steps = served, deadline, ids, steps
+        self.step = 0  # steps done
+        oom = os.environ.get(OOM_AT_STEP_ENV)
+        self.oom_at = int(oom) if oom and dist.get_rank() == dist.get_world_size() - 1 else None
+
+    def agree(self, said: int) -> int:
+        """The largest of what every rank says."""
+        flag = torch.tensor([said], dtype=torch.int32)
+        if self.served.side is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.served.side)
+        return int(flag.item())
+
+    def step_end(self, pipe: Any, step: int, timestep: Any, kwargs: dict) -> dict:
+        """The pipeline's step callback: agree on stopping (deadline or cancel), then note the progress (rank 0)."""
+        self.step = step + 1
+        if self.step == self.oom_at:
+            raise torch.cuda.OutOfMemoryError(f"{OOM_AT_STEP_ENV}: out of memory at step {self.step}")
+        stop = self.agree(CANCELLED if cancelled() else LATE if time.monotonic() > self.deadline else GO)
+        if stop:
+            raise Stopped(WHY[stop], self.step)
         if dist.get_rank() == 0:
-            note((ids, step + 1, steps))
+            note((self.ids, self.step, self.steps))
         return kwargs
 
-    return step_end
+    def out_of_memory(self) -> Stopped:
+        """This rank ran out of memory: free the cache, tell the peers (at their next agreement) and stop."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.agree(OUT_OF_MEMORY)
+        return Stopped(WHY[OUT_OF_MEMORY], self.step)
+
+    def after(self) -> None:
+        """The call ended on this rank: stop with the others when a peer ran out of memory meanwhile."""
+        if self.agree(GO) == OUT_OF_MEMORY:
+            raise Stopped(WHY[OUT_OF_MEMORY], self.step)
 
 
 def _generate(served: Served, batch: list[Request], deadline: float,
@@ -119,10 +152,14 @@ def _generate(served: Served, batch: list[Request], deadline: float,
         from ..diffusers.graphs import set_horizon  # diffusers is an extra: imported only to run
 
         set_horizon(pipe, None if served.serving else job.steps)
-    ids = [r.id for r in batch]
+    agreement = Agreement(served, deadline, [r.id for r in batch], job.steps)
     try:
-        with no_autograd(job):
-            result = phases.call(pipe, callback_on_step_end=_step_end(served, deadline, ids, job.steps), **kwargs)
+        try:
+            with no_autograd(job):
+                result = phases.call(pipe, callback_on_step_end=agreement.step_end, **kwargs)
+        except torch.cuda.OutOfMemoryError:
+            raise agreement.out_of_memory() from None
+        agreement.after()
     except Stopped:  # stopped mid-call: reset what a finished call resets (a cache's state), as the pipeline would
         pipe.maybe_free_model_hooks()
         raise
@@ -141,8 +178,8 @@ def _generate(served: Served, batch: list[Request], deadline: float,
 def run(batch: list[Request], deadline_s: float = float("inf"), build_s: float = 0.0) -> dict | None:
     """One batch of requests (same call shape) on every rank, as one pipeline call: request i's n images have
     seeds seed, seed + 1, ... Rank 0 answers {"pixels": [a PIL image, or a video's PIL frames, each], "records":
-    [...]} in request order, or {"stopped": "late" or "cancelled", "step": step, "steps": steps} when every
-    rank stopped the call at a step's end."""
+    [...]} in request order, or {"stopped": "late", "cancelled" or "out_of_memory", "step": step, "steps": steps}
+    when every rank stopped the call together (a rank out of memory frees its cache: the group serves on)."""
     assert _SERVED is not None, "run before build"
     deadline = time.monotonic() + deadline_s
     try:
@@ -160,4 +197,4 @@ def generate(job: Job) -> dict | None:
     return run([Request.of(job)], build_s=_SERVED.prepared.build_s)
 
 
-__all__ = ["Stopped", "build", "generate", "run"]
+__all__ = ["Stopped", "build", "generate", "run", "warm_up"]

@@ -14,6 +14,7 @@ import errno
 import importlib.util
 import ipaddress
 import logging
+import math
 import os
 import socket
 import sys
@@ -56,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=float, default=600.0,
                         help="seconds from arrival to answer; past it 504, the ranks stopping together at a step "
                              "(default 600)")
+    parser.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS",
+                        help="most seconds a group may take to start (ranks, build, warm-up); past it the start "
+                             "fails (default: no bound)")
+    parser.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="after SIGTERM, most seconds the accepted requests may still take; past it they are "
+                             "answered 503 and the server exits (default 60)")
     parser.add_argument("--max-n", type=int, default=4, help="most images per request (default 4)")
     parser.add_argument("--max-steps", type=int, default=100, help="most num_inference_steps (default 100)")
     parser.add_argument("--max-pixels", type=int, default=None,
@@ -225,8 +232,11 @@ def main(args: argparse.Namespace) -> int:
 
     if (args.max_batch is not None and args.max_batch < 1) or args.batch_wait_ms < 0:
         raise ValueError("--max-batch must be at least 1 and --batch-wait-ms at least 0")
+    if (args.build_timeout is not None and args.build_timeout <= 0) or args.drain_timeout < 0:
+        raise ValueError("--build-timeout must be more than 0 seconds and --drain-timeout at least 0")
     service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop, keep,
-                      max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000)
+                      max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000,
+                      build_timeout_s=args.build_timeout or math.inf, drain_timeout_s=args.drain_timeout)
     app = make_app(service, api_key, args.max_body_bytes, loopback(args.host), tuple(args.allow_origin))
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5,
                             access_log=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from .work import Work, WorkQueue
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3  # consecutive failed restarts of one group before it is given up
+RESTART_BURST, RESTART_WINDOW_S = 3, 60.0  # a group restarts at most this often within this window: a request
+# that kills a rank each time it runs cannot keep every group rebuilding
 POLL_S = 0.05  # how often a waiting request checks that its client is still there (a cancel lands within a step)
 WATCH_S = 0.5  # how often an idle group checks that its ranks are alive (a rank killed between requests)
 
@@ -48,7 +51,8 @@ class Service:
 
     def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
                  request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
-                 keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0):
+                 keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0,
+                 build_timeout_s: float = math.inf, drain_timeout_s: float = math.inf):
         self.job, self.checker = job, Checker(job, limits)
         if max_batch > 1 and (why := unbatched_why(job)):
             logger.info("every request runs as its own pipeline call: %s", why)
@@ -59,6 +63,7 @@ class Service:
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
         self.videos = VideoStore(keep_videos)
         self.request_timeout_s = request_timeout_s
+        self.build_timeout_s, self.drain_timeout_s = build_timeout_s, drain_timeout_s
         self.on_ready, self.on_exit = on_ready, on_exit
         self.started = time.monotonic()
         self.created = int(time.time())
@@ -67,6 +72,8 @@ class Service:
         self.failure: Exception | None = None  # why the first start failed (the command reports it)
         self.running = 0
         self.busy: set[int] = set()  # the groups running a request now
+        self.active: set[Work] = set()  # the requests running or being encoded (answered 503 past a drain's bound)
+        self.down_since: dict[int, float] = {}  # when each restarting group failed
         self._tasks: list[asyncio.Task] = []
         self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
@@ -83,8 +90,12 @@ class Service:
         failures = 0
         while True:
             if group.state != "ready":
+                if (wait := restart_wait(group.restarted_at, time.monotonic())) > 0:
+                    logger.warning("group %d: restarted %d times within %g s: waiting %.0f s before the next",
+                                   group.index, RESTART_BURST, RESTART_WINDOW_S, wait)
+                    await asyncio.sleep(wait)
                 try:
-                    await asyncio.to_thread(group.start)
+                    await asyncio.to_thread(group.start, self.build_timeout_s, logger.info)
                 except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
                     group.stop(now=True)
                     if self.draining or self.queue.closed:
@@ -104,6 +115,8 @@ class Service:
                     await asyncio.sleep(min(2.0**failures, 30.0))
                     continue
                 failures = 0
+                if (down := self.down_since.pop(group.index, None)) is not None:
+                    logger.warning("group %d: back after %.1f s", group.index, time.monotonic() - down)
                 self._group_ready()
             work = await self.queue.take(WATCH_S)
             if work is None and self.queue.closed:
@@ -140,6 +153,8 @@ class Service:
         started = time.monotonic()
         for work in batch:
             work.started, work.group = started, group
+            self.active.add(work)
+            work.done.add_done_callback(lambda _, w=work: self.active.discard(w))
         self.running += len(batch)
         deadline = max(w.deadline for w in batch)
         self.busy.add(group.index)
@@ -159,8 +174,7 @@ class Service:
         if "stopped" in result:
             self.running -= len(batch)
             for work in batch:  # cancelled ones are answered already
-                work.fail(ApiError(504, f"the request ran past --request-timeout {self.request_timeout_s:g} s and was "
-                                        f"stopped after step {result['step']} of {result['steps']}", code="timeout"))
+                work.fail(stopped_error(result, self.request_timeout_s, group.index))
             return
         seconds = time.monotonic() - started
         at = 0
@@ -192,7 +206,9 @@ class Service:
         event loop keeps answering meanwhile); its supervising task starts it again."""
         logger.warning("group %d: %s; restarting it", group.index, why)
         group.state = "recovering"
+        self.down_since.setdefault(group.index, time.monotonic())
         group.restarts += 1
+        group.restarted_at = [*group.restarted_at[-RESTART_BURST:], time.monotonic()]
         self.metrics.restarted()
         await asyncio.to_thread(group.stop, True)
         group.state = "recovering"
@@ -285,13 +301,24 @@ class Service:
         return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))
 
     async def drain(self) -> None:
-        """Refuse new requests (503), let the accepted ones run, then ask the server to exit (0)."""
+        """Refuse new requests (503), let the accepted ones run for up to the drain's bound (past it, what is
+        still queued or running is answered 503), then ask the server to exit (0)."""
         if self.draining:
             return
         self.draining = True
         await self.queue.close()
+        ends = time.monotonic() + self.drain_timeout_s
         while len(self.queue) or self.running:
             if not any(g.state in ("ready", "starting", "recovering") for g in self.groups):
+                break
+            if time.monotonic() > ends:
+                logger.warning("%d request(s) still queued or running --drain-timeout %g s after the stop: answered "
+                               "503", len(self.queue) + len(self.active), self.drain_timeout_s)
+                error = ApiError(503, f"the server stopped: the request was not done --drain-timeout "
+                                      f"{self.drain_timeout_s:g} s after the stop was asked", code="unavailable")
+                await self.queue.close(error)
+                for work in list(self.active):
+                    work.fail(error)
                 break
             await asyncio.sleep(0.1)
         self.on_exit(0)
@@ -313,6 +340,27 @@ def _said(task: asyncio.Task) -> None:
         logger.error("a parallel group's supervisor failed", exc_info=task.exception())
 
 
+def restart_wait(restarted_at: list[float], now: float, burst: int = RESTART_BURST,
+                 window_s: float = RESTART_WINDOW_S) -> float:
+    """Seconds a group must wait before its latest restart: none until it has restarted more than `burst` times,
+    then until `window_s` after the restart `burst` before the latest."""
+    if len(restarted_at) <= burst:
+        return 0.0
+    return max(0.0, restarted_at[-burst - 1] + window_s - now)
+
+
+def stopped_error(result: dict[str, Any], request_timeout_s: float, group: int) -> ApiError:
+    """The answer to a batch every rank stopped together: out of memory on a rank (503: the group serves on, a
+    smaller request or a later try may fit), or past its deadline (504)."""
+    at = f"after step {result['step']} of {result['steps']}"
+    if result["stopped"] == "out_of_memory":
+        return ApiError(503, f"parallel group {group} ran out of GPU memory {at}: the request was stopped and the "
+                             f"memory freed; ask for a smaller size, fewer frames or a smaller n, or try again later",
+                        code="out_of_memory", headers={"Retry-After": "1"})
+    return ApiError(504, f"the request ran past --request-timeout {request_timeout_s:g} s and was stopped {at}",
+                    code="timeout")
+
+
 def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
     """The answer's extra field: the group, the time queued and in all, the seeds, and each generation's record
     (what run.json holds)."""
@@ -320,4 +368,4 @@ def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
             work.arrived, "seeds": [work.params.seed + i for i in range(work.params.n)], "runs": result["records"]}
 
 
-__all__ = ["Service", "what_ran"]
+__all__ = ["Service", "restart_wait", "stopped_error", "what_ran"]

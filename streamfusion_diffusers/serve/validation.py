@@ -132,6 +132,12 @@ class Checker:
                               f"(--max-pixels) allowed")
         for name in ("num_inference_steps", "seed", "guidance_scale"):
             _within(name, getattr(request, name), *self.ranges[name])
+        cache, steps = self.job.stack.cache, request.num_inference_steps
+        if cache is not None and cache.name == "magcache" and steps is not None and steps != cache.steps:
+            raise bad("num_inference_steps", f"num_inference_steps {steps}: --cache magcache runs here at "
+                                             f"{cache.steps} steps only (its magnitude ratios are set to the steps "
+                                             f"when the pipeline is built); ask for {cache.steps}, or start a server "
+                                             f"with --steps {steps}")
         self._text("prompt", request.prompt, required=True)
         self._text("negative_prompt", request.negative_prompt, required=False)
         if request.negative_prompt is not None and not self.guided:
