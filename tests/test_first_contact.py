@@ -82,7 +82,7 @@ def test_a_killed_rank_ends_generate_within_seconds(tmp_path):
                             "--output", str(tmp_path)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     ranks = _wait_for_ranks(job.pid, 4)
-    time.sleep(3)  # into the build or the denoising loop, where every rank waits on its peers
+    time.sleep(8)  # past the ranks' start-up (imports, the gloo mesh): into the build or the denoising loop
     os.kill(ranks[-1], signal.SIGKILL)
     killed = time.monotonic()
     out, err = job.communicate(timeout=90)
