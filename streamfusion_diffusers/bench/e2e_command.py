@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from ..choice.workloads import parse_workload, workload_specs
-from ..runtime.job import DEFAULT_PROMPT, guided
+from ..runtime.arguments import DEFAULT_PROMPT
+from ..runtime.job import guided
 from ..runtime.pool import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..commands.verify import DTYPES
 from ..core.extras import install_hint

@@ -25,7 +25,8 @@ import torch
 
 from ..core.join import launched
 from ..runtime import output, worker
-from ..runtime.job import DTYPES, Job, add_arguments, make_job, real_size
+from ..runtime.arguments import DTYPES, add_arguments
+from ..runtime.job import Job, make_job, real_size
 from ..runtime.pool import run_job
 
 logger = logging.getLogger(__name__)

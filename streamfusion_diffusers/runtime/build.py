@@ -17,7 +17,8 @@ from ..context import ParallelContext
 from ..kernels import dispatch
 from ..models.pipelines import family_of
 from .invariant import rows_invariant
-from .job import DTYPES, Job, real_size
+from .arguments import DTYPES
+from .job import Job, real_size
 from .phases import PhaseTimer
 
 

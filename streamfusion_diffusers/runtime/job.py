@@ -1,4 +1,4 @@
-"""What one `streamfusion generate` run is: its command-line options and the validated Job they make.
+"""What one `streamfusion generate` run is: the validated Job its options (arguments.py) make.
 
 Everything is checked here, before any process starts or any model is built: the layout against the heads,
 the CFG split against the cluster, the token count against the ranks, the recipe file for method "auto".
@@ -16,111 +16,13 @@ import torch
 
 from .. import ParallelConfig
 from ..choice.recipe import load_recipes
-from ..core.config import METHODS, cfg_shape, resolve_layout
+from ..core.config import cfg_shape, resolve_layout
 from ..core.extras import missing
 from ..core.join import launched
-from ..diffusers.stack.spec import QUANTIZE, Stack, parse_stack
+from ..diffusers.stack.spec import Stack, parse_stack
 from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import FAMILIES
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_PROMPT = "a photo of a red cat on a quiet street at sunset"
-WEIGHTS_SEED = 0  # random weights' seed unless --weights-seed: apart from the generation's --seed, so every seed
-# of `generate` and every request of `serve` run on the same model
-SPAWN_SHAPE = (2, 2)  # machines x processes per machine of a CPU job not under torchrun
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=sorted(MODELS), default="tiny-flux",
-                        help="tiny-* build small random models for the CPU; the others are real size (random "
-                             "weights unless --weights)")
-    parser.add_argument("--weights", default=None,
-                        help="hub id or local folder of a diffusers pipeline (default: random weights)")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
-    parser.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
-    parser.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
-    parser.add_argument("--frames", type=int, default=None,
-                        help="video frames, video models only (default: the model's)")
-    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    parser.add_argument("--guidance-scale", type=float, default=None,
-                        help="CogVideoX, Wan: CFG (two branches when > 1); Flux.1, Flux.2: distilled guidance "
-                             "(default: the model's; Qwen-Image has none)")
-    parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the model's)")
-    parser.add_argument("--seed", type=int, default=0, help="the generation's noise (default 0)")
-    parser.add_argument("--weights-seed", type=int, default=WEIGHTS_SEED,
-                        help=f"the seed random weights are built from (default {WEIGHTS_SEED}); without --weights "
-                             f"only")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="pin every kernel and backend choice instead of timing them in each process (the "
-                             "attention kernel, the SDPA backend; cuDNN and torch's deterministic algorithms), so "
-                             "two runs of the same job on the same GPUs give the same pixels; may run slower")
-    parser.add_argument("--method", choices=METHODS + ("auto",), default="auto",
-                        help="default auto: the layout of the recipe entry for this shape and cluster (see --recipe), "
-                             "else the cost model's fastest; chosen at the first attention call and logged")
-    parser.add_argument("--ulysses", type=int, default=None, help="Ulysses degree U (default: from the heads)")
-    parser.add_argument("--ring", type=int, default=None, help="Ring degree R (default: P / U)")
-    parser.add_argument("--torus", type=int, default=None, help="Torus degree T (torus method only)")
-    parser.add_argument("--machines", type=int, default=None,
-                        help=f"machines N (default: 1 on GPUs, {SPAWN_SHAPE[0]} on the CPU, the node count under "
-                             f"torchrun)")
-    parser.add_argument("--gpus-per-machine", type=int, default=None,
-                        help=f"processes per machine M (default: every visible GPU, {SPAWN_SHAPE[1]} on the CPU, "
-                             f"LOCAL_WORLD_SIZE under torchrun)")
-    parser.add_argument("--backend", choices=("torch", "nvshmem"), default=None,
-                        help="transport: torch (NCCL on GPUs, gloo on the CPU) or nvshmem (one-sided, GPUs; falls back "
-                             "to torch with one warning where it cannot run); default torch")
-    parser.add_argument("--recipe", default=None,
-                        help="where --method auto looks: a packaged recipe (flux-dev), a YAML path or a folder of "
-                             "them (streamfusion tune --out); default: the packaged recipes")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                        help="default float32 on the CPU, bfloat16 on GPUs")
-    parser.add_argument("--output", default="streamfusion-output", help="folder for the image/video and run.json")
-    parser.add_argument("--cpu", action="store_true",
-                        help="gloo processes on the CPU even where GPUs are visible (default: one NCCL process per GPU)")
-    parser.add_argument("--cfg-parallel", nargs="?", const="2", choices=("1", "2", "auto"), default="1",
-                        help="compute the two classifier-free-guidance branches at once, each on half of the ranks "
-                             "(one branch per half of the machines when the machine count is even); "
-                             "'auto': when guidance is on")
-    parser.add_argument("--true-cfg-scale", type=float, default=None,
-                        help="Flux.1, Qwen-Image: true classifier-free guidance with an empty negative prompt "
-                             "when > 1")
-    parser.add_argument("--comm-dtype", choices=("int8", "fp8"), default=None,
-                        help="send every attention chunk that crosses machines (Torus Pull Q, Pull KV, Push O; ring "
-                             "passes) as 1-byte values with per-token-and-head scales: int8 (about 0.65 %% rms per "
-                             "value) or fp8 (float8_e4m3fn, about 2.6 %%); intra-machine traffic is untouched")
-    parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
-                        help="split the VAE decode over the ranks (default): one band of latent rows per rank, "
-                             "exact (the VAEs of Flux.1, Flux.2, CogVideoX, Wan 2.x, Qwen-Image), else diffusers' "
-                             "tiles shared out, else rank 0 decodes for all (run.json's vae_decode says which); "
-                             "--no-vae-split decodes untiled on rank 0 only")
-    parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                        help="replay the transformer forward from a CUDA graph, captured once per shape (default on "
-                             "GPUs, where it is exact: not with --cache or --shard-weights, which then run eager "
-                             "and say why; --no-cuda-graph runs every step eager)")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the transformer's repeated blocks (fullgraph, diffusers' "
-                             "compile_repeated_blocks), replayed from the CUDA graph where graphs are on")
-    parser.add_argument("--shard-weights", action="store_true",
-                        help="every rank holds 1/P of as many of the transformer's blocks (and text encoders) as "
-                             "--max-memory needs, each gathered in place just before it runs, the others gathered "
-                             "once: the same output in less memory per GPU, with --compile, --quantize and, asked for, "
-                             "--cuda-graph (`streamfusion plan --memory` shows the split)")
-    parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
-                        help="--shard-weights: GiB per GPU the run may take (default on GPUs: the free memory; the "
-                             "activations and a margin are kept out of it); on the CPU, without it every block is "
-                             "sharded")
-    parser.add_argument("--cache", default=None, metavar="NAME[:VALUE]",
-                        help="one of diffusers' caches, its skip decisions agreed over the ranks: first-block[:T] "
-                             "(skip the other blocks while the first block's residual changes by less than T, "
-                             "default 0.05), taylorseer[:N] (a full step every N, default 5), magcache[:T] (Flux.1, "
-                             "default 0.06), pab[:N] (self-attention every N-th step in timesteps 100..800, default 2)")
-    parser.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
-                        help="a local LoRA (.safetensors file, or the folder save_lora_weights wrote) fused into the "
-                             "weights with SCALE (default 1); repeat for several (extra lora)")
-    parser.add_argument("--quantize", choices=QUANTIZE, default=None,
-                        help="torchao weight-only quantization of the transformer's Linear layers: int8, or fp8 "
-                             "(GPUs of compute capability 8.9+) (extra quantize)")
-
+from .arguments import SPAWN_SHAPE, WEIGHTS_SEED
 
 @dataclass(frozen=True)
 class Job:

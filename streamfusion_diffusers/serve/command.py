@@ -22,7 +22,8 @@ import sys
 import torch
 
 from ..runtime.batch import max_batch
-from ..runtime.job import Job, add_arguments as add_job_arguments, cluster, make_job, real_size
+from ..runtime.arguments import add_arguments as add_job_arguments
+from ..runtime.job import Job, cluster, make_job, real_size
 from ..core.extras import install_hint
 from ..core.join import launched
 from ..models.pipelines import family_of
