@@ -32,12 +32,19 @@ MIN_REQUESTS = 8
 MODES = {"batched": [], "unbatched": ["--max-batch", "1"]}
 
 
-def request(http: httpx.Client, steps: int, index: int) -> tuple[int, float]:
+def request(http: httpx.Client, steps: int, index: int) -> tuple[int, float, dict]:
+    """One request: its status, client seconds, and where the server spent them (its run record's phases)."""
     started = time.monotonic()
     answer = http.post("/v1/images/generations", timeout=900,
                        json={"prompt": f"a photo of a red cat number {index} on a quiet street", "seed": index,
                              "num_inference_steps": steps})
-    return answer.status_code, time.monotonic() - started
+    seconds = time.monotonic() - started
+    if answer.status_code != 200:
+        return answer.status_code, seconds, {}
+    extra = answer.json()["streamfusion"]
+    run = extra["runs"][0]
+    return 200, seconds, {"queued_s": extra["queued_s"], "server_s": extra["seconds"], **run["phases_s"],
+                          "step_s": statistics.median(run["step_latency_s"]), "generate_s": run["generate_s"]}
 
 
 def round_of(url: str, steps: int, clients: int, count: int, first: int) -> dict:
@@ -46,12 +53,14 @@ def round_of(url: str, steps: int, clients: int, count: int, first: int) -> dict
         with ThreadPoolExecutor(clients) as pool:
             answers = list(pool.map(lambda i: request(http, steps, i), range(first, first + count)))
         elapsed = time.monotonic() - began
-    seconds = sorted(s for code, s in answers if code == 200)
+    seconds = sorted(s for code, s, _ in answers if code == 200)
+    phases = [p for code, _, p in answers if code == 200]
+    where = {k: statistics.median(p[k] for p in phases) for k in (phases[0] if phases else {})}
     pick = (lambda q: seconds[min(len(seconds) - 1, int(q * len(seconds)))]) if seconds else (lambda q: None)
     return {"clients": clients, "requests": count, "ok": len(seconds), "elapsed_s": elapsed,
             "images_per_minute": 60 * len(seconds) / elapsed, "p50_s": statistics.median(seconds) if seconds else None,
             "p90_s": pick(0.9), "max_s": seconds[-1] if seconds else None,
-            "statuses": sorted({code for code, _ in answers})}
+            "statuses": sorted({code for code, _, _ in answers}), "server_median": where}
 
 
 def main() -> int:
@@ -79,6 +88,8 @@ def main() -> int:
                 print(f"{args.model} {mode:9s} {clients:2d} clients: {row['images_per_minute']:6.1f} images/min  "
                       f"p50 {row['p50_s']:.2f} s  p90 {row['p90_s']:.2f} s  max {row['max_s']:.2f} s  "
                       f"ok {row['ok']}/{count}", flush=True)
+                print("   server medians: " + "  ".join(f"{k} {v:.3f}" for k, v in row["server_median"].items()),
+                      flush=True)
         finally:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=180)
