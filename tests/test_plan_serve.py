@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 from streamfusion_diffusers.choice.choose import gpu_of
 from streamfusion_diffusers.choice.recipe import load_recipe
-from streamfusion_diffusers.choice.replicas import RECORDS, record_path, step_s
+from streamfusion_diffusers.choice.replicas import RECORDS, record_path, records_of, step_s
 from streamfusion_diffusers.commands.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = gpu_of(load_recipe("flux-dev").calibration)
 WITHIN = 0.15  # predicted step against a recorded one the prediction was not fitted on
+# a step that waits on the host: the host-bound rows of one job spread this much for the same work (Qwen-Image 1328
+# at P = 2, 2026-11-24: ours 200.4 to 271.3 ms), and the host's speed varies more between jobs than the GPU's
+WITHIN_HOST = 0.25
+SERVED = "2026-11-26-h100x4-default-serve-s33/serve_gpu.json"  # a warm served 28-step flux-dev 1024 request, 1 x 4
 
 
 def _phase(row: dict, name: str) -> float:
@@ -28,6 +33,9 @@ def test_every_record_is_its_file():
     """Each figure of RECORDS is what its file under benchmarks/results holds (per step: the denoise over steps)."""
     for r in RECORDS:
         data = json.loads((ROOT / record_path(r)).read_text())
+        if r.row in data:  # default_path_gpu.sh: a run's steady steps (3 onward)
+            assert r.step_s == pytest.approx(statistics.median(data[r.row]["steps_s"][2:]), abs=1e-3)
+            continue
         if "rows" not in data:  # a generate run.json: its warm (second) step and its phases
             assert (r.step_s, r.text_s, r.decode_s) == pytest.approx(
                 (data["step_latency_s"][1], data["phases_s"]["text_encoding"], data["phases_s"]["decode"]), abs=0.01)
@@ -42,21 +50,48 @@ def test_every_record_is_its_file():
             assert r.step_s == pytest.approx(row["ms"] / 1e3 * r.calls, abs=1e-3)
 
 
-@pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{r.model}-P{r.ranks}")
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{r.model}-P{r.ranks}-{r.path}-{r.bound}")
 def test_at_a_records_own_size_and_ranks_the_step_is_the_record(record):
-    """The calibration reproduces what it was fitted on: every one-GPU record, and the 2-GPU ones (sigma fitted)."""
-    predicted, _ = step_s(record.model, record.frames, record.height, record.width, record.ranks, GPU)
+    """The calibration reproduces what it was fitted on: every one-GPU record, the one of several GPUs each model's
+    serial share is fitted on, and the host's time per block where a record waited on the host."""
+    assert record in records_of(record.model) or record.bound == "host", "a record nothing is fitted on"
+    predicted, _ = step_s(record.model, record.frames, record.height, record.width, record.ranks, GPU,
+                          graph=record.path == "graph")
     assert predicted == pytest.approx(record.step_s, rel=1e-6)
 
 
 def test_the_step_meets_records_it_was_not_fitted_on():
-    """benchmarks/plan_serve_check.py: each recorded step read from its file, the prediction within WITHIN (a record
-    its own job contradicts is reported there, not held against the prediction)."""
+    """benchmarks/plan_serve_check.py: each recorded step read from its file, eager and graphed, the prediction
+    within WITHIN where it waits on the device and WITHIN_HOST where on the host (Qwen-Image 1024 at P = 2, eager)."""
     spec = importlib.util.spec_from_file_location("plan_serve_check", ROOT / "benchmarks" / "plan_serve_check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
-    rows = [r for r in check.rows() if "suspect" not in r]
-    assert len(rows) == 4 and all(abs(r["predicted_over_measured"] - 1) <= WITHIN for r in rows), rows
+    rows = check.rows()
+    assert len(rows) == 9 and {r["bound"] for r in rows} == {"device", "host"}, rows
+    for r in rows:
+        assert abs(r["predicted_over_measured"] - 1) <= (WITHIN if r["bound"] == "device" else WITHIN_HOST), r
+
+
+def test_a_served_request_on_four_gpus_is_the_measured_one(capsys):
+    """The plan's latency of one 28-step flux-dev 1024 request on one group of 4 (graphs, serve's default) against
+    the warm served request measured on 4 x H100 (the HTTP round trip and the PNG are in the measured, not the plan)."""
+    served = json.loads((ROOT / "benchmarks" / "results" / SERVED).read_text())[0]
+    assert (served["model"], served["steps"], served["height"], served["world_size"]) == ("flux-dev", 28, 1024, 4)
+    assert main(["plan", "--serve", "--json", "--gpus-per-machine", "4", "--model", "flux-dev", "--steps", "28"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["cuda_graph"]["on"] and plan["splits"][0]["ranks"] == 4
+    assert plan["splits"][0]["latency_s"] == pytest.approx(served["latency_median_s"], rel=WITHIN)
+
+
+def test_eager_steps_wait_on_the_host(capsys):
+    """--no-cuda-graph: at 4 ranks a flux-dev 1024 step is the host's issue time, longer than the graphed step."""
+    argv = ["plan", "--serve", "--json", "--gpus-per-machine", "4", "--model", "flux-dev"]
+    steps = []
+    for flag in ([], ["--no-cuda-graph"], ["--shard-weights"]):
+        assert main(argv + flag) == 0
+        plan = json.loads(capsys.readouterr().out)
+        steps.append(plan["splits"][0]["step_s"])
+    assert steps[1] == steps[2] > 1.5 * steps[0]
 
 
 def test_table_for_flux_dev_on_four_gpus(capsys):

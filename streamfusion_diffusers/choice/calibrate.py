@@ -92,3 +92,14 @@ def fit(records: list[dict], base: Gpu | None = None, rounds: int = 8) -> dict:
     out.update({"fitted_on": f"{len(layers)} measured layouts", "rms_error_before": round(_rms(before), 4),
                 "rms_error": round(rms, 4), "max_error": round(float(np.max(np.abs(final))), 4)})
     return out
+
+
+def host_per_block(records: list, blocks: dict[str, int]) -> dict[str, float]:
+    """Seconds the host takes to issue one transformer block on the eager path, per model, from the records whose
+    step waits on the host (their step is the host's time: the GPU idles between its kernels)."""
+    per: dict[str, list[float]] = {}
+    for r in records:
+        if r.path == "eager" and r.bound == "host":
+            per.setdefault(r.model, []).append(r.step_s / (r.calls * blocks[r.model]))
+    return {m: statistics.mean(v) for m, v in sorted(per.items())}
+

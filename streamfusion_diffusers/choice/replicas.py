@@ -2,33 +2,41 @@
 whole requests one at a time behind one queue; per split, the predicted latency of one request and the images
 (videos) per minute when every group is kept busy.
 
-What is predicted, and from what:
-- One denoising step of a group of P' = P / R ranks, in two parts. The attention (with its transfers) is the
-  cost model's (costmodel.py, the calibrated `Gpu` of the model's recipe): the fastest layout `method="auto"` would
-  rank for P' ranks, per block, times the transformer calls per step (2 with classifier-free guidance). The cost
-  model has no term for the rest of the step (projections, MLP, norms, modulation, host side): that part is taken
-  from a recorded one-GPU step (RECORDS: the step minus the cost model's attention at P' = 1) and scaled by the
-  tokens a rank holds (its image tokens / P' plus the joint text tokens every rank keeps), with Amdahl's serial
-  share `sigma` that does not shrink over ranks, fitted where a 2-GPU record exists (flux-dev 2048, Wan 2.2
-  TI2V-5B 49 f, Qwen-Image 1328) and their mean elsewhere.
-- Text encoding and the VAE decode of one request: the records' (decode scaled by output pixels), the same at any
-  P' (the decode's band split over ranks is not modelled: the 2-GPU records show 1.00x for Flux 2048, 1.80x for
-  Wan 49 f, so 1 x P's latency is over-predicted by at most the decode's share).
+What is predicted, and from what (the records: choice/recipes/generations.json, each read from its file):
+- The GPU's work in one denoising step of a group of P' = P / R ranks, in two parts. The attention (with its
+  transfers) is the cost model's (costmodel.py, the calibrated `Gpu` of the model's recipe, less the fixed costs
+  per kernel, stage and call, which were fitted on eager timings and are the host's): the fastest layout
+  `method="auto"` would rank for P' ranks, per block, times the transformer calls per step (2 with classifier-free
+  guidance). The rest of the step (projections, MLP, norms, modulation) is a recorded one-GPU step, which waits
+  on the GPU, less that attention, scaled by the tokens a rank holds (its image tokens / P' plus the joint text
+  tokens every rank keeps), with Amdahl's serial share `sigma` fitted where a record of several GPUs waits on the
+  GPU too (a graphed one first: flux-dev 1024 at P = 4; else at P = 2: Wan 2.2 TI2V-5B 49 f), their mean elsewhere.
+- The host. Replayed from CUDA graphs (serve's default on GPUs) the host issues one replay per call, while the
+  GPU still runs the step before (nothing synchronizes per call): the step is the GPU's work. Eager (`--no-cuda-graph`, `--cache`,
+  `--shard-weights`), the host issues every kernel of every block while the GPU runs the earlier ones: the step
+  is the longer of the GPU's work and the host's, whose time per block is fitted on the eager records that
+  waited on the host (per model, their mean elsewhere).
+- Text encoding and the VAE decode of one request: the records' warm figures (decode scaled by output pixels),
+  the same at any P' (the decode's band split over ranks is not modelled: the 2-GPU records show 1.00x for Flux
+  2048, 1.80x for Wan 49 f, so 1 x P's latency is over-predicted by at most the decode's share).
 - Memory: the per-GPU peak for P' ranks, whole and sharded weights, that the caller passes (`plan --serve`:
   models/memory.py's, which sits a floor above this one); a split neither fits is listed with the reason.
   Sharded weights' all-gathers per step are not in the step time (not measured yet).
 Not in the latency: the HTTP round trip and the image's PNG / video's mp4 encoding on rank 0 (serve_load.py
-measures them). All records are whole generations on one NVIDIA H200 (times on other GPUs scale by their speed).
+measures them). The records are H200 runs, and H100 ones where a record says so (their steps at P = 1 agree
+within the run-to-run spread); host times depend on the host and the code that ran.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..core.config import divisors
 from ..models.configs import MODELS
 from .choose import Cluster, ranked
+from .calibrate import host_per_block
 from .costmodel import Gpu
+from .store import load_generations
 from .workloads import MODELS as WORKLOADS, Workload
 
 RESULTS = "benchmarks/results"
@@ -36,7 +44,8 @@ RESULTS = "benchmarks/results"
 
 @dataclass(frozen=True)
 class Record:
-    """One recorded warm generation (seconds, medians): per denoising step, text encoding, decode; at `ranks`."""
+    """One recorded warm generation or step (seconds, medians): per denoising step, text encoding, decode; at
+    `ranks`, on the eager path or replayed from a CUDA graph, its step set by the device's work or the host's."""
 
     model: str
     frames: int
@@ -50,28 +59,12 @@ class Record:
     record: str  # the file under benchmarks/results/ it comes from
     row: str  # the row (bench's `system`, or the run) within it
     note: str = ""  # what the record lacks, said beside every prediction made from it
+    path: str = "eager"  # "eager" or "graph"
+    bound: str = "device"  # "device" or "host": what the step waited on
 
 
-RECORDS = (
-    Record("flux-dev", 1, 2048, 2048, 1, 1, 4.254 / 5, 0.032, 0.403, "2026-11-23-h200x2/e2e-flux/results.json",
-           "one-gpu"),
-    Record("flux-dev", 1, 2048, 2048, 2, 1, 2.354 / 5, 0.042, 0.412, "2026-11-23-h200x2/e2e-flux/results.json", "ours"),
-    Record("wan2.2-ti2v-5b", 49, 704, 1280, 1, 2, 3.076 / 4, 0.096, 2.358,
-           "2026-11-24-h200x2-step-new-models/wan-e2e.results.json", "one-gpu"),
-    Record("wan2.2-ti2v-5b", 49, 704, 1280, 2, 2, 1.702 / 4, 0.101, 1.311,
-           "2026-11-24-h200x2-step-new-models/wan-e2e.results.json", "ours"),
-    Record("qwen-image", 1, 1328, 1328, 1, 1, 0.597 / 2, 0.023, 0.118,
-           "2026-11-24-h200-e2e-new-models/results.json", "one-gpu"),
-    Record("qwen-image", 1, 1328, 1328, 2, 1, 0.2004, 0.0, 0.0,
-           "2026-11-24-h200x2-step-new-models/wan-qwen1328.results.json", "auto",
-           "bench --level step: the transformer step alone (no text, no decode; only its step is used)"),
-    Record("flux2-dev", 1, 1024, 1024, 1, 1, 1.085 / 2, 0.0, 0.088,
-           "2026-11-24-h200-e2e-new-models/results.json", "one-gpu",
-           "its prompt was encoded at build (random weights): the 24B encoder's time per request is not in it"),
-    Record("wan2.2-t2v-a14b", 17, 480, 832, 1, 2, 1.04, 0.50, 0.64,
-           "2026-11-24-h200-new-models/wan2.2-t2v-a14b.run.json", "step 2",
-           "one generate run: its text encoding and decode were the first (cold) calls"),
-)
+_STORE = load_generations()
+RECORDS = tuple(Record(**r) for r in _STORE["records"])
 
 
 @dataclass(frozen=True)
@@ -96,22 +89,31 @@ class Split:
 
 
 def records_of(model: str) -> tuple[Record, Record | None]:
-    """The model's one-GPU record and its 2-GPU one (None where not recorded)."""
+    """The model's one-GPU record and the one of several GPUs its serial share is fitted on (None where none waits
+    on the device): a graphed one first, whose step is the device's work alone."""
     own = [r for r in RECORDS if r.model == model]
     if not own:
         covered = sorted({r.model for r in RECORDS})
         raise ValueError(f"plan --serve needs a recorded generation of {model}; it has records of "
                          f"{', '.join(covered)}")
-    return next(r for r in own if r.ranks == 1), next((r for r in own if r.ranks == 2), None)
+    device = [r for r in own if r.bound == "device"]
+    several = sorted((r for r in device if r.ranks > 1), key=lambda r: (r.path != "graph", r.ranks))
+    return next(r for r in device if r.ranks == 1), next(iter(several), None)
 
 
 def workload_of(model: str, frames: int, height: int, width: int) -> Workload:
     return WORKLOADS[model](frames, height, width) if MODELS[model].video else WORKLOADS[model](width, height)
 
 
+def graph_gpu(gpu: Gpu) -> Gpu:
+    """The GPU as the device sees it: without the host's fixed costs per kernel, stage and call (the graph path's)."""
+    fixed = {k: v for k, v in _STORE["graph_path"].items() if k != "why"}
+    return replace(gpu, **fixed)
+
+
 def attention_s(w: Workload, ranks: int, gpu: Gpu) -> tuple[float, str]:
-    """The cost model's attention time of one transformer call on one machine of `ranks` GPUs, fastest layout."""
-    best = ranked(w, Cluster(1, ranks), gpu)[0]
+    """The cost model's device time of one transformer call's attention on `ranks` GPUs, fastest layout."""
+    best = ranked(w, Cluster(1, ranks), graph_gpu(gpu))[0]
     return w.blocks * best.layer_ms / 1e3, best.layout.label
 
 
@@ -122,19 +124,21 @@ def _share(w: Workload, ranks: int) -> float:
 
 def _rest(model: str, gpu: Gpu) -> tuple[float, float]:
     """(the non-attention part of the one-GPU record's step, in seconds; its serial share sigma)."""
-    one, two = records_of(model)
-    calls = one.calls
+    one, many = records_of(model)
     w1 = workload_of(model, one.frames, one.height, one.width)
-    rest = one.step_s - calls * attention_s(w1, 1, gpu)[0]
-    if two is None:
-        fitted = [_rest(m, gpu)[1] for m in sorted({r.model for r in RECORDS if r.ranks == 2})]
+    rest = one.step_s - one.calls * attention_s(w1, 1, gpu)[0]
+    if many is None:
+        fitted = [_rest(m, gpu)[1] for m in sorted({r.model for r in RECORDS if r.ranks > 1 and r.bound == "device"})]
         return rest, sum(fitted) / len(fitted)
-    shrink = (two.step_s - calls * attention_s(w1, 2, gpu)[0]) / rest
-    return rest, min(max((shrink - _share(w1, 2)) / (1 - _share(w1, 2)), 0.0), 1.0)
+    w = workload_of(model, many.frames, many.height, many.width)
+    tokens = (w.tokens + w.text_tokens) / (w1.tokens + w1.text_tokens)
+    shrink = (many.step_s - many.calls * attention_s(w, many.ranks, gpu)[0]) / (rest * tokens)
+    share = _share(w, many.ranks)
+    return rest, min(max((shrink - share) / (1 - share), 0.0), 1.0)
 
 
-def step_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu) -> tuple[float, str]:
-    """Predicted seconds of one denoising step on a group of `ranks` GPUs of one machine, and its layout."""
+def device_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu) -> tuple[float, str]:
+    """Seconds of the GPU's work in one denoising step on `ranks` GPUs of one machine, and its layout."""
     one, _ = records_of(model)
     rest, sigma = _rest(model, gpu)
     w, w1 = workload_of(model, frames, height, width), workload_of(model, one.frames, one.height, one.width)
@@ -143,10 +147,36 @@ def step_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gp
     return one.calls * attention + rest * tokens * (sigma + (1 - sigma) * _share(w, ranks)), layout
 
 
+def _host_per_block() -> dict[str, float]:
+    """Host seconds per block on the eager path, per model, fitted on the records that waited on the host."""
+    blocks = {r.model: workload_of(r.model, r.frames, r.height, r.width).blocks for r in RECORDS}
+    return host_per_block(list(RECORDS), blocks)
+
+
+def host_s(model: str) -> float:
+    """Seconds the host takes to issue one eager step (every block of every call): the model's fitted figure, else
+    the mean over the models that have one, per block."""
+    per_block = _host_per_block()
+    one, _ = records_of(model)
+    blocks = workload_of(model, one.frames, one.height, one.width).blocks
+    each = per_block.get(model, sum(per_block.values()) / len(per_block))
+    return one.calls * blocks * each
+
+
+def step_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu,
+           graph: bool = True) -> tuple[float, str]:
+    """Predicted seconds of one denoising step on a group of `ranks` GPUs of one machine, and its layout. Replayed
+    from a CUDA graph (`graph`), the host issues one replay per call, ahead of the GPU, and the step is the device's
+    work; eager, the host issues every kernel while the GPU runs the earlier ones: the longer of the two."""
+    device, layout = device_s(model, frames, height, width, ranks, gpu)
+    return (device if graph else max(device, host_s(model))), layout
+
+
 def plan_replicas(model: str, frames: int, height: int, width: int, gpus: int, steps: int, gpu: Gpu,
-                  peaks: Callable[[int], tuple[float, float]], room_gib: float) -> list[Split]:
+                  peaks: Callable[[int], tuple[float, float]], room_gib: float, graph: bool = True) -> list[Split]:
     """Every split R x P/R of one machine's `gpus` GPUs (R dividing it), the largest group first. peaks(P'): one
-    GPU's peak GiB at P' ranks, whole and sharded weights (models/memory.py's); room_gib: what a GPU has for it."""
+    GPU's peak GiB at P' ranks, whole and sharded weights (models/memory.py's); room_gib: what a GPU has for it;
+    graph: whether the steps replay from CUDA graphs (serve's default on GPUs) or run eager."""
     if gpus < 1 or steps < 1:
         raise ValueError(f"plan --serve needs at least 1 GPU and 1 step; got {gpus} GPU(s), {steps} step(s)")
     one, _ = records_of(model)
@@ -155,7 +185,7 @@ def plan_replicas(model: str, frames: int, height: int, width: int, gpus: int, s
     for ranks in sorted(divisors(gpus), reverse=True):
         replicas = gpus // ranks
         whole, sharded = peaks(ranks)
-        step, layout = step_s(model, frames, height, width, ranks, gpu)
+        step, layout = step_s(model, frames, height, width, ranks, gpu, graph)
         latency = one.text_s + steps * step + one.decode_s * pixels
         fits = "whole" if whole <= room_gib else "sharded" if sharded <= room_gib else "-"
         why = None if fits != "-" else (f"{replicas} x {ranks}: needs {whole:.1f} GiB per GPU whole, {sharded:.1f} "

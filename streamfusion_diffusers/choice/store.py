@@ -85,3 +85,13 @@ def write_records(path: Path, records: list[dict]) -> list[dict]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"records": list(merged.values())}, indent=1) + "\n")
     return list(merged.values())
+
+
+GENERATIONS = "generations.json"  # in the packaged recipes folder: what `plan --serve`'s step model is fitted on
+
+
+def load_generations() -> dict:
+    """The recorded generations and steps of `plan --serve`'s step model, and the graph path's fixed costs."""
+    from .recipe import PACKAGED
+
+    return json.loads((PACKAGED / GENERATIONS).read_text())

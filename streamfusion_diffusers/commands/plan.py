@@ -23,6 +23,7 @@ from ..choice.workloads import MODELS as WORKLOADS
 from ..core.config import METHODS
 from ..core.links import PRESETS, parse_link
 from ..models import MODELS
+from ..runtime.job import graph_choice
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                 "(default: the model's)")
     parser.add_argument("--gpu-memory", type=float, default=80.0,
                         help="--serve: GB of memory per GPU, as sold (default 80: an H100)")
+    parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="--serve: steps replayed from CUDA graphs, serve's default on GPUs (--no-cuda-graph: "
+                             "eager, each step as long as the host's issue of it where that is longer)")
+    parser.add_argument("--cache", default=None, metavar="NAME[:VALUE]",
+                        help="--serve: the cache serve runs with (its steps run eager)")
+    parser.add_argument("--shard-weights", action="store_true",
+                        help="--serve: the group runs with sharded weights (its steps run eager)")
     parser.add_argument("--cfg", type=int, choices=(1, 2), default=1, help="--memory: the CFG split's degree")
     parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                         help="--memory: GiB per GPU the sharded run may take; its row shows which blocks stay "
@@ -131,7 +139,8 @@ def serve(args: argparse.Namespace) -> int:
     packaged = (PACKAGED / f"{args.model}.yaml").is_file()
     gpu = gpu_of(load_recipe(args.recipe or (args.model if packaged else "flux-dev")).calibration)
     room = args.gpu_memory * 1e9 / GIB - RUNTIME_GIB
-    splits = plan_replicas(args.model, frames, height, width, args.gpus_per_machine, steps, gpu, peaks, room)
+    graph, why = graph_choice(args, gpu=True)
+    splits = plan_replicas(args.model, frames, height, width, args.gpus_per_machine, steps, gpu, peaks, room, graph)
     fastest, most = recommend(splits)
     unit = "videos" if MODELS[args.model].video else "images"
     size = f"{frames} x {height} x {width}" if MODELS[args.model].video else f"{height} x {width}"
@@ -139,7 +148,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "model": args.model, "size": size, "steps": steps, "gpus": args.gpus_per_machine,
-            "gpu_memory_gb": args.gpu_memory, "unit": unit, "records": based, "note": one.note,
+            "gpu_memory_gb": args.gpu_memory, "cuda_graph": {"on": graph, "why": why}, "unit": unit, "records": based, "note": one.note,
             "splits": [s.as_dict() for s in splits],
             "lowest_latency": fastest.as_dict(), "most_per_minute": most.as_dict(),
         }, indent=2))
@@ -154,8 +163,9 @@ def serve(args: argparse.Namespace) -> int:
               + (s.weights if s.excluded is None else f"excluded: {s.excluded}"))
     print(f"lowest latency: {_label(fastest)} ({fastest.latency_s:.2f} s per request); most {unit} per minute: "
           f"{_label(most)} ({most.per_minute:.2f})")
-    print(f"predicted for one H200 per GPU: step = the cost model's attention (calibrated) + the rest of a recorded "
-          f"step scaled by tokens per rank; text and decode recorded ({', '.join(based)})")
+    path = "replayed from CUDA graphs" if graph else f"eager ({why}): the longer of the GPU's work and the host's"
+    print(f"predicted for one H200 per GPU, steps {path}: the GPU's work = the cost model's attention (calibrated) + "
+          f"the rest of a recorded step scaled by tokens per rank; text and decode recorded ({', '.join(based)})")
     if one.note:
         print(f"note: {one.note}")
     return 0
