@@ -116,11 +116,15 @@ def test_the_command_line_stack_runs_and_run_json_says_what_ran(pool, lora, tmp_
     (("--lora", "LORA:abc"), "the scale 'abc' is not a finite number"),
     (("--lora", "LORA:nan"), "the scale 'nan' is not a finite number"),
     (("--quantize", "fp8"), "--quantize fp8 needs a GPU of compute capability 8.9"),
+    (("--lora", "my style=LORA"), "the name 'my style' must be 1 to 64 letters, digits"),
+    (("--lora", "a=LORA", "--lora", "a=LORA:2"), "--lora a=...: the name is given twice"),
+    (("--lora", "a=LORA", "--quantize", "int8"), "--quantize int8 with named LoRAs (--lora NAME=PATH) is not"),
+    (("--lora", "a=LORA", "--compile"), "--compile with named LoRAs (--lora NAME=PATH) is not supported"),
 ])
 def test_bad_values_are_refused_in_one_line_before_any_process_starts(lora, argv, message, capsys):
     if torch.cuda.is_available() and "fp8" in argv:
         pytest.skip("a GPU is visible: fp8 may be allowed here")
-    argv = [lora if a == "LORA" else a.replace("LORA:", f"{lora}:") for a in argv]
+    argv = [a.replace("LORA", lora) for a in argv]
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--cpu", *argv])
     err = capsys.readouterr().err

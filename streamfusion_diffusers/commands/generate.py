@@ -41,9 +41,10 @@ def write_outputs(job: Job, answer: dict) -> dict:
 
 
 def _stacked(value: Any) -> str:
-    """One part of run.json's "stack" as the summary line says it (LoRAs as PATH:SCALE)."""
+    """One part of run.json's "stack" as the summary line says it (LoRAs as [NAME=]PATH:SCALE)."""
     if isinstance(value, list):
-        return ", ".join(f"{lora['path']}:{lora['scale']:g}" for lora in value)
+        return ", ".join(f"{lora['name'] + '=' if 'name' in lora else ''}{lora['path']}:{lora['scale']:g}"
+                         for lora in value)
     return str(value)
 
 

@@ -11,6 +11,10 @@ buffers, and on later calls copies the inputs in, replays, and returns a copy of
 replay overwrites them). The graphs of a hook are a cache bounded in bytes: past its budget the least recently
 replayed graph is freed with its memory pool (a server that sees many sizes keeps the ones it uses).
 
+A graph also replays whatever the host decided while it was captured: which LoRA adapters run and the scaling
+floats they multiply by (peft reads both on the host). A caller that changes them between calls says so with
+`set_variant` (the adapters and weights on now), and each variant gets graphs of its own, keyed like a shape.
+
 Transports: NCCL collectives are capturable once their communicators exist (the warm-up creates them).
 NVSHMEM is replay-safe as built: mailbox offsets restart at zero every layer (host counters, so the captured
 addresses are the same each replay), each message's signal is SET to 1 (not incremented) and waited on as
@@ -139,6 +143,13 @@ def set_horizon(target: Any, calls: int | None) -> None:
         hook.horizon = calls
 
 
+def set_variant(target: Any, variant: Any) -> None:
+    """Tell the graph hooks what else the coming calls depend on beyond their inputs (a hashable value: the
+    LoRA adapters on and their weights): a graph captured under another variant is never replayed for them."""
+    for hook in graph_hooks(target):
+        hook.variant = variant
+
+
 def _agreed(held: int, budget: int, ctx: ParallelContext) -> tuple[int, int]:
     """(the largest `held`, the smallest `budget`) over the ranks that run this forward together."""
     values = torch.tensor([held, -budget], dtype=torch.int64, device="cuda")
@@ -157,6 +168,7 @@ class GraphedForward(ModelHook):
         self.graphs: OrderedDict[tuple, _Captured] = OrderedDict()  # least recently replayed first
         self.stats = GraphStats(budget_bytes=budget_bytes)
         self.horizon: int | None = None  # calls left in this generation (None: unbounded, as a server's)
+        self.variant: Any = None  # what the calls depend on beyond their inputs (set_variant), part of each key
 
     def _pays(self) -> bool:
         """Whether a capture now is followed by enough replays to pay for it."""
@@ -171,7 +183,7 @@ class GraphedForward(ModelHook):
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
-        key = (spec, _signature(leaves))
+        key = (spec, _signature(leaves), self.variant)
         captured = self.graphs.get(key)
         if captured is not None and captured.epoch != transport_epoch(self.ctx):
             self._free(key)  # the NVSHMEM mailbox moved (a larger shape made it grow): capture again
@@ -226,4 +238,4 @@ class GraphedForward(ModelHook):
 
 
 __all__ = ["GRAPH_HOOK", "GraphStats", "GraphedForward", "capture", "check_graphable", "graph_hooks", "set_horizon",
-           "transport_epoch"]
+           "set_variant", "transport_epoch"]

@@ -100,9 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(skip the other blocks while the first block's residual changes by less than T, "
                              "default 0.05), taylorseer[:N] (a full step every N, default 5), magcache[:T] (Flux.1, "
                              "default 0.06), pab[:N] (self-attention every N-th step in timesteps 100..800, default 2)")
-    parser.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
+    parser.add_argument("--lora", action="append", default=None, metavar="[NAME=]PATH[:SCALE]",
                         help="a local LoRA (.safetensors file, or the folder save_lora_weights wrote) fused into the "
-                             "weights with SCALE (default 1); repeat for several (extra lora)")
+                             "weights with SCALE (default 1); repeat for several (extra lora). NAME=PATH keeps it "
+                             "unfused as adapter NAME: serve runs it for the requests whose lora field names it "
+                             "(SCALE: their default weight), generate runs it at SCALE")
     parser.add_argument("--quantize", choices=QUANTIZE, default=None,
                         help="torchao weight-only quantization of the transformer's Linear layers: int8, or fp8 "
                              "(GPUs of compute capability 8.9+) (extra quantize)")

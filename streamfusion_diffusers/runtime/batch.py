@@ -1,6 +1,6 @@
 """Which requests run as one pipeline call, and how that call is laid out.
 
-Requests of the same pipeline-call shape (size, frames, steps, guidance, negative prompt) run together: their
+Requests of the same pipeline-call shape (size, frames, steps, guidance, negative prompt, LoRAs) run together: their
 images are one batch through the transformer, and each prompt is encoded once (`num_images_per_prompt`). Every
 image keeps its own seeded CPU generator (diffusers draws each latent of a generator list on its own), so an
 image in a batch is the image its request gives alone. Where a batch could change an image, requests run alone:

@@ -202,6 +202,12 @@ def make_job(args: argparse.Namespace) -> Job:
     cuda_graph, graph_why = graph_choice(args, gpu)
     steps = given(args.steps, spec.steps)
     stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
+    if stack.adapters and (args.compile or args.shard_weights):
+        flag = "--compile" if args.compile else "--shard-weights"
+        why = ("recompiles every block for each choice of adapters (its guards read their flags and weights)"
+               if args.compile else "is not yet checked with the adapters' layers inside the sharded blocks")
+        raise ValueError(f"{flag} with named LoRAs (--lora NAME=PATH) is not supported: it {why}; fuse them "
+                         f"(--lora PATH) or drop {flag}")
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,

@@ -28,13 +28,15 @@ class Request:
     seed: int
     guidance_scale: float | None
     n: int = 1
+    lora: tuple[tuple[str, float], ...] = ()  # the named adapters (serve --lora NAME=PATH) it runs, with weights
     id: str = field(default_factory=_next_id)
 
     @classmethod
     def of(cls, job: Job) -> Request:
-        """The job's own generation as a request (what `generate` runs)."""
+        """The job's own generation as a request (what `generate` runs; its named adapters on, each at its scale)."""
         return cls(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
-                   steps=job.steps, seed=job.seed, guidance_scale=job.guidance_scale)
+                   steps=job.steps, seed=job.seed, guidance_scale=job.guidance_scale,
+                   lora=tuple((str(a.name), a.scale) for a in job.stack.adapters))
 
     def job(self, base: Job, index: int = 0) -> Job:
         """The job with this request's prompt, size, steps and seed (generation `index`: seed + index)."""
@@ -45,7 +47,7 @@ class Request:
     @property
     def shape(self) -> tuple:
         """What the pipeline call is shaped by: requests that share it can run as one call (runtime/batch.py)."""
-        return self.height, self.width, self.frames, self.steps, self.guidance_scale, self.negative_prompt
+        return self.height, self.width, self.frames, self.steps, self.guidance_scale, self.negative_prompt, self.lora
 
     @property
     def size(self) -> str:

@@ -40,6 +40,25 @@ class Served:
     prepared: Prepared
     side: Any  # a gloo process group of the group's ranks (None on one rank, and for one generation)
     serving: bool  # many requests (graphs captured for every shape) or one generation (where a capture pays)
+    lora: tuple = ()  # the named adapters on now, with their weights (all off after the build)
+
+
+def switch_adapters(served: Served, choice: tuple) -> float:
+    """Turn on the named adapters `choice` (every rank runs the same batch, so every rank switches alike, before
+    the same call; no collective); the seconds it took (0 when they are on already). With CUDA graphs, each choice
+    has graphs of its own: a graph replays the adapter flags and scaling it was captured with."""
+    if served.job.cuda_graph:
+        from ..diffusers.graphs import set_variant  # diffusers is an extra: imported only to run
+
+        set_variant(served.prepared.pipe, choice)
+    if choice == served.lora:
+        return 0.0
+    from ..diffusers.stack.lora import use_adapters
+
+    started = time.perf_counter()
+    use_adapters(served.prepared.pipe, choice)
+    served.lora = choice
+    return time.perf_counter() - started
 
 
 # The pipeline this rank process serves: built once by `build`, used by every request, and gone with the process
@@ -152,6 +171,7 @@ def _generate(served: Served, batch: list[Request], deadline: float,
         from ..diffusers.graphs import set_horizon  # diffusers is an extra: imported only to run
 
         set_horizon(pipe, None if served.serving else job.steps)
+    switch_s = switch_adapters(served, batch[0].lora) if served.job.stack.adapters else None
     agreement = Agreement(served, deadline, [r.id for r in batch], job.steps)
     try:
         try:
@@ -171,6 +191,9 @@ def _generate(served: Served, batch: list[Request], deadline: float,
     for request in batch:
         for index in range(request.n):
             record = run_record(request.job(served.job, index), served.prepared, result, phases, seconds, build_s)
+            if switch_s is not None:  # the adapters this request ran, and what turning them on cost this call
+                record["lora"] = {"adapters": [{"name": n, "scale": w} for n, w in request.lora],
+                                  "switch_s": switch_s}
             records.append({**record, "request_id": request.id, "batch": len(plan.seeds)})
     return pixels, records
 

@@ -8,14 +8,53 @@ route is accepted by name; `Checker` (validation.py) then checks the values agai
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 
 def _seconds_text(value: Any) -> Any:
     """OpenAI sends a video's `seconds` as a string ("4"); a whole number in it is taken as that integer."""
     return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
+class LoraChoice(BaseModel):
+    """One named LoRA a request runs (`serve --lora NAME=PATH`), at `scale` (default: the one serve gave it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    name: str = Field(min_length=1, max_length=64)
+    scale: float | None = None
+
+
+LORA_FORMS = 'a LoRA name, "name:scale", or a list of them or of {"name": ..., "scale": ...}'
+
+
+def _lora_choices(value: Any) -> Any:
+    """`lora` as a list of LoraChoice: a name, "name:scale", or a list of those or of {"name", "scale"} objects."""
+    if value is None or isinstance(value, list) and not value:
+        return None
+    items = value if isinstance(value, list) else [value]
+    choices = []
+    for item in items:
+        if isinstance(item, str):
+            name, colon, text = item.rpartition(":") if ":" in item else (item, "", "")
+            try:
+                scale = float(text) if colon else None
+            except ValueError:
+                raise ValueError(f"lora {item!r}: the scale {text!r} is not a number; send {LORA_FORMS}") from None
+            item = {"name": name, "scale": scale}
+        if not isinstance(item, (dict, LoraChoice)):
+            raise ValueError(f"lora: {type(item).__name__} is none of {LORA_FORMS}")
+        try:
+            choices.append(item if isinstance(item, LoraChoice) else LoraChoice.model_validate(item))
+        except ValidationError as err:  # said as the request's own field, not a nested model's
+            found = err.errors()[0]
+            where = ".".join(str(part) for part in found["loc"])
+            raise ValueError(f"lora {json.dumps(item)[:80]}: {where}: {found['msg'].lower()}; send "
+                             f"{LORA_FORMS}") from None
+    return choices
 
 
 class _Request(BaseModel):
@@ -29,6 +68,7 @@ class _Request(BaseModel):
     seed: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    lora: Annotated[list[LoraChoice] | None, BeforeValidator(_lora_choices)] = None
 
 
 class ImageRequest(_Request):
@@ -106,5 +146,5 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-__all__ = ["ErrorDetail", "ErrorResponse", "ImageData", "ImageRequest", "ImagesResponse", "ModelCard", "ModelList",
-           "VideoRequest"]
+__all__ = ["ErrorDetail", "ErrorResponse", "ImageData", "ImageRequest", "ImagesResponse", "LoraChoice", "ModelCard",
+           "ModelList", "VideoRequest"]

@@ -58,6 +58,9 @@ class Service:
             logger.info("every request runs as its own pipeline call: %s", why)
             max_batch = 1
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        if job.stack.adapters and job.cuda_graph:
+            logger.info("named LoRAs with CUDA graphs: each new choice of adapters and weights gets graphs of its "
+                        "own (its first step eager, its second captured), kept with the others' within the budget")
         self.groups = [Group(i, job, d) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)

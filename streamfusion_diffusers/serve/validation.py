@@ -19,9 +19,10 @@ from ..runtime.output import FPS
 from ..runtime.request import Request
 from ..models.pipelines import FAMILIES
 from .errors import ApiError, bad
-from .protocol import ImageRequest, VideoRequest
+from .protocol import ImageRequest, LoraChoice, VideoRequest
 
 SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
+MAX_LORA_SCALE = 10.0  # a LoRA's weight, either sign: far past the 0..1.5 LoRAs are made for
 MAX_SEED = 2**63 - 1
 JSON_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "list": "an array",
               "dict": "an object", "NoneType": "null"}
@@ -99,6 +100,8 @@ class Checker:
             return bad(name, f"{name}: must be {wanted[kind]}{span}, got {shown}")
         if kind == "literal_error":
             return bad(name, f"{name} {json.dumps(value)[:40]}: must be one of {ctx['expected']}")
+        if kind == "value_error":  # a field's own validator (protocol.py), whose message names the field
+            return bad(name, str(ctx.get("error", error["msg"])))
         if kind == "string_too_long":
             return bad(name, f"{name}: {len(value)} characters, at most {ctx['max_length']} allowed")
         return bad(name, f"{name}: {error['msg']}")
@@ -156,7 +159,26 @@ class Checker:
         seed = secrets.randbelow(2**31) if request.seed is None else request.seed
         return {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "height": height,
                 "width": width, "steps": request.num_inference_steps or self.job.steps, "seed": seed,
-                "guidance_scale": self.job.guidance_scale if guidance is None else guidance}
+                "guidance_scale": self.job.guidance_scale if guidance is None else guidance,
+                "lora": self._lora(request.lora)}
+
+    def _lora(self, choices: list[LoraChoice] | None) -> tuple[tuple[str, float], ...]:
+        """The named adapters a request picks, each with its weight (its own, else the one serve gave it)."""
+        known = {lora.name: lora.scale for lora in self.job.stack.adapters}
+        picked: dict[str, float] = {}
+        for choice in choices or ():
+            if choice.name not in known:
+                have = (f"this server has {', '.join(sorted(map(repr, known)))}" if known else
+                        "this server has none (start it with --lora NAME=PATH)")
+                raise bad("lora", f"lora {choice.name[:64]!r}: no such LoRA; {have}", "unknown_lora")
+            if choice.name in picked:
+                raise bad("lora", f"lora {choice.name!r}: named twice; name each LoRA once")
+            scale = known[choice.name] if choice.scale is None else choice.scale
+            if abs(scale) > MAX_LORA_SCALE:
+                raise bad("lora", f"lora {choice.name!r} scale {scale:g}: must be from {-MAX_LORA_SCALE:g} to "
+                                  f"{MAX_LORA_SCALE:g}")
+            picked[choice.name] = scale
+        return tuple(picked.items())
 
     def _tokens(self, height: int, width: int, frames: int) -> None:
         tokens = self.job.spec.image_tokens(height, width, frames)

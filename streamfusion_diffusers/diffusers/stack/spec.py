@@ -1,10 +1,12 @@
 """What a job stacks on its pipeline besides the parallelism, as the command line says it, checked before any
-process starts: a cache (`--cache first-block:0.2`), LoRAs (`--lora PATH[:SCALE]`, repeatable) and weight-only
+process starts: a cache (`--cache first-block:0.2`), LoRAs (`--lora PATH[:SCALE]`, repeatable: fused into the
+weights; `--lora NAME=PATH[:SCALE]`: kept as a named adapter, unfused, that a request picks) and weight-only
 quantization (`--quantize int8|fp8`). Each bad value is one line naming the fix."""
 from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import torch
 from ...core.extras import missing
 
 LORA_FILE = "pytorch_lora_weights.safetensors"  # what diffusers' save_lora_weights writes into a folder
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # no ":" (a request says "name:scale") and no "="
 QUANTIZE = ("int8", "fp8")
 FP8_CAPABILITY = (8, 9)  # float8 matmuls: Ada and Hopper or newer
 
@@ -54,7 +57,8 @@ class Cache:
 @dataclass(frozen=True)
 class Lora:
     path: str  # a .safetensors file, or the folder save_lora_weights wrote
-    scale: float = 1.0
+    scale: float = 1.0  # fused: the weight it is fused with; named: the weight a request gets unless it gives one
+    name: str | None = None  # None: fused into the weights; else a named adapter left unfused
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,9 @@ class Stack:
     """What every rank stacks on the pipeline (picklable: it travels in the Job)."""
 
     cache: Cache | None = None
-    loras: tuple[Lora, ...] = ()
+    loras: tuple[Lora, ...] = ()  # fused into the weights, for every generation
     quantize: str | None = None
+    adapters: tuple[Lora, ...] = ()  # named, unfused: each generation runs the ones its request picks
 
 
 def parse_cache(spec: str, family: str, steps: int) -> Cache:
@@ -90,7 +95,14 @@ def parse_cache(spec: str, family: str, steps: int) -> Cache:
 
 
 def parse_lora(spec: str) -> Lora:
-    """`PATH[:SCALE]`: a local LoRA file or folder (hub ids are not fetched here), SCALE a finite number."""
+    """`[NAME=]PATH[:SCALE]`: a local LoRA file or folder (hub ids are not fetched here), SCALE a finite number,
+    NAME letters, digits, '.', '_' and '-' (a path that exists as given is a path, '=' and all)."""
+    name = None
+    if "=" in spec and not Path(spec).expanduser().exists():
+        name, _, spec = spec.partition("=")
+        if not ADAPTER_NAME.fullmatch(name):
+            raise ValueError(f"--lora {name}={spec}: the name {name!r} must be 1 to 64 letters, digits, '.', '_' or "
+                             f"'-' (e.g. --lora style={spec})")
     path, scale = spec, 1.0
     if not Path(spec).expanduser().exists() and ":" in spec:
         path, _, text = spec.rpartition(":")
@@ -107,7 +119,7 @@ def parse_lora(spec: str) -> Lora:
     if not found.exists():
         raise ValueError(f"--lora {path}: no such file or folder; give a local LoRA .safetensors file or the "
                          f"folder save_lora_weights wrote (hub ids are not fetched here)")
-    return Lora(str(found.absolute()), scale)
+    return Lora(str(found.absolute()), scale, name)
 
 
 def check_quantize(quantize: str, gpu: bool) -> None:
@@ -126,8 +138,17 @@ def parse_stack(cache: str | None, loras: list[str] | None, quantize: str | None
         raise ValueError(f"--lora {missing('peft')}")
     if quantize is not None:
         check_quantize(quantize, gpu)
+    parsed = [parse_lora(spec) for spec in loras or ()]
+    adapters = tuple(lora for lora in parsed if lora.name is not None)
+    names = [lora.name for lora in adapters]
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ValueError(f"--lora {twice}=...: the name is given twice; give each LoRA its own name")
+    if adapters and quantize is not None:
+        raise ValueError(f"--quantize {quantize} with named LoRAs (--lora NAME=PATH) is not supported: fuse them "
+                         f"(--lora PATH) or drop --quantize")
     return Stack(cache=parse_cache(cache, family, steps) if cache is not None else None,
-                 loras=tuple(parse_lora(spec) for spec in loras or ()), quantize=quantize)
+                 loras=tuple(lora for lora in parsed if lora.name is None), quantize=quantize, adapters=adapters)
 
 
 __all__ = ["CACHES", "Cache", "Lora", "QUANTIZE", "Stack", "parse_stack"]
