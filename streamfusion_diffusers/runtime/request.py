@@ -28,6 +28,7 @@ class Request:
     seed: int
     guidance_scale: float | None
     n: int = 1
+    partial_images: int = 0  # previews rank 0 draws while it runs (progress.py); the images are the same
     id: str = field(default_factory=_next_id)
 
     @classmethod
