@@ -115,7 +115,7 @@ BAD = [  # (body, status, param, words the message must hold)
     ({"prompt": "a", "output_format": "jpeg"}, 400, "output_format", "png"),
     ({"prompt": "a", "quality": "ultra"}, 400, "quality", "'hd'"),
     ({"prompt": "a", "background": "transparent"}, 400, "background", "opaque"),
-    ({"prompt": "a", "stream": True}, 400, "stream", "not streamed"),
+    ({"prompt": "a", "stream": True, "n": 2}, 400, "n", "stream true"),
     ({"prompt": "a", "user": 7}, 400, "user", "must be a string"),
     ({"prompt": "a", "image_path": "/etc/passwd"}, 400, "image_path", "unknown field"),
     ({"prompt": "a", "num_frames": 9}, 400, "num_frames", "unknown field"),

@@ -18,6 +18,7 @@ from typing import Any
 from . import worker
 from .job import Job
 from .pool import ProcessPool, RankFailure
+from .progress import StepNote
 from .request import Request
 
 logger = logging.getLogger(__name__)
@@ -71,16 +72,21 @@ class Group:
         self.state = "ready"
         return self.info
 
-    def run(self, batch: list[Request], deadline_s: float) -> dict[str, Any]:
-        """One batch on every rank as one pipeline call (blocking). Raises RankFailure (the pool already stopped)
-        when a rank died, failed, or did not stop within HARD_GRACE_S past the deadline."""
+    def run(self, batch: list[Request], deadline_s: float,
+            on_step: Callable[[StepNote], None] | None = None) -> dict[str, Any]:
+        """One batch on every rank as one pipeline call (blocking); `on_step` gets rank 0's note at each step's
+        end (in this thread). Raises RankFailure (the pool already stopped) when a rank died, failed, or did not
+        stop within HARD_GRACE_S past the deadline."""
         assert self.pool is not None
         self._call, self._cancelled = self.pool.calls + 1, set()
         self._running = {r.id: r for r in batch}
+        self.pool.on_note = on_step
         try:
             return self.pool.run_within(deadline_s + HARD_GRACE_S, worker.run, batch, deadline_s)[0]
         finally:
             self._running = {}
+            if self.pool is not None:
+                self.pool.on_note = None
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a running request: its batch stops at the next step every rank agrees on once every request of
@@ -96,9 +102,9 @@ class Group:
     def progress(self, request_id: str) -> tuple[int, int] | None:
         """(steps done, steps) of a running request, from rank 0's notes; None when it is not running here."""
         found = self.pool.last_note if self.pool is not None and request_id in self._running else None
-        if found is None or request_id not in found[0]:
+        if found is None or request_id not in found.ids:
             return None
-        return found[1], found[2]
+        return found.step, found.steps
 
     @property
     def pids(self) -> list[int]:

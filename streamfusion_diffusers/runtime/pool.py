@@ -6,7 +6,8 @@ job's group builds its pipeline once and runs every request on it (group.py), an
 cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out of
 memory, exited) or raises ends the whole job within seconds, naming the rank and the cause, and its peers are
 stopped; a rank that stalls ends it when its peers' collectives give up (`timeout_s`); ranks whose parent
-dies exit too. While a function runs, a rank may `note` its progress; the pool keeps the latest (`last_note`).
+dies exit too. While a function runs, a rank may `note` its progress; the pool keeps the latest (`last_note`)
+and hands each to `on_note` when set (a caller that follows every step).
 Each call has a number; `cancel` asks the call in flight to stop through a value every rank can read
 (`cancelled`): the ranks look at it where they agree on stopping (a step's end), so they stop together, and a
 cancel that comes after its call has ended never stops the next one.
@@ -154,6 +155,7 @@ class ProcessPool:
         self.world_size, self.timeout_s = world_size, timeout_s
         self.wait_s = timeout_s if wait_s is None else wait_s
         self.last_note: Any = None  # the latest `note` a rank sent while a call ran
+        self.on_note: Callable[[Any], None] | None = None  # called with each note, in the thread that waits
         ctx = mp.get_context("spawn")
         port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
@@ -206,6 +208,8 @@ class ProcessPool:
                 rank, ok, value = item
                 if ok is None:  # a note, not an answer
                     self.last_note = value
+                    if self.on_note is not None:
+                        self.on_note(value)
                     continue
                 pending.discard(rank)
                 if ok:

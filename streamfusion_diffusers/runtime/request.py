@@ -29,6 +29,7 @@ class Request:
     guidance_scale: float | None
     n: int = 1
     lora: tuple[tuple[str, float], ...] = ()  # the named adapters (serve --lora NAME=PATH) it runs, with weights
+    partial_images: int = 0  # previews rank 0 draws while it runs (progress.py); the images are the same
     id: str = field(default_factory=_next_id)
 
     @classmethod

@@ -7,8 +7,8 @@ cancel value): a one-integer all-reduce over a gloo side group at each step's en
 the next batch needs no rebuild; NCCL never waits on Python for it. A rank whose call runs out of GPU memory
 frees its cache and joins that agreement once more saying so (matching its peers' next step end, or their
 agreement after the call), so every rank leaves the call together and the group serves the next batch as it
-is. Rank 0 notes each step (the batch's request ids, steps done, steps). `generate` is one request to such a
-job, `serve` many.
+is. Rank 0 notes each step (progress.py's StepNote: the batch's request ids, steps done, steps, seconds, and
+the previews its requests asked for at that step). `generate` is one request to such a job, `serve` many.
 """
 from __future__ import annotations
 
@@ -18,14 +18,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .build import Prepared, call_kwargs, no_autograd, prepare, run_record
+from ..models.pipelines import family_of
 from .job import Job
 from .phases import PhaseTimer
 from .batch import call_plan
 from .pool import cancelled, note
+from .progress import PREVIEW_FAMILIES, LatentToRgb, StepNote, latent_grid, preview_steps
 from .request import Request
 
 WARMUP_STEPS = 2  # the warm-up generation's steps: the layout chosen and every lazy first call made at the first,
@@ -41,6 +44,7 @@ class Served:
     side: Any  # a gloo process group of the group's ranks (None on one rank, and for one generation)
     serving: bool  # many requests (graphs captured for every shape) or one generation (where a capture pays)
     lora: tuple = ()  # the named adapters on now, with their weights (all off after the build)
+    to_rgb: LatentToRgb | None = None  # rank 0's latent-to-RGB map for previews, fitted at the warm-up
 
 
 def switch_adapters(served: Served, choice: tuple) -> float:
@@ -99,7 +103,8 @@ def warm_up() -> dict | None:
     started = time.perf_counter()
     warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
                    steps=min(job.steps, WARMUP_STEPS), seed=job.seed, guidance_scale=job.guidance_scale)
-    records = _generate(_SERVED, [warm], deadline=float("inf"))[1]
+    previews = family_of(job.model).name in PREVIEW_FAMILIES
+    records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and _SERVED.serving)[1]
     if dist.get_rank() != 0:
         return None
     return {"warmup_s": time.perf_counter() - started, "record": records[0] if records else None}
@@ -109,9 +114,16 @@ class Agreement:
     """Where the ranks of a call agree on stopping: at each step's end, and once after the call (so that a rank
     that left the call early, out of memory, always meets its peers' next agreement)."""
 
-    def __init__(self, served: Served, deadline: float, ids: list[str], steps: int):
-        self.served, self.deadline, self.ids, self.steps = served, deadline, ids, steps
+    def __init__(self, served: Served, deadline: float, batch: list[Request], job: Job, order: list[int],
+                 keep_latents: bool = False):
+        self.served, self.deadline, self.steps = served, deadline, job.steps
+        self.height, self.width = job.height, job.width
+        self.ids = [r.id for r in batch]
         self.step = 0  # steps done
+        self.started = time.perf_counter()
+        self.keep_latents = keep_latents  # rank 0 keeps the latest step's latents (the warm-up's map is fitted on them)
+        self.latents: Any = None
+        self.previews = self._previews(batch, order) if dist.get_rank() == 0 else {}
         oom = os.environ.get(OOM_AT_STEP_ENV)
         self.oom_at = int(oom) if oom and dist.get_rank() == dist.get_world_size() - 1 else None
 
@@ -131,8 +143,28 @@ class Agreement:
         if stop:
             raise Stopped(WHY[stop], self.step)
         if dist.get_rank() == 0:
-            note((self.ids, self.step, self.steps))
+            if self.keep_latents:
+                self.latents = kwargs["latents"]
+            drawn = {rid: self.draw(pipe, kwargs["latents"][at]) for rid, (at, steps) in self.previews.items()
+                     if self.step in steps}
+            note(StepNote(self.ids, self.step, self.steps, time.perf_counter() - self.started, drawn))
         return kwargs
+
+    def _previews(self, batch: list[Request], order: list[int]) -> dict[str, tuple[int, set[int]]]:
+        """For each request that asked for previews: its first image's place in the call, and the steps to draw."""
+        if self.served.to_rgb is None:
+            return {}
+        first, found = 0, {}
+        for request in batch:
+            if request.partial_images:
+                found[request.id] = (order.index(first), preview_steps(self.steps, request.partial_images))
+            first += request.n
+        return found
+
+    def draw(self, pipe: Any, latents: Any) -> Any:
+        """One image's preview from its packed latents (rank 0)."""
+        assert self.served.to_rgb is not None
+        return self.served.to_rgb(latent_grid(pipe, latents[None], self.height, self.width)[0])
 
     def out_of_memory(self) -> Stopped:
         """This rank ran out of memory: free the cache, tell the peers (at their next agreement) and stop."""
@@ -147,10 +179,11 @@ class Agreement:
             raise Stopped(WHY[OUT_OF_MEMORY], self.step)
 
 
-def _generate(served: Served, batch: list[Request], deadline: float,
-              build_s: float = 0.0) -> tuple[list | None, list[dict] | None]:
+def _generate(served: Served, batch: list[Request], deadline: float, build_s: float = 0.0,
+              fit_map: bool = False) -> tuple[list | None, list[dict] | None]:
     """The batch's images in one pipeline call: (each image's pixels, each image's record) in request order on
-    rank 0, else (None, None); `build_s`: the build's share of the records' total (a one-request job)."""
+    rank 0, else (None, None); `build_s`: the build's share of the records' total (a one-request job).
+    `fit_map`: rank 0 fits the previews' latent-to-RGB map on this call's first image (the warm-up)."""
     job = batch[0].job(served.job)  # the call's shape: every request of a batch shares it
     plan = call_plan(batch)
     kwargs = call_kwargs(job, served.prepared)
@@ -172,7 +205,7 @@ def _generate(served: Served, batch: list[Request], deadline: float,
 
         set_horizon(pipe, None if served.serving else job.steps)
     switch_s = switch_adapters(served, batch[0].lora) if served.job.stack.adapters else None
-    agreement = Agreement(served, deadline, [r.id for r in batch], job.steps)
+    agreement = Agreement(served, deadline, batch, job, plan.order, keep_latents=fit_map)
     try:
         try:
             with no_autograd(job):
@@ -187,6 +220,9 @@ def _generate(served: Served, batch: list[Request], deadline: float,
     if dist.get_rank() != 0:
         return None, None
     pixels = plan.unshuffle(list(result.frames if served.job.spec.video else result.images))
+    if fit_map and agreement.latents is not None:
+        grid = latent_grid(pipe, agreement.latents[:1], job.height, job.width)[0]
+        served.to_rgb = LatentToRgb(grid, np.asarray(result.images[0].convert("RGB")))
     records = []
     for request in batch:
         for index in range(request.n):

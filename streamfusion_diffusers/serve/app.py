@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import Headers, UploadFile
 from starlette.exceptions import HTTPException
@@ -35,6 +35,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from ..runtime.output import FPS
 from .errors import ApiError
+from .events import HEADERS, MEDIA_TYPE, image_events
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ImageData, ImageRequest, ImagesResponse, ModelCard, ModelList, VideoRequest
 from .service import Service, what_ran
@@ -254,16 +255,29 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
                            param="model", code="model_not_found")
         return model_card()
 
-    @app.post("/v1/images/generations")
-    async def images(body: ImageRequest, request: Request) -> ImagesResponse:
+    @app.post("/v1/images/generations", response_model=None)
+    async def images(body: ImageRequest, request: Request) -> ImagesResponse | StreamingResponse:
         taking()
         params = service.checker.image(body)
-        request.state.did = f"size={params.size} steps={params.steps} n={params.n}"
-        work = await service.submit("image", params)
+        request.state.did = f"size={params.size} steps={params.steps} n={params.n}" + (" stream" * bool(body.stream))
+        work = await service.submit("image", params, streamed=bool(body.stream))
+
+        def ran(result: dict[str, Any]) -> dict[str, Any]:
+            extra = what_ran(work, result)
+            if ignored := body.ignored():
+                extra["ignored"] = ignored
+            return extra
+
+        if body.stream:  # the queue's refusals (429, 503) came above, as JSON; the rest come as events
+            def completed() -> dict[str, Any]:
+                result = work.done.result()
+                return {"b64_json": base64.b64encode(result["outputs"][0]).decode(), "streamfusion": ran(result)}
+
+            notes = service.stream(work, request.is_disconnected)
+            return StreamingResponse(image_events(notes, params.id, params.size, completed), media_type=MEDIA_TYPE,
+                                     headers=HEADERS)
         result = await service.wait(work, request.is_disconnected)
-        extra = what_ran(work, result)
-        if ignored := body.ignored():
-            extra["ignored"] = ignored
+        extra = ran(result)
         return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=extra,
                               data=[ImageData(b64_json=base64.b64encode(png).decode()) for png in result["outputs"]])
 

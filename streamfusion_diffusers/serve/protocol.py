@@ -93,10 +93,10 @@ class ImageRequest(_Request):
                "moderation": "no moderation is run here",
                "user": "kept by no one here",
                "output_compression": "PNG is lossless",
-               "partial_images": "images are not streamed",
+               "partial_images": "previews come only with stream true",
                "background": "images are opaque"}
         return {name: f"{getattr(self, name)!r}: {text}" for name, text in why.items()
-                if name in self.model_fields_set}
+                if name in self.model_fields_set and not (name == "partial_images" and self.stream)}
 
 
 class VideoRequest(_Request):

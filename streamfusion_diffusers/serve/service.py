@@ -15,6 +15,7 @@ A free group runs the oldest request together with those of its pipeline-call sh
 video that is deleted) cancels its request: one still queued is dropped; a running one is answered 499 at once,
 and its batch stops at the next step on every rank once every request of the batch is cancelled; until then the
 batch runs on for the others and the cancelled request's images are dropped. The group goes on with the queue.
+A streamed request gets rank 0's note at each step of its call (`stream`), previews included when it asked.
 """
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..runtime.batch import batch_key, unbatched_why
 from ..runtime.group import Group, RankFailure, failure_status
 from ..runtime.job import Job
 from ..runtime.output import encode
+from ..runtime.progress import StepNote
 from ..runtime.request import Request
 from .errors import ApiError
 from .metrics import Metrics
@@ -162,7 +164,8 @@ class Service:
         deadline = max(w.deadline for w in batch)
         self.busy.add(group.index)
         try:
-            result = await asyncio.to_thread(group.run, [w.params for w in batch], deadline - started)
+            result = await asyncio.to_thread(group.run, [w.params for w in batch], deadline - started,
+                                             self._follower(batch))
         except Exception as err:  # noqa: BLE001 - RankFailure (the pool stopped its ranks), or the pool's own error
             self.running -= len(batch)
             summary = err.summary if isinstance(err, RankFailure) else f"{type(err).__name__}: {err}"
@@ -192,6 +195,20 @@ class Service:
             self._encoding.add(task := asyncio.create_task(self._answer(work, answer)))  # the group takes the next
             task.add_done_callback(self._encoding.discard)
 
+    def _follower(self, batch: list[Work]) -> Callable[[StepNote], None] | None:
+        """What hands each step's note to the batch's streamed requests (from the group's thread, through the event
+        loop, so the notes come before the answer); None when none streams, and nothing follows the steps."""
+        streamed = [w for w in batch if w.steps is not None]
+        if not streamed:
+            return None
+        loop = asyncio.get_running_loop()
+
+        def follow(note: StepNote) -> None:
+            for work in streamed:
+                loop.call_soon_threadsafe(work.steps.put_nowait, note)
+
+        return follow
+
     async def _answer(self, work: Work, result: dict[str, Any]) -> None:
         """Encode a finished request's pixels (PNG or mp4) off the event loop and answer it; its group is free."""
         video = self.job.spec.video
@@ -218,18 +235,44 @@ class Service:
 
     # ---- requests
 
-    async def submit(self, kind: str, params: Request) -> Work:
-        """Queue a checked request (429 when full, 503 when draining or stopped)."""
+    async def submit(self, kind: str, params: Request, streamed: bool = False) -> Work:
+        """Queue a checked request (429 when full, 503 when draining or stopped); a `streamed` one follows its
+        steps (`stream`)."""
         work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s)
+        if streamed:
+            work.steps = asyncio.Queue()
         await self.queue.put(work)
         return work
 
     async def wait(self, work: Work, disconnected: Callable[[], Any]) -> dict[str, Any]:
         """The request's result; a client that leaves before its request starts drops it from the queue."""
+        async for _ in self.stream(work, disconnected):
+            pass
+        return work.done.result()
+
+    async def stream(self, work: Work, disconnected: Callable[[], Any]) -> AsyncIterator[StepNote]:
+        """A submitted request's step notes as they come (none unless it was submitted `streamed`), until its
+        result is in `work.done` (an ApiError raised here); a client that leaves cancels it (`wait`)."""
+        try:
+            async for note in self._follow(work, disconnected):
+                yield note
+        finally:  # the stream's reader went away mid-request (its response closed): as a client that leaves
+            if not work.done.done() and not self.cancel(work) and work.started is None and self.queue.drop(work):
+                self.metrics.dropped()
+                work.fail(ApiError(499, "the client closed the connection before the request started",
+                                   code="dropped"))
+
+    async def _follow(self, work: Work, disconnected: Callable[[], Any]) -> AsyncIterator[StepNote]:
         while True:
+            if work.steps is not None:
+                while not work.steps.empty():
+                    yield work.steps.get_nowait()
             done, _ = await asyncio.wait({work.done}, timeout=POLL_S)
             if done:
-                return work.done.result()
+                while work.steps is not None and not work.steps.empty():
+                    yield work.steps.get_nowait()
+                work.done.result()  # raises the request's ApiError
+                return
             if work.started is None and time.monotonic() > work.deadline and self.queue.drop(work):
                 raise ApiError(504, "the request waited past --request-timeout in the queue and did not run",
                                code="timeout")

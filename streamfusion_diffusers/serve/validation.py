@@ -16,6 +16,7 @@ from typing import Any
 
 from ..runtime.job import Job
 from ..runtime.output import FPS
+from ..runtime.progress import PREVIEW_FAMILIES
 from ..runtime.request import Request
 from ..models.pipelines import FAMILIES
 from .errors import ApiError, bad
@@ -199,12 +200,16 @@ class Checker:
                                        f"(lossless, as generate writes it)")
         if request.background == "transparent":
             raise bad("background", "background \"transparent\": images are opaque here; send \"opaque\" or \"auto\"")
-        if request.stream:
-            raise bad("stream", "stream true: images are not streamed here; send false or leave it out")
         for name in ("n", "output_compression", "partial_images"):
             _within(name, getattr(request, name), *self.ranges[name])
+        partial = (request.partial_images or 0) if request.stream else 0
+        if request.stream and (request.n or 1) > 1:
+            raise bad("n", f"n {request.n} with stream true: a stream carries one image; send n 1, or stream false")
+        if partial and self.family.name not in PREVIEW_FAMILIES:
+            raise bad("partial_images", f"partial_images {partial}: {self.job.model}'s latents are not previewed "
+                                        f"(only {', '.join(PREVIEW_FAMILIES)} models'); send 0 for step progress only")
         self._tokens(common["height"], common["width"], 1)
-        return Request(**common, frames=1, n=request.n or 1)
+        return Request(**common, frames=1, n=request.n or 1, partial_images=partial)
 
     def video(self, request: VideoRequest) -> Request:
         """POST /v1/videos: `seconds` (FPS x seconds + 1 frames) or `num_frames` (the model's 4k + 1)."""

@@ -30,6 +30,7 @@ class Work:
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None
     group: Any = None  # the group running it
+    steps: asyncio.Queue | None = None  # a streamed request's step notes (runtime/progress.py's StepNote), in order
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def finish(self, result: Any) -> None:
