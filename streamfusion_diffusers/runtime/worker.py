@@ -25,7 +25,7 @@ from .build import Prepared, call_kwargs, no_autograd, prepare, run_record
 from .job import Job
 from .phases import PhaseTimer
 from .batch import call_plan
-from .pool import cancelled, note
+from .rank import cancelled, note
 from .request import Request
 
 WARMUP_STEPS = 2  # the warm-up generation's steps: the layout chosen and every lazy first call made at the first,
