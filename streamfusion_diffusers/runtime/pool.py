@@ -91,6 +91,8 @@ class Pool:
     runs). `close(stop=True)` from another thread ends a call in flight too: it raises RankFailure at once.
     """
 
+    grace_s = GRACE_S  # after the first failure, how long the others may take to report theirs
+
     def __init__(self, world_size: int, timeout_s: float, wait_s: float | None):
         self.world_size, self.timeout_s = world_size, timeout_s
         self.wait_s = timeout_s if wait_s is None else wait_s
@@ -152,7 +154,7 @@ class Pool:
                         failures[rank] = why
             now = time.monotonic()
             if failures:
-                give_up = min(give_up, now + GRACE_S)
+                give_up = min(give_up, now + self.grace_s)
             if pending and now > give_up:
                 why = "stopped, no answer yet" if failures else f"no answer within {wait_s:.0f} s (stalled)"
                 failures.update(dict.fromkeys(pending, why))
