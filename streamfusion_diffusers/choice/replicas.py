@@ -1,5 +1,6 @@
 """Which replica split to serve with: R groups of P / R ranks (`streamfusion serve --replicas R`), each running
-whole requests one at a time behind one queue; per split, the predicted latency of one request and the images
+whole requests one at a time behind one queue, on one machine or N (a group of whole machines, its attention
+across them the cost model's, Torus among the layouts; or an equal share of every machine: `replica_shape`); per split, the predicted latency of one request and the images
 (videos) per minute when every group is kept busy.
 
 What is predicted, and from what:
@@ -90,6 +91,7 @@ class Split:
     peak_sharded_gib: float
     weights: str  # "whole", "sharded" (only sharded weights fit) or "-" (neither)
     excluded: str | None = None
+    machines: int = 1  # machines one group spans
 
     def as_dict(self) -> dict:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -109,9 +111,21 @@ def workload_of(model: str, frames: int, height: int, width: int) -> Workload:
     return WORKLOADS[model](frames, height, width) if MODELS[model].video else WORKLOADS[model](width, height)
 
 
-def attention_s(w: Workload, ranks: int, gpu: Gpu) -> tuple[float, str]:
-    """The cost model's attention time of one transformer call on one machine of `ranks` GPUs, fastest layout."""
-    best = ranked(w, Cluster(1, ranks), gpu)[0]
+def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, int]:
+    """(machines, processes per machine) of one of `replicas` groups: whole machines each where they divide,
+    else an equal share of every machine's processes."""
+    if machines % replicas == 0:
+        return machines // replicas, per_machine
+    if replicas % machines == 0 and per_machine % (replicas // machines) == 0:
+        return 1, per_machine // (replicas // machines)
+    raise ValueError(f"--replicas {replicas} does not split {machines} machine(s) x {per_machine} process(es) into "
+                     f"equal groups: use a divisor of {machines * per_machine}")
+
+
+def attention_s(w: Workload, ranks: int, gpu: Gpu, machines: int = 1) -> tuple[float, str]:
+    """The cost model's attention time of one transformer call on `machines` machines of ranks / machines GPUs,
+    fastest layout."""
+    best = ranked(w, Cluster(machines, ranks // machines), gpu)[0]
     return w.blocks * best.layer_ms / 1e3, best.layout.label
 
 
@@ -133,35 +147,42 @@ def _rest(model: str, gpu: Gpu) -> tuple[float, float]:
     return rest, min(max((shrink - _share(w1, 2)) / (1 - _share(w1, 2)), 0.0), 1.0)
 
 
-def step_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu) -> tuple[float, str]:
-    """Predicted seconds of one denoising step on a group of `ranks` GPUs of one machine, and its layout."""
+def step_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu,
+           machines: int = 1) -> tuple[float, str]:
+    """Predicted seconds of one denoising step on a group of `ranks` GPUs over `machines` machines, and its
+    layout."""
     one, _ = records_of(model)
     rest, sigma = _rest(model, gpu)
     w, w1 = workload_of(model, frames, height, width), workload_of(model, one.frames, one.height, one.width)
-    attention, layout = attention_s(w, ranks, gpu)
+    attention, layout = attention_s(w, ranks, gpu, machines)
     tokens = (w.tokens + w.text_tokens) / (w1.tokens + w1.text_tokens)
     return one.calls * attention + rest * tokens * (sigma + (1 - sigma) * _share(w, ranks)), layout
 
 
 def plan_replicas(model: str, frames: int, height: int, width: int, gpus: int, steps: int, gpu: Gpu,
-                  peaks: Callable[[int], tuple[float, float]], room_gib: float) -> list[Split]:
-    """Every split R x P/R of one machine's `gpus` GPUs (R dividing it), the largest group first. peaks(P'): one
-    GPU's peak GiB at P' ranks, whole and sharded weights (models/memory.py's); room_gib: what a GPU has for it."""
+                  peaks: Callable[[int], tuple[float, float]], room_gib: float, machines: int = 1) -> list[Split]:
+    """Every split R x P/R of `machines` machines of `gpus` GPUs that `serve --replicas R` can make, the largest
+    group first. peaks(P'): one GPU's peak GiB at P' ranks, whole and sharded weights (models/memory.py's);
+    room_gib: what a GPU has for it."""
     if gpus < 1 or steps < 1:
         raise ValueError(f"plan --serve needs at least 1 GPU and 1 step; got {gpus} GPU(s), {steps} step(s)")
     one, _ = records_of(model)
     pixels = frames * height * width / (one.frames * one.height * one.width)
     splits = []
-    for ranks in sorted(divisors(gpus), reverse=True):
-        replicas = gpus // ranks
+    for ranks in sorted(divisors(machines * gpus), reverse=True):
+        replicas = machines * gpus // ranks
+        try:
+            spans = replica_shape(machines, gpus, replicas)[0]
+        except ValueError:  # no equal groups of this size
+            continue
         whole, sharded = peaks(ranks)
-        step, layout = step_s(model, frames, height, width, ranks, gpu)
+        step, layout = step_s(model, frames, height, width, ranks, gpu, spans)
         latency = one.text_s + steps * step + one.decode_s * pixels
         fits = "whole" if whole <= room_gib else "sharded" if sharded <= room_gib else "-"
         why = None if fits != "-" else (f"{replicas} x {ranks}: needs {whole:.1f} GiB per GPU whole, {sharded:.1f} "
                                         f"sharded; a GPU has {room_gib:.1f} for it")
         splits.append(Split(replicas, ranks, layout, step, one.text_s, one.decode_s * pixels, latency,
-                            replicas * 60 / latency, whole, sharded, fits, why))
+                            replicas * 60 / latency, whole, sharded, fits, why, spans))
     return splits
 
 
@@ -178,4 +199,5 @@ def record_path(record: Record) -> str:
     return f"{RESULTS}/{record.record}"
 
 
-__all__ = ["RECORDS", "Record", "Split", "plan_replicas", "recommend", "record_path", "records_of", "step_s"]
+__all__ = ["RECORDS", "Record", "Split", "plan_replicas", "recommend", "record_path", "records_of", "replica_shape",
+           "step_s"]

@@ -26,6 +26,7 @@ import threading
 
 import torch
 
+from ..choice.replicas import replica_shape
 from ..runtime.batch import max_batch
 from ..runtime.arguments import add_arguments as add_job_arguments
 from ..runtime.job import Job, cluster, make_job, real_size
@@ -102,17 +103,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-requests", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per request on stderr: id, method, path, status, seconds, bytes, size and "
                              "steps (default on)")
-
-
-def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, int]:
-    """(machines, processes per machine) of one of `replicas` groups: whole machines each where they divide,
-    else an equal share of every machine's processes."""
-    if machines % replicas == 0:
-        return machines // replicas, per_machine
-    if replicas % machines == 0 and per_machine % (replicas // machines) == 0:
-        return 1, per_machine // (replicas // machines)
-    raise ValueError(f"--replicas {replicas} does not split {machines} machine(s) x {per_machine} process(es) into "
-                     f"equal groups: use a divisor of {machines * per_machine}")
 
 
 def group_slots(machines: int, per_machine: int, replicas: int) -> list[list[int]]:
