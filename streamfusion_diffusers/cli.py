@@ -29,14 +29,19 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> Parser:
+    """The command line's parser, every subcommand's options in it (the deploy files' commands are checked by it)."""
     parser = Parser(prog="streamfusion", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log at INFO level, with third-party warnings and every rank's traceback on failure")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=help_text, description=module.__doc__))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     quiet_third_party(args.verbose)

@@ -13,7 +13,7 @@ import pytest
 
 from streamfusion_diffusers.choice.choose import gpu_of
 from streamfusion_diffusers.choice.recipe import load_recipe
-from streamfusion_diffusers.choice.replicas import RECORDS, record_path, records_of, step_s
+from streamfusion_diffusers.choice.replicas import RECORDS, record_path, records_of, replica_shape, step_s
 from streamfusion_diffusers.commands.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +143,6 @@ def test_a_split_that_does_not_fit_is_excluded_with_the_reason(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "tiny-flux"], "needs a recorded generation of tiny-flux"),
-    (["--machines", "2"], "runs on one machine; use --machines 1"),
     (["--steps", "0"], "--steps 0: must be at least 1"),
     (["--gpu-memory", "0.5"], "--gpu-memory 0.5: must be at least 1"),
     (["--model", "wan2.2-ti2v-5b", "--frames", "50"], "frames = 4k + 1"),
@@ -157,3 +156,12 @@ def test_bad_input_is_one_line(argv, message, capsys):
         main(["plan", "--serve", *args])
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_across_machines_every_split_serve_can_make_is_planned_and_a_group_spans_machines(capsys):
+    assert main(["plan", "--serve", "--model", "flux-dev", "--machines", "2", "--gpus-per-machine", "4", "--json"]) == 0
+    splits = json.loads(capsys.readouterr().out)["splits"]
+    # serve's own split: 1 group of both machines, else groups inside one machine
+    assert [(s["replicas"], s["ranks"], s["machines"]) for s in splits] == [(1, 8, 2), (2, 4, 1), (4, 2, 1),
+                                                                            (8, 1, 1)]
+    assert all(replica_shape(2, 4, s["replicas"]) == (s["machines"], s["ranks"] // s["machines"]) for s in splits)

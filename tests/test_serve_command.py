@@ -51,10 +51,20 @@ def test_a_busy_port_is_one_line(capsys):
         assert f"cannot listen on 127.0.0.1:{port}" in _refused(capsys, "--port", str(port))
 
 
-def test_under_torchrun_it_is_refused(capsys, monkeypatch):
+def test_under_torchrun_a_split_of_the_nodes_into_unequal_groups_is_refused(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert "not under torchrun" in _refused(capsys)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert "does not split 2 machine(s) x 2 process(es)" in _refused(capsys, "--replicas", "3")
+
+
+def test_groups_of_a_job_across_machines_are_whole_machines_or_a_share_of_each():
+    from streamfusion_diffusers.serve.command import group_slots
+
+    assert group_slots(2, 2, 1) == [[0, 1, 2, 3]]  # one group spanning both nodes
+    assert group_slots(2, 2, 2) == [[0, 1], [2, 3]]  # one group per node
+    assert group_slots(2, 4, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert group_slots(4, 2, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_on_the_cpu_a_tiny_model_admits_512x512_by_default():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import nullcontext
 
 import pytest
 import torch

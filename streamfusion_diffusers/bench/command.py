@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..choice.costmodel import candidate_layouts
-from ..choice.workloads import MODELS, Workload, parse_workload, transformer_config, workload_specs
+from ..choice.workloads import Workload, parse_workload, transformer_config, workload_specs
 from ..runtime.pool import DEFAULT_TIMEOUT_S, job_shape, run_job
 from ..commands.timing import ITERS, SAMPLE_MS, WARMUP
 from ..commands.verify import DTYPES

@@ -27,7 +27,6 @@ from ..context import ParallelContext, init_parallel
 from ..core.config import ParallelConfig
 from ..core.mesh import GroupCache
 from ..diffusers.parallel_pipeline import parallelize, unparallelize
-from ..diffusers.processors.backend import backend_name
 from ..models import TINY_FLUX
 from ..models.build import build_transformer
 

@@ -23,7 +23,6 @@ from ..commands.timing import deadline, interleaved_ms
 from ..core.config import layout_label
 from ..core.exactness import error_sums, ratio, reference_attention
 from ..core.mesh import GroupCache
-from ..kernels import attention_with_lse
 from .bound import fastest_attention, link_bound_ms, over_bounds
 from .variants import graphed, suffix
 from .xdit import XdiTUSP

@@ -1,5 +1,6 @@
 """Which replica split to serve with: R groups of P / R ranks (`streamfusion serve --replicas R`), each running
-whole requests one at a time behind one queue; per split, the predicted latency of one request and the images
+whole requests one at a time behind one queue, on one machine or N (a group of whole machines, its attention
+across them the cost model's, Torus among the layouts; or an equal share of every machine: `replica_shape`); per split, the predicted latency of one request and the images
 (videos) per minute when every group is kept busy.
 
 What is predicted, and from what (the records: choice/recipes/generations.json, each read from its file):
@@ -83,6 +84,7 @@ class Split:
     peak_sharded_gib: float
     weights: str  # "whole", "sharded" (only sharded weights fit) or "-" (neither)
     excluded: str | None = None
+    machines: int = 1  # machines one group spans
 
     def as_dict(self) -> dict:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -111,9 +113,21 @@ def graph_gpu(gpu: Gpu) -> Gpu:
     return replace(gpu, **fixed)
 
 
-def attention_s(w: Workload, ranks: int, gpu: Gpu) -> tuple[float, str]:
-    """The cost model's device time of one transformer call's attention on `ranks` GPUs, fastest layout."""
-    best = ranked(w, Cluster(1, ranks), graph_gpu(gpu))[0]
+def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, int]:
+    """(machines, processes per machine) of one of `replicas` groups: whole machines each where they divide,
+    else an equal share of every machine's processes."""
+    if machines % replicas == 0:
+        return machines // replicas, per_machine
+    if replicas % machines == 0 and per_machine % (replicas // machines) == 0:
+        return 1, per_machine // (replicas // machines)
+    raise ValueError(f"--replicas {replicas} does not split {machines} machine(s) x {per_machine} process(es) into "
+                     f"equal groups: use a divisor of {machines * per_machine}")
+
+
+def attention_s(w: Workload, ranks: int, gpu: Gpu, machines: int = 1) -> tuple[float, str]:
+    """The cost model's device time of one transformer call's attention on `machines` machines of ranks / machines
+    GPUs, fastest layout."""
+    best = ranked(w, Cluster(machines, ranks // machines), graph_gpu(gpu))[0]
     return w.blocks * best.layer_ms / 1e3, best.layout.label
 
 
@@ -137,12 +151,14 @@ def _rest(model: str, gpu: Gpu) -> tuple[float, float]:
     return rest, min(max((shrink - share) / (1 - share), 0.0), 1.0)
 
 
-def device_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu) -> tuple[float, str]:
-    """Seconds of the GPU's work in one denoising step on `ranks` GPUs of one machine, and its layout."""
+def device_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu,
+             machines: int = 1) -> tuple[float, str]:
+    """Seconds of the GPU's work in one denoising step on a group of `ranks` GPUs over `machines` machines, and its
+    layout."""
     one, _ = records_of(model)
     rest, sigma = _rest(model, gpu)
     w, w1 = workload_of(model, frames, height, width), workload_of(model, one.frames, one.height, one.width)
-    attention, layout = attention_s(w, ranks, gpu)
+    attention, layout = attention_s(w, ranks, gpu, machines)
     tokens = (w.tokens + w.text_tokens) / (w1.tokens + w1.text_tokens)
     return one.calls * attention + rest * tokens * (sigma + (1 - sigma) * _share(w, ranks)), layout
 
@@ -164,34 +180,40 @@ def host_s(model: str) -> float:
 
 
 def step_s(model: str, frames: int, height: int, width: int, ranks: int, gpu: Gpu,
-           graph: bool = True) -> tuple[float, str]:
-    """Predicted seconds of one denoising step on a group of `ranks` GPUs of one machine, and its layout. Replayed
+           graph: bool = True, machines: int = 1) -> tuple[float, str]:
+    """Predicted seconds of one denoising step on a group of `ranks` GPUs over `machines` machines, and its layout. Replayed
     from a CUDA graph (`graph`), the host issues one replay per call, ahead of the GPU, and the step is the device's
     work; eager, the host issues every kernel while the GPU runs the earlier ones: the longer of the two."""
-    device, layout = device_s(model, frames, height, width, ranks, gpu)
+    device, layout = device_s(model, frames, height, width, ranks, gpu, machines)
     return (device if graph else max(device, host_s(model))), layout
 
 
 def plan_replicas(model: str, frames: int, height: int, width: int, gpus: int, steps: int, gpu: Gpu,
-                  peaks: Callable[[int], tuple[float, float]], room_gib: float, graph: bool = True) -> list[Split]:
-    """Every split R x P/R of one machine's `gpus` GPUs (R dividing it), the largest group first. peaks(P'): one
-    GPU's peak GiB at P' ranks, whole and sharded weights (models/memory.py's); room_gib: what a GPU has for it;
-    graph: whether the steps replay from CUDA graphs (serve's default on GPUs) or run eager."""
+                  peaks: Callable[[int], tuple[float, float]], room_gib: float, graph: bool = True,
+                  machines: int = 1) -> list[Split]:
+    """Every split R x P/R of `machines` machines of `gpus` GPUs that `serve --replicas R` can make, the largest
+    group first. peaks(P'): one GPU's peak GiB at P' ranks, whole and sharded weights (models/memory.py's);
+    room_gib: what a GPU has for it; graph: whether the steps replay from CUDA graphs (serve's default on GPUs) or
+    run eager."""
     if gpus < 1 or steps < 1:
         raise ValueError(f"plan --serve needs at least 1 GPU and 1 step; got {gpus} GPU(s), {steps} step(s)")
     one, _ = records_of(model)
     pixels = frames * height * width / (one.frames * one.height * one.width)
     splits = []
-    for ranks in sorted(divisors(gpus), reverse=True):
-        replicas = gpus // ranks
+    for ranks in sorted(divisors(machines * gpus), reverse=True):
+        replicas = machines * gpus // ranks
+        try:
+            spans = replica_shape(machines, gpus, replicas)[0]
+        except ValueError:  # no equal groups of this size
+            continue
         whole, sharded = peaks(ranks)
-        step, layout = step_s(model, frames, height, width, ranks, gpu, graph)
+        step, layout = step_s(model, frames, height, width, ranks, gpu, graph, spans)
         latency = one.text_s + steps * step + one.decode_s * pixels
         fits = "whole" if whole <= room_gib else "sharded" if sharded <= room_gib else "-"
         why = None if fits != "-" else (f"{replicas} x {ranks}: needs {whole:.1f} GiB per GPU whole, {sharded:.1f} "
                                         f"sharded; a GPU has {room_gib:.1f} for it")
         splits.append(Split(replicas, ranks, layout, step, one.text_s, one.decode_s * pixels, latency,
-                            replicas * 60 / latency, whole, sharded, fits, why))
+                            replicas * 60 / latency, whole, sharded, fits, why, spans))
     return splits
 
 
@@ -208,4 +230,5 @@ def record_path(record: Record) -> str:
     return f"{RESULTS}/{record.record}"
 
 
-__all__ = ["RECORDS", "Record", "Split", "plan_replicas", "recommend", "record_path", "records_of", "step_s"]
+__all__ = ["RECORDS", "Record", "Split", "plan_replicas", "recommend", "record_path", "records_of", "replica_shape",
+           "step_s"]

@@ -9,14 +9,14 @@ Runs `python -m torch.distributed.run` (torchrun) with the same arguments, and s
 backend "nvshmem" never runs out of symmetric heap. Every other variable passes through untouched, among
 them the ones that keep NVLink multicast off (NCCL_NVLS_ENABLE, NVSHMEM_DISABLE_NVLS,
 TORCH_SYMM_MEM_DISABLE_MULTICAST). The script calls `init_parallel(...)`, which joins the process group the
-launcher set up and starts NVSHMEM. With --print-env it prints the variables instead (for accelerate).
+launcher set up and starts NVSHMEM. With --print-env it prints the variables instead (for accelerate). This
+process becomes torchrun (exec), so a signal sent to it (a pod stopped, a launcher killed) reaches torchrun.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 
 from ..attention.volume import peer_bytes
@@ -127,4 +127,6 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(command))
         return 0
-    return subprocess.run(command, env={**os.environ, **env}, check=False).returncode
+    # become torchrun (no child): a signal to this process (a pod stopped, a launcher killed) reaches torchrun itself,
+    # and a served job's launched processes see their launcher gone
+    os.execve(command[0], command, {**os.environ, **env})

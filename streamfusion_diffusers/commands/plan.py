@@ -6,7 +6,7 @@ and a workload of any model `generate` runs (models/configs.py MODELS), with an 
 bandwidth/latency pair, using the figures fitted from measurements in the recipe's `calibration` header (the
 model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe). Beside each layout's predicted
 time, its link bound: the busiest rank's bytes and messages across machines in one layer, on the link alone.
-The memory estimate is models/memory.py's, from the real configs on the meta device. With --serve, every replica split of one machine
+The memory estimate is models/memory.py's, from the real configs on the meta device. With --serve, every replica split of the machines
 for `streamfusion serve --replicas R` (choice/replicas.py): latency per request and images per minute.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-GPU memory at its peak, whole weights and sharded (--shard-weights), and which "
                              "GPUs (24/40/48/80/141 GB) it fits, instead of the layouts")
     parser.add_argument("--serve", action="store_true",
-                        help="every replica split R x P/R for `streamfusion serve --replicas R` on one machine: "
+                        help="every replica split R x P/R for `streamfusion serve --replicas R` on --machines x --gpus-per-machine: "
                              "latency per request and images (videos) per minute, predicted from the cost model "
                              "and recorded generations, and which split gives the lowest latency / the most")
     parser.add_argument("--steps", type=int, default=None, help="--serve: denoising steps per request "
@@ -127,9 +127,6 @@ def serve(args: argparse.Namespace) -> int:
     from ..models.memory import GIB, RUNTIME_GIB, estimate, pipeline_parts
 
     one, two = records_of(args.model)
-    if args.machines != 1:
-        raise ValueError("plan --serve: `streamfusion serve` runs on one machine; use --machines 1 "
-                         "--gpus-per-machine P")
     steps = args.steps or MODELS[args.model].steps
     frames, height, width = size_of(args)
     workload_of(args)  # the size's checks (multiples of the patch, frames = 4k + 1), one line each
@@ -140,20 +137,22 @@ def serve(args: argparse.Namespace) -> int:
     gpu = gpu_of(load_recipe(args.recipe or (args.model if packaged else "flux-dev")).calibration)
     room = args.gpu_memory * 1e9 / GIB - RUNTIME_GIB
     graph, why = graph_choice(args, gpu=True)
-    splits = plan_replicas(args.model, frames, height, width, args.gpus_per_machine, steps, gpu, peaks, room, graph)
+    splits = plan_replicas(args.model, frames, height, width, args.gpus_per_machine, steps, gpu, peaks, room, graph,
+                           args.machines)
     fastest, most = recommend(splits)
     unit = "videos" if MODELS[args.model].video else "images"
     size = f"{frames} x {height} x {width}" if MODELS[args.model].video else f"{height} x {width}"
     based = sorted({record_path(r) for r in (one, two) if r is not None})
     if args.json:
         print(json.dumps({
-            "model": args.model, "size": size, "steps": steps, "gpus": args.gpus_per_machine,
-            "gpu_memory_gb": args.gpu_memory, "cuda_graph": {"on": graph, "why": why}, "unit": unit, "records": based, "note": one.note,
+            "model": args.model, "size": size, "steps": steps, "machines": args.machines,
+            "gpus": args.gpus_per_machine, "gpu_memory_gb": args.gpu_memory, "cuda_graph": {"on": graph, "why": why},
+            "unit": unit, "records": based, "note": one.note,
             "splits": [s.as_dict() for s in splits],
             "lowest_latency": fastest.as_dict(), "most_per_minute": most.as_dict(),
         }, indent=2))
         return 0
-    print(f"{args.model} {size}, {steps} steps, on 1 x {args.gpus_per_machine} GPUs of {args.gpu_memory:g} GB: "
+    print(f"{args.model} {size}, {steps} steps, on {args.machines} x {args.gpus_per_machine} GPUs of {args.gpu_memory:g} GB: "
           f"`streamfusion serve --replicas R`, each group one request at a time")
     print(f"{'R x P/R':<8} {'layout':<14} {'step s':>7} {'text s':>7} {'decode s':>8} {'latency s':>9} "
           f"{unit + '/min':>11} {'GiB whole':>9} {'sharded':>7}  weights")
@@ -173,7 +172,8 @@ def serve(args: argparse.Namespace) -> int:
 
 def _label(split: Split) -> str:
     sharded = " with --shard-weights" if split.weights == "sharded" else ""
-    return f"--replicas {split.replicas} ({split.replicas} x {split.ranks}{sharded})"
+    spans = f", each across {split.machines} machines" if split.machines > 1 else ""
+    return f"--replicas {split.replicas} ({split.replicas} x {split.ranks}{spans}{sharded})"
 
 
 def main(args: argparse.Namespace) -> int:

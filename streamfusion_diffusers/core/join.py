@@ -37,6 +37,19 @@ def join_job(gpu: bool | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> b
     return True
 
 
+def join_store(host: str, port: int, prefix: str, rank: int, world_size: int, gpu: bool,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Create the default process group at a store another process hosts (a served job's front, for the ranks of
+    one group across machines), its keys under `prefix` so that many groups and restarts share one store. The
+    GPU is LOCAL_RANK's, as under torchrun."""
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))
+    dist.init_process_group("nccl" if gpu else "gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
+
+
 def _release_at_exit() -> None:
     """Destroy a gloo process group still up when the interpreter exits, while torch.distributed is whole: an
     error that ends a script keeps our groups alive in its traceback until after that, and gloo then aborts

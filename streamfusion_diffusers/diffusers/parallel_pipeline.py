@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.hooks import ModelHook
 
 from ..context import ParallelContext
 from ..core.logs import say_once

@@ -5,7 +5,10 @@ a `ProcessPool`, pool.py) rather than one slice of a shared world (`init_paralle
 a rank that dies then takes down only its own group, which is restarted and rebuilt while the others keep
 serving, and a group runs exactly what `generate` runs on P / R ranks. The pool sees a rank end within its poll
 (0.5 s) and a stalled one at the request's hard deadline, stops the group's other ranks, and raises; the
-supervisor (serve/service.py) answers the request with 5xx and calls `start` again.
+supervisor (serve/service.py) answers the request with 5xx and calls `start` again. A group of a job across
+machines (`hosts`) has its ranks spawned by the launched processes of its slots instead (remote.py): its start
+first waits until every one of them is connected, so a group whose node was lost comes back once the node's
+launcher has restarted.
 """
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from typing import Any
 
 from . import worker
 from .job import Job
-from .pool import ProcessPool, RankFailure
+from .pool import Pool, ProcessPool, RankFailure
 from .progress import StepNote
+from .remote import Hosts
 from .request import Request
 
 logger = logging.getLogger(__name__)
@@ -34,10 +38,11 @@ class BuildTimeout(ValueError):
 class Group:
     """One parallel group: `job.world_size` ranks on `devices` (GPU indices; None on the CPU)."""
 
-    def __init__(self, index: int, job: Job, devices: list[str] | None):
-        self.index, self.job, self.devices = index, job, devices
-        self.state = "starting"  # starting | ready | recovering | failed | stopped
-        self.pool: ProcessPool | None = None
+    def __init__(self, index: int, job: Job, devices: list[str] | None, hosts: Hosts | None = None):
+        self.index, self.job, self.devices, self.hosts = index, job, devices, hosts
+        self.state = "starting"  # starting | ready | recovering | waiting (for a node) | failed | stopped
+        self.pool: Pool | None = None
+        self._stops = 0  # how many times `stop` was called (a start waiting for nodes gives up on the next)
         self.info: dict[str, Any] = {}  # rank 0's answer to `build`: build and warm-up times, the warm-up's record
         self.restarts = 0
         self.restarted_at: list[float] = []  # when each restart began (time.monotonic()), for the rate limit
@@ -50,9 +55,13 @@ class Group:
         stage done. Raises BuildTimeout past `timeout_s` in all, RankFailure when a rank fails or `stop` is called
         meanwhile (from another thread: it ends the start at once)."""
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices else None
+        if self.hosts is None:
+            pool: Pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
+                                     timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env, wait=False)
+        else:
+            pool = self._join(say)
+        self.pool = pool
         started = time.monotonic()
-        self.pool = pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
-                                       timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env, wait=False)
         stage = "starting the ranks"
         try:
             pool.wait_started(timeout_s)
@@ -71,6 +80,17 @@ class Group:
         say(f"group {self.index}: warm-up done in {self.info['warmup_s']:.1f} s{graphs}")
         self.state = "ready"
         return self.info
+
+    def _join(self, say: Callable[[str], None]) -> Pool:
+        """The pool of a group across machines, once the hosts of every one of its slots are connected."""
+        assert self.hosts is not None
+        stops, prior = self._stops, self.state
+        if missing := self.hosts.missing():
+            self.state = "waiting"
+            say(f"group {self.index}: waiting for node(s) {', '.join(map(str, self.hosts.nodes(missing)))}")
+        pool = self.hosts.pool(self.job.gpu, self.job.parallel.timeout_s, lambda: self._stops != stops)
+        self.state = "recovering" if prior == "waiting" else prior
+        return pool
 
     def run(self, batch: list[Request], deadline_s: float,
             on_step: Callable[[StepNote], None] | None = None) -> dict[str, Any]:
@@ -116,6 +136,7 @@ class Group:
 
     def stop(self, now: bool = False) -> None:
         """End the ranks: together (their shutdown is collective), or with `now` at once."""
+        self._stops += 1
         if self.pool is not None:
             self.pool.close(stop=now)
             self.pool = None
@@ -126,7 +147,7 @@ class Group:
         record = self.info.get("record") or {}
         return {"index": self.index, "state": self.state, "ranks": self.job.world_size, "pids": self.pids,
                 "layout": record.get("layout"), "backend": record.get("backend"), "restarts": self.restarts,
-                "devices": self.devices}
+                "devices": self.devices, **({"nodes": self.hosts.nodes()} if self.hosts else {})}
 
 
 def failure_status(err: RankFailure) -> int:

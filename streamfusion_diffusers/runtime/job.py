@@ -163,11 +163,13 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
     return True, "the default on GPUs"
 
 
-def make_job(args: argparse.Namespace) -> Job:
-    """Resolve defaults and check the layout against the model, before any process starts."""
+def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = None) -> Job:
+    """Resolve defaults and check the layout against the model, before any process starts. shape: (machines,
+    processes per machine, GPUs or not) where the caller resolved it (serve: one replica group's), else
+    `cluster(args)`."""
     if importlib.util.find_spec("diffusers") is None:
         raise ValueError(f"streamfusion generate {missing('diffusers')}")
-    machines, gpus_per_machine, gpu = cluster(args)
+    machines, gpus_per_machine, gpu = shape or cluster(args)
     world = machines * gpus_per_machine
     spec = MODELS[args.model]
     height, width = given(args.height, spec.height), given(args.width, spec.width)

@@ -1,4 +1,5 @@
-"""Local multi-process jobs on one machine: gloo on the CPU, NCCL with one GPU per process.
+"""Pools of rank processes, the parent's side: local multi-process jobs on one machine (gloo on the CPU, NCCL
+with one GPU per process), and the protocol every pool speaks (`Pool`; a job across machines: remote.py).
 
 `run_job` runs a command's work on every rank: it joins the launcher's job under torchrun, else spawns local
 ranks (`run_local`). `ProcessPool` keeps the same ranks and process group alive across many calls: a served
@@ -6,33 +7,29 @@ job's group builds its pipeline once and runs every request on it (group.py), an
 cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out of
 memory, exited) or raises ends the whole job within seconds, naming the rank and the cause, and its peers are
 stopped; a rank that stalls ends it when its peers' collectives give up (`timeout_s`); ranks whose parent
-dies exit too. While a function runs, a rank may `note` its progress; the pool keeps the latest (`last_note`)
-and hands each to `on_note` when set (a caller that follows every step).
+dies exit too (rank.py is the rank's side). While a function runs, a rank may `note` its progress; the pool keeps
+the latest (`last_note`) and hands each to `on_note` when set (a caller that follows every step).
 Each call has a number; `cancel` asks the call in flight to stop through a value every rank can read
 (`cancelled`): the ranks look at it where they agree on stopping (a step's end), so they stop together, and a
 cancel that comes after its call has ended never stops the next one.
 """
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import signal
 import socket
-import threading
 import time
-import traceback
-import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch.multiprocessing as mp
-from tqdm import tqdm
 
 from ..core.config import DEFAULT_TIMEOUT_S
 from ..context import shutdown
 from ..core.join import join_job, launched
-from ..core.logs import quiet_noisy_loggers
+from .rank import parent_info, serve_rank
 
 POLL_S = 0.5  # how often the parent looks at its ranks while it waits
 GRACE_S = 5.0  # after the first failure, how long the other ranks may take to report theirs
@@ -73,31 +70,6 @@ class RankFailure(RuntimeError):
         return f"{self.what} failed: " + "; ".join(parts)
 
 
-def _exit_with(parent: int) -> None:
-    """Exit this rank when the process that spawned it is gone (killed before it could stop its ranks)."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)
-
-
-_OUTBOX: mp.Queue | None = None  # in a rank process: where `note` sends (the pool's outbox, set at start)
-_CANCEL: Any = None  # in a rank process: the pool's cancel value (the number of the call to stop)
-_CALL = 0  # in a rank process: the number of the call it runs
-
-
-def note(value: Any) -> None:
-    """Tell the parent how a running function is getting on (e.g. steps done); the pool keeps the latest
-    note as `last_note`. Outside a pool's rank it does nothing."""
-    if _OUTBOX is not None:
-        _OUTBOX.put((int(os.environ["RANK"]), None, value))
-
-
-def cancelled() -> bool:
-    """Whether the parent asked the call this rank runs to stop (ranks may read it at different moments: they
-    agree on it with a collective before stopping). Outside a pool's rank: never."""
-    return _CANCEL is not None and _CANCEL.value == _CALL
-
-
 def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
           env: dict[str, str] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -110,82 +82,45 @@ def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
     join_job(gpu=backend == "nccl", timeout_s=timeout_s)
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: float, parent: tuple[int, int, list],
-            env: dict[str, str], inbox: mp.Queue, outbox: mp.Queue, cancel: Any) -> None:
-    global _OUTBOX, _CANCEL, _CALL
-    _OUTBOX, _CANCEL = outbox, cancel
-    pid, log_level, warning_filters = parent
-    threading.Thread(target=_exit_with, args=(pid,), daemon=True).start()
-    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
-    warnings.filters[:] = warning_filters
-    if os.environ.get("STREAMFUSION_QUIET"):
-        quiet_noisy_loggers()
-    # tqdm's default lock is a multiprocessing RLock: a named semaphore that the parent's resource tracker counts
-    # until the rank releases it, which a rank the pool stops by force never does (the parent's exit then warns of
-    # "leaked semaphore objects"). A rank's bars are its own process's: a thread lock is all they need.
-    tqdm.set_lock(threading.RLock())
-    try:
-        _init(rank, world_size, port, backend, timeout_s, env)
-    except Exception:  # noqa: BLE001 - report start-up failures to the parent instead of hanging it
-        outbox.put((rank, False, traceback.format_exc()))
-        return
-    outbox.put((rank, True, None))
-    while (task := inbox.get()) is not None:
-        _CALL, fn, args, kwargs = task
-        try:
-            outbox.put((rank, True, fn(*args, **kwargs)))
-        except Exception:  # noqa: BLE001
-            outbox.put((rank, False, traceback.format_exc()))
-    shutdown()
+class Pool:
+    """The parent's side of a pool of ranks joined in one process group, running functions on every rank on
+    request, whatever started the ranks (this machine's `ProcessPool`, or the launched processes of a job across
+    machines: remote.py). A subclass says how a task reaches the ranks (`_post`) and which ranks have ended
+    (`_ended`); answers arrive on `_outbox` as (rank, ok, value), ok None for a note.
 
-
-class ProcessPool:
-    """`world_size` processes joined in one process group, running functions on every rank on request.
-
-    timeout_s: the process group's (how long a collective waits for a peer). wait_s: how long one call may
-    take in all before the pool gives up on it (None: timeout_s; math.inf: as long as every rank runs).
-    env: variables set in every rank before it joins (e.g. CUDA_VISIBLE_DEVICES: which GPUs the pool's ranks get).
-    wait: wait here for every rank to join; else the caller calls `wait_started` (meanwhile another thread may
-    `close` the pool, e.g. a server stopping during its start-up). `close(stop=True)` from another thread ends
-    a call in flight too: it raises RankFailure at once.
+    wait_s: how long one call may take in all before the pool gives up on it (math.inf: as long as every rank
+    runs). `close(stop=True)` from another thread ends a call in flight too: it raises RankFailure at once.
     """
 
-    def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True):
+    grace_s = GRACE_S  # after the first failure, how long the others may take to report theirs
+
+    def __init__(self, world_size: int, timeout_s: float, wait_s: float | None):
         self.world_size, self.timeout_s = world_size, timeout_s
         self.wait_s = timeout_s if wait_s is None else wait_s
         self.last_note: Any = None  # the latest `note` a rank sent while a call ran
         self.on_note: Callable[[Any], None] | None = None  # called with each note, in the thread that waits
-        ctx = mp.get_context("spawn")
-        port = free_port()
-        self._inboxes = [ctx.Queue() for _ in range(world_size)]
-        self._outbox = ctx.Queue()
-        self._cancel = ctx.Value("q", 0, lock=False)  # the number of the call to stop (one writer: this process)
+        self._outbox: Any = None  # set by the subclass: anything with get(timeout=...) and put(item)
         self._calls = 0  # the number of the latest call
-        parent = (os.getpid(), logging.getLogger().getEffectiveLevel(), list(warnings.filters))
-        self._procs = [
-            ctx.Process(target=_worker, args=(r, world_size, port, backend, timeout_s, parent, dict(env or {}),
-                                              self._inboxes[r], self._outbox, self._cancel), daemon=True)
-            for r in range(world_size)
-        ]
         self._closed = False
-        for p in self._procs:
-            p.start()
-        if wait:
-            self.wait_started()
+
+    def _post(self, task: tuple | None) -> None:
+        """Send a task (call, fn, args, kwargs) to every rank."""
+        raise NotImplementedError
+
+    def _ended(self) -> dict[int, str]:
+        """The ranks that have ended, with why."""
+        raise NotImplementedError
+
+    def close(self, stop: bool = False) -> None:
+        raise NotImplementedError
 
     def wait_started(self, wait_s: float | None = None) -> None:
         """Until every rank has joined the process group (RankFailure past `wait_s`, default the pool's)."""
         self._collect("start-up", self.wait_s if wait_s is None else wait_s)
 
-    @property
-    def pids(self) -> list[int]:
-        """The ranks' process ids, rank order (empty once closed)."""
-        return [p.pid for p in self._procs]
-
     def dead(self) -> dict[int, str]:
         """The ranks that have ended, with why (between calls: a rank killed while the pool was idle)."""
-        return {rank: exit_cause(p.exitcode) for rank, p in enumerate(self._procs) if p.exitcode is not None}
+        return self._ended()
 
     def _collect(self, what: str, wait_s: float) -> list[Any]:
         """Every rank's answer; on the first failure (an error, a rank gone) the others get GRACE_S to report
@@ -194,7 +129,6 @@ class ProcessPool:
         failures: dict[int, str] = {}
         died: set[int] = set()
         pending = set(range(self.world_size))
-        procs = self._procs  # as they are now: another thread's `close` empties the attribute
         started = time.monotonic()
         give_up = started + wait_s
         while pending:
@@ -217,15 +151,14 @@ class ProcessPool:
                 else:
                     failures[rank] = value
             except queue.Empty:
-                for rank in sorted(pending):
-                    code = procs[rank].exitcode
-                    if code is not None:
+                for rank, why in self._ended().items():
+                    if rank in pending:
                         pending.discard(rank)
                         died.add(rank)
-                        failures[rank] = exit_cause(code)
+                        failures[rank] = why
             now = time.monotonic()
             if failures:
-                give_up = min(give_up, now + GRACE_S)
+                give_up = min(give_up, now + self.grace_s)
             if pending and now > give_up:
                 why = "stopped, no answer yet" if failures else f"no answer within {wait_s:.0f} s (stalled)"
                 failures.update(dict.fromkeys(pending, why))
@@ -241,18 +174,64 @@ class ProcessPool:
 
     def run_within(self, wait_s: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """`run`, given up on (RankFailure, the pool stopped) past `wait_s` seconds instead of the pool's wait_s."""
-        if not self._procs:
+        if self._closed:
             raise RuntimeError("the process pool is closed")
         self.last_note = None
         self._calls += 1
-        for inbox in self._inboxes:
-            inbox.put((self._calls, fn, args, kwargs))
+        self._post((self._calls, fn, args, kwargs))
         return self._collect(getattr(fn, "__name__", "task"), wait_s)
 
     @property
     def calls(self) -> int:
         """The number of the latest call (the next one is calls + 1)."""
         return self._calls
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ProcessPool(Pool):
+    """`world_size` processes of this machine joined in one process group (see `Pool`).
+
+    timeout_s: the process group's (how long a collective waits for a peer). wait_s: see `Pool` (None: timeout_s).
+    env: variables set in every rank before it joins (e.g. CUDA_VISIBLE_DEVICES: which GPUs the pool's ranks get).
+    wait: wait here for every rank to join; else the caller calls `wait_started` (meanwhile another thread may
+    `close` the pool, e.g. a server stopping during its start-up).
+    """
+
+    def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True):
+        super().__init__(world_size, timeout_s, wait_s)
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self._inboxes = [ctx.Queue() for _ in range(world_size)]
+        self._outbox = ctx.Queue()
+        self._cancel = ctx.Value("q", 0, lock=False)  # the number of the call to stop (one writer: this process)
+        self._procs = [
+            ctx.Process(target=serve_rank, daemon=True,
+                        args=(r, partial(_init, r, world_size, port, backend, timeout_s, dict(env or {})),
+                              parent_info(), self._inboxes[r], self._outbox, self._cancel))
+            for r in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        if wait:
+            self.wait_started()
+
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids, rank order (empty once closed)."""
+        return [p.pid for p in self._procs]
+
+    def _ended(self) -> dict[int, str]:
+        return {rank: exit_cause(p.exitcode) for rank, p in enumerate(self._procs) if p.exitcode is not None}
+
+    def _post(self, task: tuple | None) -> None:
+        for inbox in self._inboxes:
+            inbox.put(task)
 
     def cancel(self, call: int) -> None:
         """Ask call number `call` (running, or the next one) to stop where its ranks next agree on it
@@ -278,12 +257,6 @@ class ProcessPool:
                 proc.join()
         self._procs = []
         self._closed = True
-
-    def __enter__(self) -> ProcessPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",

@@ -27,7 +27,7 @@ from ..models.pipelines import family_of
 from .job import Job
 from .phases import PhaseTimer
 from .batch import call_plan
-from .pool import cancelled, note
+from .rank import cancelled, note
 from .progress import PREVIEW_FAMILIES, LatentToRgb, StepNote, latent_grid, preview_steps
 from .request import Request
 

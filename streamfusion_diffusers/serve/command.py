@@ -6,6 +6,10 @@ It takes the model and every parallel option of `generate` (the same job options
 `generate` does: one process per visible GPU, else 4 gloo processes on the CPU. `--replicas R` splits them into
 R parallel groups of P / R ranks that each serve a request at once, behind one queue. The HTTP front and the
 supervisor are this process; the ranks are its children. Binds 127.0.0.1 unless --host says otherwise.
+
+Across machines, the same command runs under `streamfusion launch` (or torchrun) on every machine: the process of
+global rank 0 is the front, every launched process a host of its rank (runtime/remote.py, runtime/host.py), and a
+group lies inside a machine or spans machines as `--replicas` splits them (`replica_shape`, `group_slots`).
 """
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ import math
 import os
 import socket
 import sys
+import threading
 
 import torch
 
+from ..choice.replicas import replica_shape
 from ..runtime.batch import max_batch
 from ..runtime.arguments import add_arguments as add_job_arguments
 from ..runtime.job import Job, cluster, make_job, real_size
@@ -90,20 +96,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="a site whose pages may call the API from a browser (CORS), as scheme://host[:port]; "
                              "repeatable (default: none, only the page at / of this server)")
+    parser.add_argument("--join-port", type=int, default=None,
+                        help="across machines (under streamfusion launch / torchrun): the port of node 0 the launched "
+                             "processes of every node join the front at; the next port is their groups' store "
+                             "(default: --master-port + 1)")
     parser.add_argument("--log-requests", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per request on stderr: id, method, path, status, seconds, bytes, size and "
                              "steps (default on)")
 
 
-def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, int]:
-    """(machines, processes per machine) of one of `replicas` groups: whole machines each where they divide,
-    else an equal share of every machine's processes."""
-    if machines % replicas == 0:
-        return machines // replicas, per_machine
-    if replicas % machines == 0 and per_machine % (replicas // machines) == 0:
-        return 1, per_machine // (replicas // machines)
-    raise ValueError(f"--replicas {replicas} does not split {machines} machine(s) x {per_machine} process(es) into "
-                     f"equal groups: use a divisor of {machines * per_machine}")
+def group_slots(machines: int, per_machine: int, replicas: int) -> list[list[int]]:
+    """Each group's global ranks (rank = node x per_machine + local rank), in the group's rank order: groups of
+    whole machines, or an equal share of every machine (`replica_shape`)."""
+    group_machines, group_per_machine = replica_shape(machines, per_machine, replicas)
+    per_node = per_machine // group_per_machine
+    return [[(g // per_node * group_machines + i) * per_machine + g % per_node * group_per_machine + j
+             for i in range(group_machines) for j in range(group_per_machine)] for g in range(replicas)]
 
 
 def group_devices(replicas: int, size: int, gpu: bool) -> list[list[str] | None]:
@@ -117,23 +125,21 @@ def group_devices(replicas: int, size: int, gpu: bool) -> list[list[str] | None]
 
 def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
     """The job one group runs, and each group's devices; everything checked before any process starts."""
-    if launched():
-        raise ValueError("streamfusion serve starts its own ranks (one per GPU of this machine, or 4 gloo processes "
-                         "on the CPU): run it directly, not under torchrun or streamfusion launch (serving across "
-                         "machines is not supported yet)")
     needs = ("fastapi", "uvicorn", "python_multipart", "prometheus_client")
     if any(importlib.util.find_spec(name) is None for name in needs):
         raise ValueError(f"streamfusion serve needs fastapi, uvicorn, python-multipart and prometheus_client: "
                          f"{install_hint('serve')}")
     machines, per_machine, gpu = cluster(args)
     args.machines, args.gpus_per_machine = replica_shape(machines, per_machine, args.replicas)
-    job = make_job(args)
+    job = make_job(args, (args.machines, args.gpus_per_machine, gpu))
     if real_size(job.model) and family_of(job.model).encode_first and not job.weights:
         raise ValueError(f"{job.model} with random weights encodes its one prompt before the transformer is built "
                          f"(the two do not fit one GPU together), so it cannot take a prompt per request: serve it "
                          f"with --weights, or serve another model")
     if job.spec.video and importlib.util.find_spec("imageio_ffmpeg") is None:
         raise ValueError(f"serving video needs an mp4 encoder: {install_hint('diffusers')}")
+    if launched():  # each launched process's GPU is its LOCAL_RANK's
+        return job, [None] * args.replicas
     return job, group_devices(args.replicas, job.world_size, gpu)
 
 
@@ -194,8 +200,27 @@ def log_to_stderr(requests: bool) -> None:
     logging.getLogger(f"{__package__}.access").setLevel(logging.INFO if requests else logging.WARNING)
 
 
+def launched_shape() -> tuple[int, int]:
+    """(machines, processes per machine) of the launcher's job."""
+    world = int(os.environ["WORLD_SIZE"])
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return world // per_machine, per_machine
+
+
+def join_address(args: argparse.Namespace) -> tuple[str, int]:
+    """Node 0's address and join port, under a launcher."""
+    port = args.join_port or int(os.environ.get("MASTER_PORT", 29500)) + 1
+    return os.environ.get("MASTER_ADDR", "127.0.0.1"), port
+
+
 def main(args: argparse.Namespace) -> int:
     job, devices = serve_job(args)
+    if launched() and int(os.environ["RANK"]) != 0:  # a host of its rank: the front runs on global rank 0
+        from ..runtime.host import run_host
+
+        world = int(os.environ["WORLD_SIZE"])
+        per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        return run_host(*join_address(args), int(os.environ["RANK"]), int(os.environ["RANK"]) // per_machine)
     keep = Keep(args.keep_videos, args.keep_video_bytes, args.video_ttl)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -235,14 +260,29 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--max-batch must be at least 1 and --batch-wait-ms at least 0")
     if (args.build_timeout is not None and args.build_timeout <= 0) or args.drain_timeout < 0:
         raise ValueError("--build-timeout must be more than 0 seconds and --drain-timeout at least 0")
+    front, hosts = None, None
+    if launched():  # this process is the front of a job across machines, and the host of its rank 0
+        from ..runtime.host import run_host
+        from ..runtime.remote import Front, Hosts
+
+        machines, per_machine = launched_shape()
+        front = Front(join_address(args)[0], join_address(args)[1], machines * per_machine, per_machine,
+                      job.parallel.timeout_s)
+        threading.Thread(target=run_host, args=(*join_address(args), 0, 0, False), daemon=True).start()
+        hosts = [Hosts(front, tuple(slots)) for slots in group_slots(machines, per_machine, args.replicas)]
     service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop, keep,
                       max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000,
-                      build_timeout_s=args.build_timeout or math.inf, drain_timeout_s=args.drain_timeout)
+                      build_timeout_s=args.build_timeout or math.inf, drain_timeout_s=args.drain_timeout,
+                      hosts=hosts)
     app = make_app(service, api_key, args.max_body_bytes, loopback(args.host), tuple(args.allow_origin))
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5,
                             access_log=False)
     server = DrainingServer(config, service)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if front is not None:
+            front.close()
     if service.failure is not None:
         raise service.failure
     return exit_code

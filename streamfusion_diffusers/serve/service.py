@@ -16,6 +16,10 @@ video that is deleted) cancels its request: one still queued is dropped; a runni
 and its batch stops at the next step on every rank once every request of the batch is cancelled; until then the
 batch runs on for the others and the cancelled request's images are dropped. The group goes on with the queue.
 A streamed request gets rank 0's note at each step of its call (`stream`), previews included when it asked.
+
+Across machines (`hosts`), a group that lost a node waits for it (its launcher restarted) rather than counting
+failed restarts; while every group waits so, no request can run: the waiting ones and new ones are answered 503
+at once instead of queueing until their deadline.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from ..runtime.group import Group, RankFailure, failure_status
 from ..runtime.job import Job
 from ..runtime.output import encode
 from ..runtime.progress import StepNote
+from ..runtime.remote import Hosts
 from ..runtime.request import Request
 from .errors import ApiError
 from .metrics import Metrics
@@ -54,7 +59,8 @@ class Service:
     def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
                  request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
                  keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0,
-                 build_timeout_s: float = math.inf, drain_timeout_s: float = math.inf):
+                 build_timeout_s: float = math.inf, drain_timeout_s: float = math.inf,
+                 hosts: list[Hosts] | None = None):
         self.job, self.checker = job, Checker(job, limits)
         if max_batch > 1 and (why := unbatched_why(job)):
             logger.info("every request runs as its own pipeline call: %s", why)
@@ -63,7 +69,7 @@ class Service:
         if job.stack.adapters and job.cuda_graph:
             logger.info("named LoRAs with CUDA graphs: each new choice of adapters and weights gets graphs of its "
                         "own (its first step eager, its second captured), kept with the others' within the budget")
-        self.groups = [Group(i, job, d) for i, d in enumerate(devices)]
+        self.groups = [Group(i, job, d, hosts[i] if hosts else None) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
         self.videos = VideoStore(keep_videos)
@@ -232,12 +238,29 @@ class Service:
         self.metrics.restarted()
         await asyncio.to_thread(group.stop, True)
         group.state = "recovering"
+        if group.hosts is not None and (missing := group.hosts.missing()):
+            group.state = "waiting"
+            logger.warning("group %d: waiting for node(s) %s to come back", group.index,
+                           ", ".join(map(str, group.hosts.nodes(missing))))
+            if self.stranded():
+                self.queue.fail_waiting(self.stranded())
 
     # ---- requests
 
+    def stranded(self) -> ApiError | None:
+        """The answer to a request while every group waits for a lost node (none can run it); else None."""
+        if not self.ready_once or any(g.state not in ("waiting", "failed") for g in self.groups):
+            return None
+        nodes = sorted({n for g in self.groups if g.hosts is not None for n in g.hosts.nodes(g.hosts.missing())})
+        return ApiError(503, f"no parallel group can run requests: node(s) {', '.join(map(str, nodes))} are gone; "
+                             f"they serve again once their launchers restart", code="unavailable",
+                        headers={"Retry-After": "10"})
+
     async def submit(self, kind: str, params: Request, streamed: bool = False) -> Work:
-        """Queue a checked request (429 when full, 503 when draining or stopped); a `streamed` one follows its
-        steps (`stream`)."""
+        """Queue a checked request (429 when full, 503 when draining, stopped, or no group can run it); a
+        `streamed` one follows its steps (`stream`)."""
+        if error := self.stranded():
+            raise error
         work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s)
         if streamed:
             work.steps = asyncio.Queue()
@@ -341,7 +364,7 @@ class Service:
     def _group_state(self, group: Group) -> str:
         if group.state == "ready":
             return "busy" if group.index in self.busy else "ready"
-        return {"recovering": "restarting"}.get(group.state, group.state)
+        return {"recovering": "restarting", "waiting": "waiting for a node"}.get(group.state, group.state)
 
     def render_metrics(self) -> bytes:
         return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))

@@ -119,6 +119,11 @@ class WorkQueue:
             return False
         return True
 
+    def fail_waiting(self, error: ApiError) -> None:
+        """Answer every waiting request with `error` (no group can run them now); new ones still come."""
+        while self._items:
+            self._items.popleft().fail(error)
+
     async def close(self, fail: ApiError | None = None) -> None:
         """No new requests; with `fail`, answer every waiting one with it (no group will run them)."""
         self.closed = True

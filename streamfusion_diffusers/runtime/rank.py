@@ -1,0 +1,88 @@
+"""What runs in a pool's rank process: join the group's process group, then run the functions the parent sends,
+one call at a time, until it sends None.
+
+The same loop serves a pool spawned on this machine (pool.py) and a rank of a job across machines, spawned by
+its node's launched process (host.py): only how the rank joins its process group differs (`join`). While a
+function runs, the rank may `note` its progress, and read whether the parent asked the call to stop
+(`cancelled`). A rank whose parent dies exits too.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+from tqdm import tqdm
+
+from ..context import shutdown
+from ..core.logs import quiet_noisy_loggers
+
+_OUTBOX: mp.Queue | None = None  # in a rank process: where `note` sends (the pool's outbox, set at start)
+_CANCEL: Any = None  # in a rank process: the pool's cancel value (the number of the call to stop)
+_CALL = 0  # in a rank process: the number of the call it runs
+
+
+def exit_with(parent: int) -> None:
+    """Exit this process when its parent is gone (killed before it could stop its children)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def note(value: Any) -> None:
+    """Tell the parent how a running function is getting on (e.g. steps done); the pool keeps the latest
+    note as `last_note`. Outside a pool's rank it does nothing."""
+    if _OUTBOX is not None:
+        _OUTBOX.put((int(os.environ["RANK"]), None, value))
+
+
+def cancelled() -> bool:
+    """Whether the parent asked the call this rank runs to stop (ranks may read it at different moments: they
+    agree on it with a collective before stopping). Outside a pool's rank: never."""
+    return _CANCEL is not None and _CANCEL.value == _CALL
+
+
+def serve_rank(rank: int, join: Callable[[], None], parent: tuple[int, int, list], inbox: mp.Queue,
+               outbox: mp.Queue, cancel: Any) -> None:
+    """The rank process: `join` its process group (it sets RANK), say so, then run each (call, fn, args, kwargs)
+    the parent sends and answer (rank, ok, result or traceback)."""
+    global _OUTBOX, _CANCEL, _CALL
+    _OUTBOX, _CANCEL = outbox, cancel
+    pid, log_level, warning_filters = parent
+    threading.Thread(target=exit_with, args=(pid,), daemon=True).start()
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
+    warnings.filters[:] = warning_filters
+    if os.environ.get("STREAMFUSION_QUIET"):
+        quiet_noisy_loggers()
+    # tqdm's default lock is a multiprocessing RLock: a named semaphore that the parent's resource tracker counts
+    # until the rank releases it, which a rank the pool stops by force never does (the parent's exit then warns of
+    # "leaked semaphore objects"). A rank's bars are its own process's: a thread lock is all they need.
+    tqdm.set_lock(threading.RLock())
+    try:
+        join()
+    except Exception:  # noqa: BLE001 - report start-up failures to the parent instead of hanging it
+        outbox.put((rank, False, traceback.format_exc()))
+        return
+    outbox.put((rank, True, None))
+    while (task := inbox.get()) is not None:
+        _CALL, fn, args, kwargs = task
+        try:
+            outbox.put((rank, True, fn(*args, **kwargs)))
+        except Exception:  # noqa: BLE001
+            outbox.put((rank, False, traceback.format_exc()))
+    shutdown()
+
+
+def parent_info() -> tuple[int, int, list]:
+    """What a rank takes from the process that spawns it: its pid (the rank exits when it is gone), its log level
+    and its warning filters."""
+    return os.getpid(), logging.getLogger().getEffectiveLevel(), list(warnings.filters)
+
+
+__all__ = ["cancelled", "exit_with", "note", "parent_info", "serve_rank"]
