@@ -23,6 +23,7 @@ from ..diffusers.stack.spec import Stack, parse_stack
 from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import FAMILIES
 from .arguments import SPAWN_SHAPE, WEIGHTS_SEED
+from .images import read as read_image
 
 @dataclass(frozen=True)
 class Job:
@@ -53,6 +54,7 @@ class Job:
     stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
     weights_seed: int = WEIGHTS_SEED  # random weights' seed (not the generation's)
     deterministic: bool = False  # every kernel and backend choice pinned, none timed
+    images: tuple[bytes, ...] = ()  # input images' files (`--image`), checked (runtime/images.py)
 
     @property
     def spec(self) -> ModelSpec:
@@ -133,6 +135,18 @@ def check_guidance(model: str, guidance_scale: float | None, true_cfg_scale: flo
                          f"drop --true-cfg-scale")
 
 
+def check_images(model: str, count: int, option: str = "--image") -> None:
+    """As many input images as the model's pipeline takes: an edit model needs one; others take none, or up to
+    their count (models/configs.py ModelSpec.images)."""
+    spec = MODELS[model]
+    takers = ", ".join(name for name, s in MODELS.items() if s.images and not real_size(name))
+    if count > spec.images:
+        raise ValueError(f"{option}: {model} takes {spec.images or 'no'} input image{'s' * (spec.images != 1)}, got "
+                         f"{count}" + ("" if spec.images else f"; models that take one: {takers}"))
+    if count == 0 and FAMILIES[spec.family].needs_image:
+        raise ValueError(f"{option} PATH: {model} edits an input image; give one")
+
+
 def given(value: Any, default: Any) -> Any:
     """A given option's value, else the default: a given 0 stays 0."""
     return default if value is None else value
@@ -201,6 +215,9 @@ def make_job(args: argparse.Namespace) -> Job:
         raise ValueError(f"--max-memory {args.max_memory:g}: give the GiB per GPU the run may take (> 0)")
     cuda_graph, graph_why = graph_choice(args, gpu)
     steps = given(args.steps, spec.steps)
+    paths = getattr(args, "image", None) or []
+    check_images(args.model, len(paths))
+    images = tuple(read_image(path) for path in paths)
     stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
@@ -209,4 +226,4 @@ def make_job(args: argparse.Namespace) -> Job:
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
                compile=args.compile,
                shard_weights=args.shard_weights, max_memory=args.max_memory, stack=stack,
-               weights_seed=args.weights_seed, deterministic=args.deterministic)
+               weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)

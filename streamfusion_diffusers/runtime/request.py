@@ -28,13 +28,14 @@ class Request:
     seed: int
     guidance_scale: float | None
     n: int = 1
+    images: tuple[bytes, ...] = ()  # input images' files (runtime/images.py): an edit's, references, a first frame
     id: str = field(default_factory=_next_id)
 
     @classmethod
     def of(cls, job: Job) -> Request:
         """The job's own generation as a request (what `generate` runs)."""
         return cls(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
-                   steps=job.steps, seed=job.seed, guidance_scale=job.guidance_scale)
+                   steps=job.steps, seed=job.seed, guidance_scale=job.guidance_scale, images=job.images)
 
     def job(self, base: Job, index: int = 0) -> Job:
         """The job with this request's prompt, size, steps and seed (generation `index`: seed + index)."""
@@ -45,7 +46,8 @@ class Request:
     @property
     def shape(self) -> tuple:
         """What the pipeline call is shaped by: requests that share it can run as one call (runtime/batch.py)."""
-        return self.height, self.width, self.frames, self.steps, self.guidance_scale, self.negative_prompt
+        return (self.height, self.width, self.frames, self.steps, self.guidance_scale, self.negative_prompt,
+                self.images)  # one call takes one set of input images: requests share it or run apart
 
     @property
     def size(self) -> str:
