@@ -59,6 +59,19 @@ class ImageRequest(_Request):
                 if name in self.model_fields_set}
 
 
+class EditRequest(ImageRequest):
+    """POST /v1/images/edits: OpenAI's multipart form's text fields (validated with `strict=False`, its fields
+    being text); the image files (`image`, `image[]`, `mask`) are read beside it."""
+
+    input_fidelity: Literal["high", "low"] | None = None
+
+    def ignored(self) -> dict[str, str]:
+        said = super().ignored()
+        if "input_fidelity" in self.model_fields_set:
+            said["input_fidelity"] = f"{self.input_fidelity!r}: the model keeps what it keeps of the input image"
+        return said
+
+
 class VideoRequest(_Request):
     """POST /v1/videos (JSON, or OpenAI's multipart form: validated with `strict=False`, its fields being text)."""
 
@@ -106,5 +119,5 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-__all__ = ["ErrorDetail", "ErrorResponse", "ImageData", "ImageRequest", "ImagesResponse", "ModelCard", "ModelList",
+__all__ = ["EditRequest", "ErrorDetail", "ErrorResponse", "ImageData", "ImageRequest", "ImagesResponse", "ModelCard", "ModelList",
            "VideoRequest"]
