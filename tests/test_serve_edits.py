@@ -51,6 +51,8 @@ def test_an_edit_through_the_openai_client_equals_generate_with_the_image(server
     assert served.shape == (48, 64, 3)
     generated = generate(tmp_path, "--image", photo, "--seed", "5", "--height", "48", "--width", "64")
     assert np.array_equal(served, generated)
+    plain = generate(tmp_path / "plain", "--seed", "5", "--height", "48", "--width", "64")
+    assert not np.array_equal(served, plain)  # the input image was really taken
 
 
 @pytest.mark.parametrize(("files", "param", "words"), [

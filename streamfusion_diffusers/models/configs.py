@@ -200,6 +200,8 @@ TRANSFORMERS: dict[str, TransformerSpec] = {
     "qwen-image": TransformerSpec("qwen-image", QWEN_IMAGE, (83, 83), 128),  # 1328x1328
     "tiny-qwen-image-edit": TransformerSpec("qwen-image", TINY_QWEN_IMAGE, (4, 4), 8),
     "qwen-image-edit": TransformerSpec("qwen-image", QWEN_IMAGE, (64, 64), 128),  # 1024x1024, input image beside
+    "tiny-flux-kontext": TransformerSpec("flux", TINY_FLUX, (4, 4), 16),
+    "flux-kontext": TransformerSpec("flux", FLUX_DEV, (64, 64), 512),  # 1024x1024, input image beside
 }
 
 
