@@ -1,6 +1,7 @@
-"""`streamfusion serve --model tiny-flux-kontext` on 4 gloo ranks takes OpenAI's image edits: the openai client's
-`images.edit` gets an image of the asked size, pixel-identical to `generate --image` with the same seed; a file
-that is no image and a mask get 400 naming the field; `generate --image` on 4 ranks gives one rank's image."""
+"""`streamfusion serve` of the tiny edit models on 4 gloo ranks takes OpenAI's image edits: the openai client's
+`images.edit` gets an image of the asked size, pixel-identical to `generate --image` with the same seed (and not
+the image made without the input); a file that is no image and a mask get 400 naming the field (Kontext's
+server); `generate --image` on 4 ranks gives one rank's image."""
 from __future__ import annotations
 
 import base64
@@ -35,24 +36,39 @@ def server():
         yield s
 
 
-def generate(out, *argv: str) -> np.ndarray:
-    subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", MODEL, "--prompt", PROMPT,
+def generate(out, *argv: str, model: str = MODEL) -> np.ndarray:
+    subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", model, "--prompt", PROMPT,
                     "--output", str(out), *argv], cwd=ROOT, check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     return np.asarray(Image.open(out / "image.png"))
 
 
-def test_an_edit_through_the_openai_client_equals_generate_with_the_image(server, photo, tmp_path):
-    client = openai.OpenAI(api_key="none", base_url=server.url + "/v1", max_retries=0)
+def edit(url: str, model: str, photo: str) -> np.ndarray:
+    client = openai.OpenAI(api_key="none", base_url=url + "/v1", max_retries=0)
     with open(photo, "rb") as image:
-        answer = client.images.edit(model=MODEL, image=image, prompt=PROMPT, size="64x48",
+        answer = client.images.edit(model=model, image=image, prompt=PROMPT, size="64x48",
                                     response_format="b64_json", extra_body={"seed": 5})
-    served = np.asarray(Image.open(io.BytesIO(base64.b64decode(answer.data[0].b64_json))))
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(answer.data[0].b64_json))))
+
+
+def test_an_edit_through_the_openai_client_equals_generate_with_the_image(server, photo, tmp_path):
+    served = edit(server.url, MODEL, photo)
     assert served.shape == (48, 64, 3)
     generated = generate(tmp_path, "--image", photo, "--seed", "5", "--height", "48", "--width", "64")
     assert np.array_equal(served, generated)
     plain = generate(tmp_path / "plain", "--seed", "5", "--height", "48", "--width", "64")
     assert not np.array_equal(served, plain)  # the input image was really taken
+
+
+def test_a_qwen_image_edit_through_the_openai_client_equals_generate(photo, tmp_path):
+    """Qwen-Image-Edit reads the image twice (its VAE's latents beside the image's tokens, and its Qwen2-VL
+    encoder's prompt through the offline processor)."""
+    model = "tiny-qwen-image-edit"
+    with Server("--model", model) as qwen:
+        served = edit(qwen.url, model, photo)
+    assert served.shape == (48, 64, 3)
+    generated = generate(tmp_path, "--image", photo, "--seed", "5", "--height", "48", "--width", "64", model=model)
+    assert np.array_equal(served, generated)
 
 
 @pytest.mark.parametrize(("files", "param", "words"), [
