@@ -177,8 +177,9 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
     return True, "the default on GPUs"
 
 
-def make_job(args: argparse.Namespace) -> Job:
-    """Resolve defaults and check the layout against the model, before any process starts."""
+def make_job(args: argparse.Namespace, serving: bool = False) -> Job:
+    """Resolve defaults and check the layout against the model, before any process starts. `serving`: the
+    requests bring their input images (`serve`), so the job takes none."""
     if importlib.util.find_spec("diffusers") is None:
         raise ValueError(f"streamfusion generate {missing('diffusers')}")
     machines, gpus_per_machine, gpu = cluster(args)
@@ -216,7 +217,11 @@ def make_job(args: argparse.Namespace) -> Job:
     cuda_graph, graph_why = graph_choice(args, gpu)
     steps = given(args.steps, spec.steps)
     paths = getattr(args, "image", None) or []
-    check_images(args.model, len(paths))
+    if serving and paths:
+        raise ValueError("--image is for generate: a served edit sends its image with the request "
+                         "(POST /v1/images/edits)")
+    if not serving:
+        check_images(args.model, len(paths))
     images = tuple(read_image(path) for path in paths)
     stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
