@@ -18,7 +18,7 @@ import streamfusion_diffusers.diffusers.processors.overlap as overlap_processors
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.sequence import split_sizes
-from streamfusion_diffusers.models import TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
+from streamfusion_diffusers.models import TINY_FLUX, TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
 from streamfusion_diffusers.models.inputs import JOINT, build, inputs
 
 TOL = 1e-4
@@ -29,7 +29,7 @@ TINY_HUNYUAN = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "
                 "text_embed_dim": 32, "pooled_projection_dim": 16, "rope_axes_dim": (4, 6, 6)}
 TINY_HELIOS = {**{k: v for k, v in TINY_WAN.items() if k != "rope_max_seq_len"}, "rope_dim": (4, 6, 6),
                "num_layers": 40}  # its plan names 40 blocks
-CONFIGS = {"flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
+CONFIGS = {"flux": TINY_FLUX, "flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
            "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS}
 _contexts: dict[ParallelConfig, Any] = {}
 
@@ -44,20 +44,23 @@ class Case:
     batch: int = 1
     padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
     token_timesteps: bool = False  # one timestep per latent token (Wan 2.2 TI2V)
+    references: tuple[tuple[int, int], ...] = ()  # input images' token grids, after the image's tokens
 
     @property
     def image_tokens(self) -> int:
+        """The split sequence's image tokens: the image's and every input image's."""
         n = 1
         for side in self.grid:
             n *= side
-        return n
+        return n + sum(rows * cols for rows, cols in self.references)
 
     def model(self, seed: int) -> torch.nn.Module:
         return build(self.family, CONFIGS[self.family], seed=seed)
 
     def inputs(self, seed: int) -> dict[str, Any]:
         return inputs(self.family, CONFIGS[self.family], self.grid, self.text, batch=self.batch,
-                      padded_text=self.padded_text, token_timesteps=self.token_timesteps, seed=seed)
+                      padded_text=self.padded_text, token_timesteps=self.token_timesteps,
+                      references=self.references, seed=seed)
 
 
 def context(config: ParallelConfig):

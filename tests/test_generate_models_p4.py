@@ -63,6 +63,10 @@ def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, mod
     (("--model", "tiny-flux2", "--cfg-parallel"), "Flux.2 has none"),
     (("--model", "tiny-wan", "--height", "48"), "--height 48: must be a multiple of 32"),
     (("--model", "tiny-wan", "--frames", "8"), "must be 4k \\+ 1"),
+    (("--model", "tiny-qwen-image-edit",), "--image PATH: tiny-qwen-image-edit edits an input image"),
+    (("--model", "tiny-qwen-image", "--image", "x.png"), "takes no input images.*tiny-qwen-image-edit"),
+    (("--model", "tiny-flux-kontext", "--image", "missing.png"), "--image missing.png: No such file"),
+    (("--model", "tiny-wan", "--image", "a.png", "--image", "b.png"), "takes 1 input image, got 2"),
     pytest.param(("--model", "qwen-image"), "no GPU is visible.*--model tiny-qwen-image",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where no GPU is visible")),
 ])

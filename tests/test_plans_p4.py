@@ -1,7 +1,8 @@
 """Every plan family through `parallelize` on 4 gloo processes matches the unparallelized model (float32).
 
 Flux.2, Wan and Qwen-Image on every layout the issue names (torus U4R1 and U2R2, usp U2R2, ring U1R4,
-ulysses U4R1, auto); LTX, HunyuanVideo, ChronoEdit and Helios once each; every case with token counts that do not
+ulysses U4R1, auto), and so the input images of edits (Qwen-Image-Edit, Flux.1 Kontext, Flux.2's references,
+Wan 2.2 TI2V's first frame); LTX, HunyuanVideo, ChronoEdit and Helios once each; every case with token counts that do not
 divide the 4 ranks (uneven slices); a text shorter than the ranks stays whole and is attended as joint tokens.
 Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention), refused naming the
 input where they would mask the split self-attention (Qwen-Image, HunyuanVideo).
@@ -33,6 +34,12 @@ NEW = {  # image and text token counts that 4 does not divide
     "wan": Case("wan", (2, 3, 3), text=7),
     "qwen-image": Case("qwen-image", (3, 5), text=6, batch=2),
 }
+EDITS = {  # an input image's tokens after the image's, uneven over 4 ranks; Wan TI2V's first frame is its own
+    "qwen-image-edit": Case("qwen-image", (3, 5), text=6, batch=2, references=((2, 3),)),
+    "flux-kontext": Case("flux", (3, 5), text=6, references=((2, 3),)),
+    "flux2-two-references": Case("flux2", (3, 5), text=6, references=((2, 3), (2, 2))),
+    "wan2.2-ti2v-first-frame": Case("wan", (2, 3, 3), text=7, token_timesteps=True),
+}
 OTHERS = {
     "ltx-masked-text": Case("ltx", (2, 3, 3), text=7, batch=2, padded_text=3),
     "hunyuan-video": Case("hunyuan-video", (2, 3, 3), text=6),
@@ -58,6 +65,14 @@ def pool():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_new_models_match_on_every_layout(pool, layout, family):
     check(pool, config(layout), NEW[family])
+
+
+@pytest.mark.parametrize("case", EDITS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_input_images_match_on_every_layout(pool, layout, case):
+    """The reference tokens lengthen the split sequence: every rank's attention holds its share of the image's
+    and the input images' tokens together (plan_cases.check counts them), and the output matches one rank's."""
+    check(pool, config(layout), EDITS[case])
 
 
 @pytest.mark.parametrize("case", OTHERS)

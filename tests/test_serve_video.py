@@ -9,8 +9,10 @@ import time
 
 import httpx
 import imageio.v3 as iio
+import numpy as np
 import openai
 import pytest
+from PIL import Image
 
 from serve_cases import Server, browser_page
 
@@ -59,6 +61,30 @@ def test_video_requests_are_checked(server):
         assert http.post("/v1/videos", json={"prompt": "a", "seconds": "x"}).json()["error"]["param"] == "seconds"
         assert http.post("/v1/images/generations", json={"prompt": "a"}).json()["error"]["code"] == "wrong_endpoint"
         assert http.get("/v1/videos/video_nope").status_code == 404
+
+
+def test_a_first_frame_as_input_reference_makes_the_video_start_from_it(server):
+    """Wan 2.2 TI2V's image-to-video: the multipart form's input_reference file is the video's first frame (its
+    latents the first latent frame's), so the same seed gives another video."""
+    still = io.BytesIO()
+    Image.new("RGB", (64, 64), (250, 250, 250)).save(still, format="PNG")
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        videos = []
+        for reference in (still.getvalue(), None):
+            files = {"prompt": (None, "waves"), "num_frames": (None, "9"), "seed": (None, "3"),
+                     **({"input_reference": ("still.png", reference, "image/png")} if reference else {})}
+            job = http.post("/v1/videos", files=files).json()
+            ends = time.monotonic() + 120
+            while (job := http.get(f"/v1/videos/{job['id']}").json())["status"] in ("queued", "in_progress"):
+                assert time.monotonic() < ends
+                time.sleep(0.3)
+            assert job["status"] == "completed", job
+            content = http.get(f"/v1/videos/{job['id']}/content").content
+            videos.append(iio.imread(io.BytesIO(content), index=None, extension=".mp4"))
+    first, plain = videos
+    assert first.shape == plain.shape == (9, 64, 64, 3)
+    assert not np.array_equal(first[0], plain[0])  # the same seed: the still made the difference (random weights
+    # decode no likeness of it)
 
 
 def test_the_page_makes_a_video_in_a_real_browser(server):

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ..core.config import degrees_label
+from ..runtime import images
 from ..models import MODELS
 from ..models.build import build_pipeline
 from ..models.full import build_full_pipeline, encode_first
@@ -71,7 +72,15 @@ class E2ESetup:
         return dict(**prompt, height=self.height, width=self.width, num_inference_steps=self.steps,
                     generator=torch.Generator("cpu").manual_seed(self.seed), output_type=output_type,
                     **family_of(self.model).call_kwargs(spec, self.frames, self.guidance_scale, self.true_cfg_scale,
-                                                        self.max_sequence_length))
+                                                        self.max_sequence_length),
+                    **family_of(self.model).size_kwargs(self.height, self.width), **self.input_image())
+
+    def input_image(self) -> dict[str, Any]:
+        """An edit model's input image: a blank one of the output's size (its tokens are what an edit adds)."""
+        family = family_of(self.model)
+        if not family.needs_image:
+            return {}
+        return family.image_kwargs(MODELS[self.model], [images.decode(images.blank(self.width, self.height))])
 
 
 def build(setup: E2ESetup, device: torch.device) -> tuple[Any, E2ESetup]:

@@ -70,7 +70,8 @@ def cogvideox(frames: int = 49, height: int = COGVIDEOX_PLAN_HEIGHT, width: int 
 
 
 def image_workload(model: str, width: int | None = None, height: int | None = None) -> Workload:
-    """One step of a newer real-size image model (flux2-dev, qwen-image) at WIDTH[xHEIGHT] (square when only
+    """One step of a newer real-size image model (flux2-dev, qwen-image; an edit's input image counted at the
+    output's size) at WIDTH[xHEIGHT] (square when only
     WIDTH is given), else at `streamfusion generate`'s default size."""
     spec = configs.MODELS[model]
     return _pipeline_workload(model, 1, height or width or spec.height, width or spec.width)
@@ -96,7 +97,8 @@ def _pipeline_workload(model: str, frames: int, height: int, width: int) -> Work
     side, hidden = spec.vae_scale * spec.patch, cfg["num_attention_heads"] * cfg["attention_head_dim"]
     grid = (height // side, width // side)
     return Workload(f"{model} {f'{frames}f ' if spec.video else ''}{width}x{height}",
-                    spec.image_tokens(height, width, frames), t.text if t.family in configs.JOINT else 0,
+                    spec.image_tokens(height, width, frames) + spec.reference_tokens(height, width),
+                    t.text if t.family in configs.JOINT else 0,
                     cfg["num_attention_heads"], cfg["attention_head_dim"],
                     cfg["num_layers"] + cfg.get("num_single_layers", 0),
                     mlp_ratio=cfg.get("mlp_ratio", cfg.get("ffn_dim", 4 * hidden) / hidden), model=model,
@@ -106,6 +108,8 @@ def _pipeline_workload(model: str, frames: int, height: int, width: int) -> Work
 
 MODELS = {"flux-dev": flux, "cogvideox-5b": cogvideox, "flux2-dev": partial(image_workload, "flux2-dev"),
           "qwen-image": partial(image_workload, "qwen-image"),
+          "qwen-image-edit": partial(image_workload, "qwen-image-edit"),
+          "flux-kontext": partial(image_workload, "flux-kontext"),
           "wan2.2-ti2v-5b": partial(video_workload, "wan2.2-ti2v-5b"),
           "wan2.2-t2v-a14b": partial(video_workload, "wan2.2-t2v-a14b")}
 

@@ -175,7 +175,8 @@ QWEN_IMAGE: dict[str, Any] = {  # Qwen/Qwen-Image, 20B
 }
 
 
-JOINT = ("flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
+JOINT = ("flux", "flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
+EDIT = ("qwen-image-edit", "flux-kontext")  # pipeline families whose every call edits an input image
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,10 @@ TRANSFORMERS: dict[str, TransformerSpec] = {
     "wan2.2-t2v-a14b": TransformerSpec("wan", WAN22_T2V_A14B, (21, 45, 80), 512),  # 720x1280, 81 frames
     "tiny-qwen-image": TransformerSpec("qwen-image", TINY_QWEN_IMAGE, (4, 4), 8),
     "qwen-image": TransformerSpec("qwen-image", QWEN_IMAGE, (83, 83), 128),  # 1328x1328
+    "tiny-qwen-image-edit": TransformerSpec("qwen-image", TINY_QWEN_IMAGE, (4, 4), 8),
+    "qwen-image-edit": TransformerSpec("qwen-image", QWEN_IMAGE, (64, 64), 128),  # 1024x1024, input image beside
+    "tiny-flux-kontext": TransformerSpec("flux", TINY_FLUX, (4, 4), 16),
+    "flux-kontext": TransformerSpec("flux", FLUX_DEV, (64, 64), 512),  # 1024x1024, input image beside
 }
 
 
@@ -217,6 +222,8 @@ class ModelSpec:
     patch: int = 2  # latent pixels per token, each side (Flux's pipelines pack 2 x 2 latent pixels)
     temporal: int = 1  # frames per latent frame after the first (video VAEs: 4)
     extras: dict[str, Any] = field(default_factory=dict)  # the family's own settings (Wan: boundary_ratio, ...)
+    images: int = 0  # input images a call takes (`generate --image`): edits' references, Flux.2's, Wan TI2V's first
+    # frame; 0: none
 
     def image_tokens(self, height: int, width: int, frames: int = 1) -> int:
         """Image/video tokens the transformer sees at this size (the one formula): latent frames, over
@@ -225,6 +232,11 @@ class ModelSpec:
         p_t = self.transformer.get("patch_size_t") or 1
         side = self.vae_scale * self.patch
         return (latent_frames // p_t) * (height // side) * (width // side)
+
+    def reference_tokens(self, height: int, width: int) -> int:
+        """Tokens an edit's input image adds to the split sequence, counted at the output's size (the pipelines
+        pack its latents after the image's: Qwen-Image-Edit, Kontext); 0 for models that generate only."""
+        return self.image_tokens(height, width) if self.family in EDIT else 0
 
     @property
     def video(self) -> bool:
@@ -244,21 +256,32 @@ MODELS: dict[str, ModelSpec] = {
     "cogvideox-5b": ModelSpec("cogvideox", COGVIDEOX_5B, 480, 720, 49, 50, 226, 6.0, vae_scale=8, temporal=4),
     # Wan 2.2: TI2V-5B's own VAE compresses 16x (z_dim 48) and its timesteps are per token; A14B runs a
     # high-noise expert down to boundary_ratio x 1000, then a low-noise one, on Wan 2.1's 8x VAE.
-    "tiny-wan": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 5.0, vae_scale=16, temporal=4,
+    "tiny-wan": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 5.0, vae_scale=16, temporal=4, images=1,
                           extras={"expand_timesteps": True}),
     "wan2.2-ti2v-5b": ModelSpec("wan", WAN22_TI2V_5B, 704, 1280, 121, 50, 512, 5.0, vae_scale=16, temporal=4,
-                                extras={"expand_timesteps": True, "flow_shift": 5.0}),
+                                images=1, extras={"expand_timesteps": True, "flow_shift": 5.0}),
     "tiny-wan-a14b": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 4.0, vae_scale=8, temporal=4,
                                extras={"boundary_ratio": 0.875}),
     "wan2.2-t2v-a14b": ModelSpec("wan", WAN22_T2V_A14B, 720, 1280, 81, 40, 512, 4.0, vae_scale=8, temporal=4,
                                  extras={"boundary_ratio": 0.875, "flow_shift": 3.0}),
     "tiny-qwen-image": ModelSpec("qwen-image", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None, vae_scale=8),
     "qwen-image": ModelSpec("qwen-image", QWEN_IMAGE, 1328, 1328, 1, 50, 512, None, vae_scale=8),
+    # Edits: Qwen-Image's and Flux.1's transformers (Qwen/Qwen-Image-Edit, black-forest-labs/FLUX.1-Kontext-dev
+    # ship the same transformer configs); the tiny Qwen2-VL processor resizes the prompt's image to 56 x 56 pixels,
+    # the tiny Kontext keeps its input image's size (no resize to Kontext's trained sizes)
+    "tiny-qwen-image-edit": ModelSpec("qwen-image-edit", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None, vae_scale=8,
+                                      images=1, extras={"vl_max_pixels": 56 * 56}),
+    "qwen-image-edit": ModelSpec("qwen-image-edit", QWEN_IMAGE, 1024, 1024, 1, 50, 512, None, vae_scale=8, images=1),
+    "tiny-flux-kontext": ModelSpec("flux-kontext", TINY_FLUX, 64, 64, 1, 4, 16, 2.5, vae_scale=2, images=1,
+                                   extras={"auto_resize": False}),
+    "flux-kontext": ModelSpec("flux-kontext", FLUX_DEV, 1024, 1024, 1, 28, 512, 2.5, vae_scale=8, images=1),
     # Flux.2 stacks three hidden layers of its text encoder: a text width divisible by 3
-    "tiny-flux2": ModelSpec("flux2", {**TINY_FLUX2, "joint_attention_dim": 48}, 64, 64, 1, 4, 16, 4.0, vae_scale=4),
-    "flux2-dev": ModelSpec("flux2", FLUX2_DEV, 1024, 1024, 1, 50, 512, 4.0, vae_scale=8),
+    "tiny-flux2": ModelSpec("flux2", {**TINY_FLUX2, "joint_attention_dim": 48}, 64, 64, 1, 4, 16, 4.0, vae_scale=4,
+                            images=10),
+    "flux2-dev": ModelSpec("flux2", FLUX2_DEV, 1024, 1024, 1, 50, 512, 4.0, vae_scale=8, images=10),
 }
 # The tiny counterpart of each real-size model (the CPU's stand-in for it in bench and in generate's hints).
 TINY: dict[str, str] = {"flux-dev": "tiny-flux", "cogvideox-5b": "tiny-cogvideox", "flux2-dev": "tiny-flux2",
                         "wan2.2-ti2v-5b": "tiny-wan", "wan2.2-t2v-a14b": "tiny-wan-a14b",
-                        "qwen-image": "tiny-qwen-image"}
+                        "qwen-image": "tiny-qwen-image", "qwen-image-edit": "tiny-qwen-image-edit",
+                        "flux-kontext": "tiny-flux-kontext"}

@@ -2,20 +2,22 @@
 
 For tests (tiny configs) and real-size timing runs (`benchmarks/models_gpu.py`): every rank builds the same
 model and inputs from a config, a token grid and a text length. Latent grids are in tokens (after patching).
+Input images (`references`, token grids too) enter as their pipelines put them: their tokens after the image's in
+one sequence (Flux.1 Kontext, Flux.2, Qwen-Image-Edit), told apart by position ids or `img_shapes`.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, HeliosTransformer3DModel,
+from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, FluxTransformer2DModel, HeliosTransformer3DModel,
                        HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel, QwenImageTransformer2DModel,
                        WanTransformer3DModel)
 
 from .build import _default_dtype_and_device
 from .configs import JOINT
 
-FAMILIES: dict[str, type] = {"flux2": Flux2Transformer2DModel, "wan": WanTransformer3DModel,
+FAMILIES: dict[str, type] = {"flux": FluxTransformer2DModel, "flux2": Flux2Transformer2DModel, "wan": WanTransformer3DModel,
                              "qwen-image": QwenImageTransformer2DModel, "ltx": LTXVideoTransformer3DModel,
                              "hunyuan-video": HunyuanVideoTransformer3DModel,
                              "chronoedit": ChronoEditTransformer3DModel, "helios": HeliosTransformer3DModel}
@@ -30,10 +32,11 @@ def build(family: str, config: dict[str, Any], *, seed: int = 0, dtype: torch.dt
 
 
 def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int, *, batch: int = 1,
-           padded_text: int = 0, token_timesteps: bool = False, seed: int = 1, dtype: torch.dtype = torch.float32,
-           device: torch.device | str = "cpu") -> dict[str, Any]:
+           padded_text: int = 0, token_timesteps: bool = False, references: tuple[tuple[int, int], ...] = (),
+           seed: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> dict[str, Any]:
     """Forward keyword arguments; `padded_text` trailing text tokens of the last batch row are masked out;
-    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps), Wan only."""
+    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps), Wan only; `references`:
+    input images' (rows, cols) token grids after the image's tokens (Flux.1, Flux.2, Qwen-Image)."""
     g = torch.Generator(device=device).manual_seed(seed)
     b, t = batch, text
 
@@ -44,21 +47,33 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
     if padded_text:
         mask[-1, t - padded_text:] = 0
     timestep = torch.rand(b, generator=g, device=device, dtype=dtype) * 1000
+    grids = [tuple(grid), *references]  # image tokens, then each input image's
+    tokens = sum(r * c for r, c in grids) if references else 0
+    if family == "flux":  # Kontext: an input image's ids say 1 where the image's say 0 (FluxKontextPipeline)
+        ids = torch.cat([_grid_ids(r, c, first=float(i > 0), device=device) for i, (r, c) in enumerate(grids)])
+        return {"hidden_states": randn(b, tokens or grid[0] * grid[1], config["in_channels"]),
+                "encoder_hidden_states": randn(b, t, config["joint_attention_dim"]),
+                "pooled_projections": randn(b, config["pooled_projection_dim"]), "timestep": timestep / 1000,
+                "img_ids": ids, "txt_ids": torch.zeros(t, 3, device=device)}
     if family == "flux2":
         rows, cols = grid
         arange = [torch.arange(float(n), device=device) for n in (rows, cols, t)]
         zero = torch.zeros(1, device=device)
-        img_ids = torch.cartesian_prod(zero, arange[0], arange[1], zero)
+        img_ids = torch.cat([torch.cartesian_prod(torch.full((1,), 10.0 * i, device=device),  # Flux2Pipeline's T
+                                                  torch.arange(float(r), device=device),
+                                                  torch.arange(float(c), device=device), zero)
+                             for i, (r, c) in enumerate(grids)])
         txt_ids = torch.cartesian_prod(zero, zero, zero, arange[2])
-        return {"hidden_states": randn(b, rows * cols, config["in_channels"]),
+        return {"hidden_states": randn(b, tokens or rows * cols, config["in_channels"]),
                 "encoder_hidden_states": randn(b, t, config["joint_attention_dim"]), "timestep": timestep / 1000,
                 "img_ids": img_ids.expand(b, -1, -1), "txt_ids": txt_ids.expand(b, -1, -1),
                 "guidance": torch.full((b,), 3.5, device=device, dtype=dtype)}
     if family == "qwen-image":
         rows, cols = grid
-        return {"hidden_states": randn(b, rows * cols, config["in_channels"]),
+        return {"hidden_states": randn(b, tokens or rows * cols, config["in_channels"]),
                 "encoder_hidden_states": randn(b, t, config["joint_attention_dim"]),
-                "encoder_hidden_states_mask": mask, "timestep": timestep / 1000, "img_shapes": [[(1, rows, cols)]] * b}
+                "encoder_hidden_states_mask": mask, "timestep": timestep / 1000,
+                "img_shapes": [[(1, r, c) for r, c in grids]] * b}
     frames, rows, cols = grid
     if family == "ltx":
         return {"hidden_states": randn(b, frames * rows * cols, config["in_channels"]),
@@ -74,6 +89,12 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
             "encoder_hidden_states": randn(b, t, config["text_embed_dim"]), "encoder_attention_mask": mask,
             "pooled_projections": randn(b, config["pooled_projection_dim"]),
             "guidance": torch.full((b,), 3.5, device=device, dtype=dtype)}
+
+
+def _grid_ids(rows: int, cols: int, first: float, device: torch.device | str) -> torch.Tensor:
+    """Flux.1's (first, row, col) position ids of a token grid."""
+    return torch.cartesian_prod(torch.full((1,), first, device=device), torch.arange(float(rows), device=device),
+                                torch.arange(float(cols), device=device))
 
 
 __all__ = ["FAMILIES", "JOINT", "build", "inputs"]

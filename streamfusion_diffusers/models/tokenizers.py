@@ -4,13 +4,17 @@ No model hub is needed: the vocabulary is WORDS plus each tokenizer's special to
 whitespace and punctuation. They answer the calls diffusers' pipelines make: padding, truncation, attention
 masks, Qwen-Image's chat template whose system prefix the pipeline drops by count, and Flux.2's
 `apply_chat_template` over a batch of conversations. Ids outside the vocabulary become <unk>, which the
-random-weight encoders accept.
+random-weight encoders accept. Qwen-Image-Edit's Qwen2-VL processor is made here too, from the image processor
+and the tokenizer with Qwen2-VL's vision tokens (`qwen_vl_processor`).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordLevel
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 # Enough words for demo prompts; anything else becomes <unk>.
 WORDS = ("a an the of in on at with and by under over near photo painting render portrait landscape city "
@@ -58,10 +62,33 @@ def qwen_tokenizer() -> PreTrainedTokenizerFast:
                           1024 + 34, extra=("<|im_start|>", "\n"))
 
 
+def qwen_vl_tokenizer() -> PreTrainedTokenizerFast:
+    """`qwen_tokenizer` with Qwen2-VL's vision tokens, each one token (the processor repeats <|image_pad|> per
+    image patch; <|video_pad|> must be its own token or the processor counts <unk> as video)."""
+    return word_tokenizer({"unk_token": "<unk>", "pad_token": "<|endoftext|>", "eos_token": "<|im_end|>"}, "$A",
+                          8192, extra=("<|im_start|>", "\n", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
+                                       "<|video_pad|>"))
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """Qwen2-VL's processor without a video processor: transformers' own checks its video processor's class,
+    which needs torchvision; Qwen-Image-Edit passes images only."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any):
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+def qwen_vl_processor(tokenizer: PreTrainedTokenizerFast, max_pixels: int | None = None) -> ImageOnlyQwen2VLProcessor:
+    """Qwen2-VL's processor over images; `max_pixels`: the most pixels an image is resized to (default Qwen2-VL's)."""
+    limits = {} if max_pixels is None else {"max_pixels": max_pixels, "min_pixels": min(max_pixels, 56 * 56)}
+    return ImageOnlyQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(**limits), tokenizer=tokenizer)
+
+
 def mistral_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
     """Mistral's <s> first, and a chat template for Flux.2's `apply_chat_template(conversations, ...)`."""
     return word_tokenizer({"unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"},
                           "<s> $A", max_length, chat_template=CHAT_TEMPLATE)
 
 
-__all__ = ["WORDS", "clip_tokenizer", "mistral_tokenizer", "qwen_tokenizer", "t5_tokenizer", "word_tokenizer"]
+__all__ = ["WORDS", "ImageOnlyQwen2VLProcessor", "clip_tokenizer", "mistral_tokenizer", "qwen_tokenizer", "qwen_vl_processor",
+           "qwen_vl_tokenizer", "t5_tokenizer", "word_tokenizer"]

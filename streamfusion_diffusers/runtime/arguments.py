@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default=None,
                         help="hub id or local folder of a diffusers pipeline (default: random weights)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--image", action="append", default=None, metavar="PATH",
+                        help="an input image: the image an edit model (qwen-image-edit, flux-kontext) edits, a "
+                             "Flux.2 reference (repeat for several), Wan 2.2 TI2V's first frame")
     parser.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
     parser.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
     parser.add_argument("--frames", type=int, default=None,

@@ -125,7 +125,8 @@ def call_kwargs(job: Job, prepared: Prepared) -> dict[str, Any]:
                 generator=torch.Generator("cpu").manual_seed(job.seed),
                 output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent",
                 **family_of(job.model).call_kwargs(job.spec, job.frames, job.guidance_scale, job.true_cfg_scale,
-                                                   job.max_sequence_length))
+                                                   job.max_sequence_length),
+                **family_of(job.model).size_kwargs(job.height, job.width))
 
 
 def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, generate_s: float,

@@ -23,6 +23,7 @@ from ..diffusers.stack.spec import Stack, parse_stack
 from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import FAMILIES
 from .arguments import SPAWN_SHAPE, WEIGHTS_SEED
+from .images import read as read_image
 
 @dataclass(frozen=True)
 class Job:
@@ -53,6 +54,7 @@ class Job:
     stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
     weights_seed: int = WEIGHTS_SEED  # random weights' seed (not the generation's)
     deterministic: bool = False  # every kernel and backend choice pinned, none timed
+    images: tuple[bytes, ...] = ()  # input images' files (`--image`), checked (runtime/images.py)
 
     @property
     def spec(self) -> ModelSpec:
@@ -133,6 +135,18 @@ def check_guidance(model: str, guidance_scale: float | None, true_cfg_scale: flo
                          f"drop --true-cfg-scale")
 
 
+def check_images(model: str, count: int, option: str = "--image") -> None:
+    """As many input images as the model's pipeline takes: an edit model needs one; others take none, or up to
+    their count (models/configs.py ModelSpec.images)."""
+    spec = MODELS[model]
+    takers = ", ".join(name for name, s in MODELS.items() if s.images and not real_size(name))
+    if count > spec.images:
+        raise ValueError(f"{option}: {model} takes {spec.images or 'no'} input image{'s' * (spec.images != 1)}, got "
+                         f"{count}" + ("" if spec.images else f"; models that take one: {takers}"))
+    if count == 0 and FAMILIES[spec.family].needs_image:
+        raise ValueError(f"{option} PATH: {model} edits an input image; give one")
+
+
 def given(value: Any, default: Any) -> Any:
     """A given option's value, else the default: a given 0 stays 0."""
     return default if value is None else value
@@ -163,10 +177,11 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
     return True, "the default on GPUs"
 
 
-def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = None) -> Job:
+def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = None,
+             serving: bool = False) -> Job:
     """Resolve defaults and check the layout against the model, before any process starts. shape: (machines,
     processes per machine, GPUs or not) where the caller resolved it (serve: one replica group's), else
-    `cluster(args)`."""
+    `cluster(args)`. `serving`: the requests bring their input images (`serve`), so the job takes none."""
     if importlib.util.find_spec("diffusers") is None:
         raise ValueError(f"streamfusion generate {missing('diffusers')}")
     machines, gpus_per_machine, gpu = shape or cluster(args)
@@ -203,6 +218,13 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
         raise ValueError(f"--max-memory {args.max_memory:g}: give the GiB per GPU the run may take (> 0)")
     cuda_graph, graph_why = graph_choice(args, gpu)
     steps = given(args.steps, spec.steps)
+    paths = getattr(args, "image", None) or []
+    if serving and paths:
+        raise ValueError("--image is for generate: a served edit sends its image with the request "
+                         "(POST /v1/images/edits)")
+    if not serving:
+        check_images(args.model, len(paths))
+    images = tuple(read_image(path) for path in paths)
     stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
     if stack.adapters and (args.compile or args.shard_weights):
         flag = "--compile" if args.compile else "--shard-weights"
@@ -217,4 +239,4 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
                compile=args.compile,
                shard_weights=args.shard_weights, max_memory=args.max_memory, stack=stack,
-               weights_seed=args.weights_seed, deterministic=args.deterministic)
+               weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)

@@ -30,13 +30,14 @@ class Request:
     n: int = 1
     lora: tuple[tuple[str, float], ...] = ()  # the named adapters (serve --lora NAME=PATH) it runs, with weights
     partial_images: int = 0  # previews rank 0 draws while it runs (progress.py); the images are the same
+    images: tuple[bytes, ...] = ()  # input images' files (runtime/images.py): an edit's, references, a first frame
     id: str = field(default_factory=_next_id)
 
     @classmethod
     def of(cls, job: Job) -> Request:
         """The job's own generation as a request (what `generate` runs; its named adapters on, each at its scale)."""
         return cls(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
-                   steps=job.steps, seed=job.seed, guidance_scale=job.guidance_scale,
+                   steps=job.steps, seed=job.seed, guidance_scale=job.guidance_scale, images=job.images,
                    lora=tuple((str(a.name), a.scale) for a in job.stack.adapters))
 
     def job(self, base: Job, index: int = 0) -> Job:
@@ -48,7 +49,8 @@ class Request:
     @property
     def shape(self) -> tuple:
         """What the pipeline call is shaped by: requests that share it can run as one call (runtime/batch.py)."""
-        return self.height, self.width, self.frames, self.steps, self.guidance_scale, self.negative_prompt, self.lora
+        return (self.height, self.width, self.frames, self.steps, self.guidance_scale, self.negative_prompt,
+                self.lora, self.images)  # one call takes one set of adapters and of input images
 
     @property
     def size(self) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import images
 from .build import Prepared, call_kwargs, no_autograd, prepare, run_record
 from ..models.pipelines import family_of
 from .job import Job
@@ -102,7 +103,8 @@ def warm_up() -> dict | None:
     job = _SERVED.job
     started = time.perf_counter()
     warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
-                   steps=min(job.steps, WARMUP_STEPS), seed=job.seed, guidance_scale=job.guidance_scale)
+                   steps=min(job.steps, WARMUP_STEPS), seed=job.seed, guidance_scale=job.guidance_scale,
+                   images=job.images or _warm_images(job))
     previews = family_of(job.model).name in PREVIEW_FAMILIES
     records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and _SERVED.serving)[1]
     if dist.get_rank() != 0:
@@ -179,6 +181,11 @@ class Agreement:
             raise Stopped(WHY[OUT_OF_MEMORY], self.step)
 
 
+def _warm_images(job: Job) -> tuple[bytes, ...]:
+    """A blank input image of the job's size where every call edits one, else none."""
+    return (images.blank(job.width, job.height),) if family_of(job.model).needs_image else ()
+
+
 def _generate(served: Served, batch: list[Request], deadline: float, build_s: float = 0.0,
               fit_map: bool = False) -> tuple[list | None, list[dict] | None]:
     """The batch's images in one pipeline call: (each image's pixels, each image's record) in request order on
@@ -200,6 +207,12 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
     phases = PhaseTimer(served.prepared.device)
     started = time.perf_counter()
     pipe = served.prepared.pipe
+    if batch[0].images:  # every request of the batch has the same (runtime/request.py's shape)
+        from ..models.pipelines import family_of
+
+        family = family_of(job.model)
+        pipe = family.image_pipeline(job.spec, pipe)
+        kwargs.update(family.image_kwargs(job.spec, [images.decode(data) for data in batch[0].images]))
     if job.cuda_graph:
         from ..diffusers.graphs import set_horizon  # diffusers is an extra: imported only to run
 

@@ -37,15 +37,16 @@ from ..runtime.output import FPS
 from .errors import ApiError
 from .events import HEADERS, MEDIA_TYPE, image_events
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import ImageData, ImageRequest, ImagesResponse, ModelCard, ModelList, VideoRequest
+from .protocol import EditRequest, ImageData, ImageRequest, ImagesResponse, ModelCard, ModelList, VideoRequest
 from .service import Service, what_ran
 
 logger = logging.getLogger(__name__)
 access = logging.getLogger(__name__.rsplit(".", 1)[0] + ".access")
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")  # the Host names a server bound to loopback answers
-FORM_ROUTES = ("/v1/videos",)  # the routes that also take OpenAI's multipart form
-BODIES = {"/v1/images/generations": ImageRequest, "/v1/videos": VideoRequest}
+FORM_ROUTES = ("/v1/videos", "/v1/images/edits")  # the routes that take OpenAI's multipart form
+BODIES = {"/v1/images/generations": ImageRequest, "/v1/videos": VideoRequest, "/v1/images/edits": EditRequest}
+MAX_EDIT_FILES = 17  # an edit's images (Flux.2 takes up to 10) and a mask, with room to say which is too many
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's own X-Request-Id, kept when it looks like one
 
 
@@ -281,6 +282,37 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
         return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=extra,
                               data=[ImageData(b64_json=base64.b64encode(png).decode()) for png in result["outputs"]])
 
+    @app.post("/v1/images/edits")
+    async def edits(request: Request) -> ImagesResponse:
+        """OpenAI's multipart form: the image file(s) as `image` (or `image[]`, as OpenAI's client sends several),
+        an optional `mask`, and the text fields of EditRequest, read by python-multipart through Starlette's form
+        parser (as /v1/videos: a field not taken is refused, which FastAPI's `Form()` parameters would drop)."""
+        taking()
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise ApiError(415, "POST /v1/images/edits takes multipart/form-data (curl: -F image=@photo.png -F "
+                                "prompt=...)", code="unsupported_media_type")
+        files: dict[str, list[bytes]] = {}
+        fields: dict[str, str] = {}
+        async with request.form(max_files=MAX_EDIT_FILES, max_fields=32) as form:
+            for name, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    files.setdefault(name.removesuffix("[]"), []).append(await value.read())
+                else:
+                    fields[name] = value
+        try:
+            body = EditRequest.model_validate(fields, strict=False)
+        except ValidationError as err:
+            raise service.checker.refusal(err.errors(), tuple(EditRequest.model_fields)) from None
+        params = service.checker.edit(body, files)
+        request.state.did = f"size={params.size} steps={params.steps} n={params.n} images={len(params.images)}"
+        work = await service.submit("image", params)
+        result = await service.wait(work, request.is_disconnected)
+        extra = what_ran(work, result)
+        if ignored := body.ignored():
+            extra["ignored"] = ignored
+        return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=extra,
+                              data=[ImageData(b64_json=base64.b64encode(png).decode()) for png in result["outputs"]])
+
     @app.post("/v1/videos")
     async def create_video(request: Request) -> dict[str, Any]:
         """JSON, or OpenAI's multipart form (its client's way), read by python-multipart through Starlette's form
@@ -290,10 +322,13 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
             if request.headers.get("content-type", "").startswith("multipart/form-data"):
                 async with request.form(max_files=1, max_fields=32) as form:
                     for name, value in form.multi_items():
-                        if isinstance(value, UploadFile):
-                            raise ApiError(400, f"{name}: files are not taken (image-to-video is not served); "
-                                                f"send text fields only", param=name, code="invalid_value")
-                    video = VideoRequest.model_validate(dict(form), strict=False)
+                        if isinstance(value, UploadFile) and name != "input_reference":
+                            raise ApiError(400, f"{name}: the one file taken is input_reference (the first "
+                                                f"frame); send the others as text fields", param=name,
+                                           code="invalid_value")
+                    fields = {name: await value.read() if isinstance(value, UploadFile) else value
+                              for name, value in form.multi_items()}
+                    video = VideoRequest.model_validate(fields, strict=False)
             else:
                 video = VideoRequest.model_validate_json(await request.body())
         except ValidationError as err:

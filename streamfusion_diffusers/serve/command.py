@@ -131,7 +131,7 @@ def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
                          f"{install_hint('serve')}")
     machines, per_machine, gpu = cluster(args)
     args.machines, args.gpus_per_machine = replica_shape(machines, per_machine, args.replicas)
-    job = make_job(args, (args.machines, args.gpus_per_machine, gpu))
+    job = make_job(args, (args.machines, args.gpus_per_machine, gpu), serving=True)
     if real_size(job.model) and family_of(job.model).encode_first and not job.weights:
         raise ValueError(f"{job.model} with random weights encodes its one prompt before the transformer is built "
                          f"(the two do not fit one GPU together), so it cannot take a prompt per request: serve it "

@@ -99,6 +99,19 @@ class ImageRequest(_Request):
                 if name in self.model_fields_set and not (name == "partial_images" and self.stream)}
 
 
+class EditRequest(ImageRequest):
+    """POST /v1/images/edits: OpenAI's multipart form's text fields (validated with `strict=False`, its fields
+    being text); the image files (`image`, `image[]`, `mask`) are read beside it."""
+
+    input_fidelity: Literal["high", "low"] | None = None
+
+    def ignored(self) -> dict[str, str]:
+        said = super().ignored()
+        if "input_fidelity" in self.model_fields_set:
+            said["input_fidelity"] = f"{self.input_fidelity!r}: the model keeps what it keeps of the input image"
+        return said
+
+
 class VideoRequest(_Request):
     """POST /v1/videos (JSON, or OpenAI's multipart form: validated with `strict=False`, its fields being text)."""
 
@@ -146,5 +159,5 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-__all__ = ["ErrorDetail", "ErrorResponse", "ImageData", "ImageRequest", "ImagesResponse", "LoraChoice", "ModelCard",
-           "ModelList", "VideoRequest"]
+__all__ = ["EditRequest", "ErrorDetail", "ErrorResponse", "ImageData", "ImageRequest", "ImagesResponse", "LoraChoice",
+           "ModelCard", "ModelList", "VideoRequest"]

@@ -7,6 +7,7 @@ the model's multiple (the pipeline would round others silently) and give at leas
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -20,7 +21,8 @@ from ..runtime.progress import PREVIEW_FAMILIES
 from ..runtime.request import Request
 from ..models.pipelines import FAMILIES
 from .errors import ApiError, bad
-from .protocol import ImageRequest, LoraChoice, VideoRequest
+from ..runtime import images as input_images
+from .protocol import EditRequest, ImageRequest, LoraChoice, VideoRequest
 
 SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 MAX_LORA_SCALE = 10.0  # a LoRA's weight, either sign: far past the 0..1.5 LoRAs are made for
@@ -189,6 +191,35 @@ class Checker:
 
     def image(self, request: ImageRequest) -> Request:
         """POST /v1/images/generations."""
+        if self.family.needs_image:
+            raise bad("model", f"{self.job.model} edits an input image: POST /v1/images/edits", "wrong_endpoint")
+        return self._image(request)
+
+    def edit(self, request: EditRequest, files: dict[str, list[bytes]]) -> Request:
+        """POST /v1/images/edits: `files` are the form's files by field name (`image[]` as `image`)."""
+        spec = self.job.spec
+        if files.get("mask"):
+            raise bad("mask", f"mask: {self.job.model} edits the whole image as the prompt says and takes no mask; "
+                              f"send the image and the prompt only")
+        unknown = sorted(set(files) - {"image", "mask"})
+        if unknown:
+            raise bad(unknown[0], f"{unknown[0]}: not a file field of this route; send image (one or several) only")
+        given = files.get("image", [])
+        if not given:
+            raise bad("image", "image: missing; send the image to edit as a file (multipart field image)")
+        if spec.images == 0:
+            raise bad("image", f"image: {self.job.model} takes no input image; start the server with an edit model "
+                               f"(qwen-image-edit, flux-kontext) or one that takes references (flux2-dev)")
+        if len(given) > spec.images:
+            raise bad("image", f"image: {len(given)} images sent, {self.job.model} takes at most {spec.images}")
+        for index, data in enumerate(given):
+            try:
+                input_images.check(data, "image" if len(given) == 1 else f"image[{index}]")
+            except ValueError as err:
+                raise bad("image", str(err)) from None
+        return dataclasses.replace(self._image(request), images=tuple(given))
+
+    def _image(self, request: ImageRequest) -> Request:
         if self.job.spec.video:
             raise bad("model", f"{self.job.model} makes videos: POST /v1/videos", "wrong_endpoint")
         common = self._common(request)
@@ -215,8 +246,17 @@ class Checker:
         """POST /v1/videos: `seconds` (FPS x seconds + 1 frames) or `num_frames` (the model's 4k + 1)."""
         if not self.job.spec.video:
             raise bad("model", f"{self.job.model} makes images: POST /v1/images/generations", "wrong_endpoint")
-        if request.input_reference is not None:
-            raise bad("input_reference", "input_reference: image-to-video is not served; send text fields only")
+        reference = request.input_reference
+        if reference is not None and not self.job.spec.images:
+            raise bad("input_reference", f"input_reference: {self.job.model} makes videos from text only; send text "
+                                         f"fields only (Wan 2.2 TI2V takes a first frame)")
+        if reference is not None and not isinstance(reference, bytes):
+            raise bad("input_reference", "input_reference: send the first frame as a file (multipart)")
+        if reference is not None:
+            try:
+                input_images.check(reference, "input_reference")
+            except ValueError as err:
+                raise bad("input_reference", str(err)) from None
         common = self._common(request)
         if request.seconds is not None and request.num_frames is not None:
             raise bad("seconds", "seconds and num_frames both given: send one")
@@ -231,7 +271,7 @@ class Checker:
         if (frames - 1) % ratio:
             raise bad("num_frames", f"num_frames {frames}: must be {ratio}k + 1 (e.g. {(frames - 1) // ratio * ratio + 1})")
         self._tokens(common["height"], common["width"], frames)
-        return Request(**common, frames=frames)
+        return Request(**common, frames=frames, images=() if reference is None else (reference,))
 
 
 __all__ = ["Checker", "Limits"]

@@ -30,6 +30,7 @@ class PipelineFamily(ABC):
     # first, the encoder freed, and only then the transformer built
     encode_first: bool = False
     diffusers_cp: bool = True  # its transformer has diffusers' own `_cp_plan` (bench's diffusers-cp baseline)
+    needs_image: bool = False  # every call edits an input image (models/configs.py ModelSpec.images: how many)
 
     @property
     def pipeline(self) -> type:
@@ -73,6 +74,18 @@ class PipelineFamily(ABC):
         if true_cfg_scale is not None:
             kwargs.update(true_cfg_scale=true_cfg_scale, negative_prompt="")
         return kwargs
+
+    def size_kwargs(self, height: int, width: int) -> dict[str, Any]:
+        """Call arguments beyond height and width that the asked size needs to be the size made."""
+        return {}
+
+    def image_kwargs(self, spec: ModelSpec, images: list[Any]) -> dict[str, Any]:
+        """The call's arguments for its input images (PIL, in order): `image=`, one or a list."""
+        return {"image": images[0] if len(images) == 1 else list(images)}
+
+    def image_pipeline(self, spec: ModelSpec, pipe: Any) -> Any:
+        """The pipeline that takes input images: `pipe` itself unless the family has one of its own."""
+        return pipe
 
     def joint_text(self, spec: ModelSpec, max_sequence_length: int) -> int | None:
         """Text tokens the self-attention takes besides the image (what a context-parallel plan splits with it):

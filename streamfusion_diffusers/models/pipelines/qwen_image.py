@@ -37,31 +37,45 @@ def _qwen25_vl(tokenizer: Any, config: dict[str, Any]) -> nn.Module:
     return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**{**config, "text_config": text}))
 
 
+def tiny_qwen_image(pipeline: type, spec: ModelSpec, transformers: dict[str, nn.Module], tok: Any,
+                    **components: Any) -> Any:
+    """A Qwen-Image pipeline class (text-to-image or edit) around `transformers` with a one-layer Qwen2.5-VL of the
+    text width and a small VAE of the real latent channels; the vision tokens are the tokenizer's where it has
+    them (the edit's processor puts them in the prompt), else ids past its vocabulary."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler
+
+    cfg = spec.transformer
+    z = cfg["out_channels"]
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=z, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                                 latents_mean=[0.0] * z, latents_std=[1.0] * z)
+    hidden = cfg["joint_attention_dim"]
+    vocab = tok.get_vocab()
+    image, start, end = (vocab.get(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>"))
+    encoder = _qwen25_vl(tok, {
+        "text_config": {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": len(tok),
+                        "bos_token_id": None,
+                        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},  # head dim 16
+        "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+                          "out_hidden_size": hidden, "fullatt_block_indexes": [0]},
+        "image_token_id": len(tok) if image is None else image,
+        "video_token_id": vocab.get("<|video_pad|>", len(tok) + 1),
+        "vision_start_token_id": len(tok) + 2 if start is None else start,
+        **({} if end is None else {"vision_end_token_id": end})})
+    return pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER), vae=vae, text_encoder=encoder,
+                    tokenizer=tok, **components, **transformers)
+
+
 class QwenImage(PipelineFamily):
     name, pipeline_class, transformer_class = "qwen-image", "QwenImagePipeline", "QwenImageTransformer2DModel"
     cfg_by = "true_cfg_scale"
 
     def tiny(self, spec: ModelSpec, transformers: dict[str, nn.Module]) -> Any:
-        from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+        from diffusers import QwenImagePipeline
 
         from ..tokenizers import qwen_tokenizer
 
-        cfg = spec.transformer
-        tok = qwen_tokenizer()
-        z = cfg["out_channels"]
-        vae = AutoencoderKLQwenImage(base_dim=8, z_dim=z, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
-                                     latents_mean=[0.0] * z, latents_std=[1.0] * z)
-        hidden = cfg["joint_attention_dim"]
-        encoder = _qwen25_vl(tok, {
-            "text_config": {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 1,
-                            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": len(tok),
-                            "bos_token_id": None,
-                            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},  # head dim 16
-            "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
-                              "out_hidden_size": hidden, "fullatt_block_indexes": [0]},
-            "image_token_id": len(tok), "video_token_id": len(tok) + 1, "vision_start_token_id": len(tok) + 2})
-        return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER), vae=vae,
-                                 text_encoder=encoder, tokenizer=tok, **transformers)
+        return tiny_qwen_image(QwenImagePipeline, spec, transformers, qwen_tokenizer())
 
     def full(self, spec: ModelSpec, pipe: Any) -> dict[str, nn.Module]:
         from diffusers import AutoencoderKLQwenImage  # its defaults are Qwen-Image's VAE

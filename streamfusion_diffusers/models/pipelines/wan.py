@@ -74,6 +74,18 @@ class Wan(PipelineFamily):
     def joint_text(self, spec: ModelSpec, max_sequence_length: int) -> int:
         return 0  # the text enters by cross-attention
 
+    def image_pipeline(self, spec: ModelSpec, pipe: Any) -> Any:
+        """Wan 2.2 TI2V's image-to-video: `WanImageToVideoPipeline` over the same components (parallelized with
+        them), its first latent frame the image's (no image encoder: TI2V conditions by the latents alone)."""
+        from diffusers import WanImageToVideoPipeline, WanPipeline
+
+        class ImageToVideo(WanImageToVideoPipeline):  # its prompt cleaning needs ftfy; WanPipeline's only if there
+            _get_t5_prompt_embeds = WanPipeline._get_t5_prompt_embeds
+
+        image = ImageToVideo(**pipe.components, **self.pipeline_kwargs(spec))
+        image.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))
+        return image
+
     def transformer_names(self, spec: ModelSpec) -> tuple[str, ...]:
         return ("transformer", "transformer_2") if "boundary_ratio" in spec.extras else ("transformer",)
 

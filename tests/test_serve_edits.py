@@ -1,0 +1,93 @@
+"""`streamfusion serve` of the tiny edit models on 4 gloo ranks takes OpenAI's image edits: the openai client's
+`images.edit` gets an image of the asked size, pixel-identical to `generate --image` with the same seed (and not
+the image made without the input); a file that is no image and a mask get 400 naming the field (Kontext's
+server); `generate --image` on 4 ranks gives one rank's image."""
+from __future__ import annotations
+
+import base64
+import io
+import os
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from serve_cases import ROOT, Server
+
+MODEL = "tiny-flux-kontext"
+PROMPT = "a red cat on a quiet street"
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("input") / "photo.png"
+    pixels = np.random.default_rng(7).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server("--model", MODEL) as s:
+        yield s
+
+
+def generate(out, *argv: str, model: str = MODEL) -> np.ndarray:
+    subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", model, "--prompt", PROMPT,
+                    "--output", str(out), *argv], cwd=ROOT, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return np.asarray(Image.open(out / "image.png"))
+
+
+def edit(url: str, model: str, photo: str) -> np.ndarray:
+    client = openai.OpenAI(api_key="none", base_url=url + "/v1", max_retries=0)
+    with open(photo, "rb") as image:
+        answer = client.images.edit(model=model, image=image, prompt=PROMPT, size="64x48",
+                                    response_format="b64_json", extra_body={"seed": 5})
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(answer.data[0].b64_json))))
+
+
+def test_an_edit_through_the_openai_client_equals_generate_with_the_image(server, photo, tmp_path):
+    served = edit(server.url, MODEL, photo)
+    assert served.shape == (48, 64, 3)
+    generated = generate(tmp_path, "--image", photo, "--seed", "5", "--height", "48", "--width", "64")
+    assert np.array_equal(served, generated)
+    plain = generate(tmp_path / "plain", "--seed", "5", "--height", "48", "--width", "64")
+    assert not np.array_equal(served, plain)  # the input image was really taken
+
+
+def test_a_qwen_image_edit_through_the_openai_client_equals_generate(photo, tmp_path):
+    """Qwen-Image-Edit reads the image twice (its VAE's latents beside the image's tokens, and its Qwen2-VL
+    encoder's prompt through the offline processor)."""
+    model = "tiny-qwen-image-edit"
+    with Server("--model", model) as qwen:
+        served = edit(qwen.url, model, photo)
+    assert served.shape == (48, 64, 3)
+    generated = generate(tmp_path, "--image", photo, "--seed", "5", "--height", "48", "--width", "64", model=model)
+    assert np.array_equal(served, generated)
+
+
+@pytest.mark.parametrize(("files", "param", "words"), [
+    ({"image": ("notes.png", b"these are no pixels", "image/png")}, "image", "not an image"),
+    ({"mask": ("mask.png", None, "image/png")}, "mask", "takes no mask"),
+])
+def test_bad_uploads_get_400_naming_the_field(server, photo, files, param, words):
+    with open(photo, "rb") as f:
+        data = f.read()
+    sent = {"image": ("photo.png", data, "image/png"),
+            **{k: (n, data if b is None else b, t) for k, (n, b, t) in files.items()}}
+    answer = httpx.post(server.url + "/v1/images/edits", files=sent, data={"prompt": PROMPT}, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_generate_with_an_image_on_4_ranks_equals_one_rank(photo, tmp_path):
+    one = generate(tmp_path / "one", "--image", photo, "--machines", "1", "--gpus-per-machine", "1")
+    four = generate(tmp_path / "four", "--image", photo)
+    assert one.shape == four.shape == (64, 64, 3)
+    assert np.abs(one.astype(int) - four.astype(int)).max() <= 1
