@@ -1,11 +1,13 @@
 """`streamfusion serve` of the tiny edit models on 4 gloo ranks takes OpenAI's image edits: the openai client's
 `images.edit` gets an image of the asked size, pixel-identical to `generate --image` with the same seed (and not
-the image made without the input); a file that is no image and a mask get 400 naming the field (Kontext's
+the image made without the input); a streamed edit has a progress event per step, then the unstreamed edit's
+image, also through the openai client; a file that is no image and a mask get 400 naming the field (Kontext's
 server); `generate --image` on 4 ranks gives one rank's image."""
 from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import subprocess
 import sys
@@ -69,6 +71,44 @@ def test_a_qwen_image_edit_through_the_openai_client_equals_generate(photo, tmp_
     assert served.shape == (48, 64, 3)
     generated = generate(tmp_path, "--image", photo, "--seed", "5", "--height", "48", "--width", "64", model=model)
     assert np.array_equal(served, generated)
+
+
+def test_a_streamed_edit_has_a_progress_event_per_step_then_the_unstreamed_edit(server, photo):
+    with open(photo, "rb") as f:
+        data = f.read()
+    form = {"prompt": PROMPT, "seed": "5", "size": "64x48", "num_inference_steps": "5"}
+    files = {"image": ("photo.png", data, "image/png")}
+    events = []
+    with httpx.stream("POST", server.url + "/v1/images/edits", files=files, timeout=60,
+                      data={**form, "stream": "true", "partial_images": "2"}) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: "):]
+            elif line.startswith("data: "):
+                found = json.loads(line[len("data: "):])
+                assert found["type"] == kind
+                events.append((kind, found))
+    kinds = [k for k, _ in events]
+    assert kinds.count("image_edit.completed") == 1 and kinds[-1] == "image_edit.completed", kinds
+    assert [d["step"] for k, d in events if k == "image_edit.progress"] == [1, 2, 3, 4, 5]
+    assert [d["partial_image_index"] for k, d in events if k == "image_edit.partial_image"] == [0, 1]
+    plain = httpx.post(server.url + "/v1/images/edits", files=files, data=form, timeout=60)
+    assert plain.status_code == 200, plain.text
+    final = base64.b64decode(events[-1][1]["b64_json"])
+    assert Image.open(io.BytesIO(final)).size == (64, 48)
+    assert final == base64.b64decode(plain.json()["data"][0]["b64_json"])
+
+
+def test_the_openai_client_streams_an_edit(server, photo):
+    client = openai.OpenAI(api_key="none", base_url=server.url + "/v1", max_retries=0)
+    with open(photo, "rb") as image:
+        stream = client.images.edit(model=MODEL, image=image, prompt=PROMPT, size="64x48", stream=True,
+                                    extra_body={"seed": 5, "num_inference_steps": 3})
+        events = list(stream)
+    assert [e.type for e in events] == ["image_edit.progress"] * 3 + ["image_edit.completed"]
+    final = events[-1]
+    assert final.size == "64x48" and Image.open(io.BytesIO(base64.b64decode(final.b64_json))).size == (64, 48)
 
 
 @pytest.mark.parametrize(("files", "param", "words"), [
