@@ -2,7 +2,8 @@
 `images.edit` gets an image of the asked size, pixel-identical to `generate --image` with the same seed (and not
 the image made without the input); a streamed edit has a progress event per step, then the unstreamed edit's
 image, also through the openai client; a file that is no image and a mask get 400 naming the field (Kontext's
-server); `generate --image` on 4 ranks gives one rank's image."""
+server); the page's edit form, in a real browser, edits an image the page made (progress, the image, the history);
+`generate --image` on 4 ranks gives one rank's image."""
 from __future__ import annotations
 
 import base64
@@ -18,7 +19,7 @@ import openai
 import pytest
 from PIL import Image
 
-from serve_cases import ROOT, Server
+from serve_cases import ROOT, Server, browser_page
 
 MODEL = "tiny-flux-kontext"
 PROMPT = "a red cat on a quiet street"
@@ -124,6 +125,39 @@ def test_bad_uploads_get_400_naming_the_field(server, photo, files, param, words
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+def test_the_page_edits_an_image_it_made_in_a_real_browser(server):
+    with browser_page() as page:
+        page.goto(server.url + "/")
+        assert page.is_visible("#form") and page.is_visible("#edit") and not page.is_visible("#key")
+        page.fill("#seed", "3")
+        page.fill("#height", "48")
+        page.click("#generate")
+        page.wait_for_selector("#generate:not([disabled])", timeout=60_000)
+        made = base64.b64decode(page.eval_on_selector("#result", "img => img.src").split(",", 1)[1])
+        page.set_input_files("#edit-image", {"name": "made.png", "mimeType": "image/png", "buffer": made})
+        page.wait_for_function("document.getElementById('edit-height').value === '48'", timeout=10_000)
+        page.fill("#edit-seed", "4")
+        page.fill("#edit-steps", "8")
+        page.evaluate("""() => { window.seen = [];
+            new MutationObserver(() => window.seen.push(Number(document.getElementById("progress").value)))
+                .observe(document.getElementById("progress"), { attributes: true }); }""")
+        page.click("#go-edit")
+        page.wait_for_selector("#go-edit:not([disabled])", timeout=60_000)
+        status = page.text_content("#status")
+        edited = page.eval_on_selector("#result", "img => [img.alt, img.naturalWidth, img.naturalHeight, img.src]")
+        seen = [v for v in page.evaluate("window.seen") if v > 0]
+        history = page.eval_on_selector_all("#history li", "items => items.map(li => li.textContent)")
+        prompt = page.input_value("#edit-prompt")
+    assert edited[:3] == ["edited image", 64, 48], status
+    assert "seed 4" in status, status
+    assert len(set(seen)) > 3 and seen == sorted(seen) and seen[-1] == 8, seen
+    assert len(history) == 2 and history[0].startswith("edit, seed 4:") and history[1].startswith("seed 3:"), history
+    form = {"prompt": prompt, "seed": "4", "size": "64x48", "num_inference_steps": "8"}
+    plain = httpx.post(server.url + "/v1/images/edits", files={"image": ("made.png", made, "image/png")}, data=form,
+                       timeout=60)
+    assert base64.b64decode(edited[3].split(",", 1)[1]) == base64.b64decode(plain.json()["data"][0]["b64_json"])
 
 
 def test_generate_with_an_image_on_4_ranks_equals_one_rank(photo, tmp_path):

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from ..runtime.output import FPS
+from ..runtime.request import Request as Generation
 from .errors import ApiError
 from .events import HEADERS, MEDIA_TYPE, image_events
 from .metrics import CONTENT_TYPE, Metrics
@@ -229,7 +230,8 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
         config = {"model": service.job.model, "video": spec.video, "width": service.job.width,
                   "height": service.job.height, "steps": service.job.steps, "frames": service.job.frames,
                   "fps": FPS, "size_step": spec.size_step, "max_steps": service.checker.limits.max_steps,
-                  "auth": api_key is not None}
+                  "auth": api_key is not None, "images": spec.images,
+                  "edits_only": service.checker.family.needs_image}
         html = files(__package__).joinpath("page.html").read_text()
         return html.replace("__CONFIG__", json.dumps(config).replace("</", "<\\/"))
 
@@ -256,7 +258,8 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
                            param="model", code="model_not_found")
         return model_card()
 
-    async def answer(kind: str, body: ImageRequest, params: Any, request: Request) -> ImagesResponse | StreamingResponse:
+    async def answer(kind: str, body: ImageRequest, params: Generation,
+                     request: Request) -> ImagesResponse | StreamingResponse:
         """Run a checked image request (`kind`: OpenAI's event prefix, image_generation or image_edit) and answer
         it: JSON, or its steps as server-sent events when it asked to stream."""
         request.state.did = (f"size={params.size} steps={params.steps} n={params.n}" +
