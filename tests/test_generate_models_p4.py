@@ -75,6 +75,15 @@ def test_generate_refuses_what_the_model_does_not_take(argv, message):
         generate.make_job(_args(*argv))
 
 
+def test_generate_refuses_a_flux2_reference_under_64_pixels_before_any_rank(tmp_path):
+    from PIL import Image
+
+    small = tmp_path / "small.png"
+    Image.new("RGB", (48, 96)).save(small)
+    with pytest.raises(ValueError, match=f"--image {small}: 48x96 pixels: Flux.2 takes input images of at least 64"):
+        generate.make_job(_args("--model", "tiny-flux2", "--image", str(small)))
+
+
 def test_encoding_first_gives_the_same_image():
     """Flux.2-dev's real-size path (its encoder freed before the transformer is built), on tiny Flux.2: the same
     image as the pipeline holding both."""

@@ -1,12 +1,18 @@
 """The serve front's outer layer on its own (no server, no ranks): an unexpected error inside a route is answered
 500 in OpenAI's shape with the request id and nothing of the error, and the traceback goes to the log under that
-id; the Host check of a loopback server."""
+id; the Host check of a loopback server; the request checks that need no ranks (magcache's steps, an edit model
+on /v1/images/generations, Flux.2's smallest references)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 
 import httpx
+
+import io
+
+import pytest
+from PIL import Image
 
 from streamfusion_diffusers.serve.app import Edge
 from streamfusion_diffusers.serve.metrics import Metrics
@@ -75,3 +81,50 @@ def test_magcache_refuses_a_step_count_other_than_the_servers_saying_why():
         assert "ask for 4" in err.message
     else:
         raise AssertionError("a magcache server took another step count")
+
+
+def _checker(*argv: str):
+    import argparse
+
+    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+    from streamfusion_diffusers.serve.validation import Checker
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(list(argv))
+    job, _ = serve_job(args)
+    return Checker(job, limits(args, job))
+
+
+def _png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_an_edit_model_refuses_generations_pointing_to_edits():
+    from streamfusion_diffusers.serve.errors import ApiError
+    from streamfusion_diffusers.serve.protocol import ImageRequest
+
+    with pytest.raises(ApiError) as refused:
+        _checker("--model", "tiny-qwen-image-edit").image(ImageRequest(prompt="a red cat"))
+    assert refused.value.status == 400 and refused.value.code == "wrong_endpoint"
+    assert "POST /v1/images/edits" in refused.value.message
+
+
+@pytest.mark.parametrize(("sizes", "words"), [
+    (((63, 128),), "image: 63x128 pixels: Flux.2 takes input images of at least 64 pixels a side"),
+    (((64, 64), (40, 40)), "image[1]: 40x40 pixels: Flux.2 takes input images of at least 64 pixels a side"),
+    (((64, 520),), "image: 64x520 pixels: Flux.2 takes input images of at most 8:1"),
+])
+def test_flux2_refuses_references_its_pipeline_cannot_take_before_any_rank(sizes, words):
+    from streamfusion_diffusers.serve.errors import ApiError
+    from streamfusion_diffusers.serve.protocol import EditRequest
+
+    checker = _checker("--model", "tiny-flux2")
+    taken = checker.edit(EditRequest(prompt="a red cat"), {"image": [_png(64, 64), _png(64, 512)]})
+    assert len(taken.images) == 2
+    with pytest.raises(ApiError) as refused:
+        checker.edit(EditRequest(prompt="a red cat"), {"image": [_png(*size) for size in sizes]})
+    assert refused.value.status == 400 and refused.value.param == "image"
+    assert refused.value.message.startswith(words), refused.value.message

@@ -12,9 +12,9 @@ MAX_PIXELS = 4096 * 4096  # more is no photo the pipelines resize to about 1024 
 MODES = ("RGB", "RGBA", "L", "LA", "P", "I;16", "I", "CMYK", "YCbCr")  # what converts to RGB as a photo
 
 
-def check(data: bytes, name: str) -> tuple[int, int]:
-    """The image's (width, height); a ValueError naming `name` where it is no image, too large, or of a mode
-    that is no picture (a float or multi-band scientific image)."""
+def check(data: bytes, name: str, family: Any = None) -> tuple[int, int]:
+    """The image's (width, height); a ValueError naming `name` where it is no image, too large, of a mode that is
+    no picture (a float or multi-band scientific image), or of a size `family`'s pipeline refuses."""
     from PIL import Image, UnidentifiedImageError
 
     if len(data) > MAX_BYTES:
@@ -30,16 +30,19 @@ def check(data: bytes, name: str) -> tuple[int, int]:
         raise ValueError(f"{name}: {size[0]}x{size[1]} pixels, more than {MAX_PIXELS} in all; downscale it")
     if mode not in MODES:
         raise ValueError(f"{name}: image mode {mode} is not a picture; give an RGB, RGBA or grayscale image")
+    if family is not None and (why := family.image_refusal(*size)):
+        raise ValueError(f"{name}: {why}")
     return size
 
 
-def read(path: str, name: str = "--image") -> bytes:
-    """An image file's bytes, checked (`check`); a ValueError naming the path where it cannot be read."""
+def read(path: str, name: str = "--image", family: Any = None) -> bytes:
+    """An image file's bytes, checked (`check`, for `family`'s pipeline); a ValueError naming the path where it
+    cannot be read."""
     try:
         data = Path(path).read_bytes()
     except OSError as err:
         raise ValueError(f"{name} {path}: {err.strerror or err}") from None
-    check(data, f"{name} {path}")
+    check(data, f"{name} {path}", family)
     return data
 
 

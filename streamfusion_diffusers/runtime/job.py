@@ -224,7 +224,7 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
                          "(POST /v1/images/edits)")
     if not serving:
         check_images(args.model, len(paths))
-    images = tuple(read_image(path) for path in paths)
+    images = tuple(read_image(path, family=FAMILIES[spec.family]) for path in paths)
     stack = parse_stack(args.cache, args.lora, args.quantize, family=spec.family, steps=steps, gpu=gpu)
     if stack.adapters and (args.compile or args.shard_weights):
         flag = "--compile" if args.compile else "--shard-weights"

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-PREVIEW_FAMILIES = ("flux", "qwen-image")  # pipelines whose packed latents unpack to an image grid (_unpack_latents)
+# pipelines whose packed latents unpack to an image grid (_unpack_latents); an edit's step latents are its output's
+# only (its input image's enter each step beside them)
+PREVIEW_FAMILIES = ("flux", "flux-kontext", "qwen-image", "qwen-image-edit")
 
 
 @dataclass(frozen=True)

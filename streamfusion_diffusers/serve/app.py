@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from ..runtime.output import FPS
+from ..runtime.request import Request as Generation
 from .errors import ApiError
 from .events import HEADERS, MEDIA_TYPE, image_events
 from .metrics import CONTENT_TYPE, Metrics
@@ -229,7 +230,8 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
         config = {"model": service.job.model, "video": spec.video, "width": service.job.width,
                   "height": service.job.height, "steps": service.job.steps, "frames": service.job.frames,
                   "fps": FPS, "size_step": spec.size_step, "max_steps": service.checker.limits.max_steps,
-                  "auth": api_key is not None}
+                  "auth": api_key is not None, "images": spec.images,
+                  "edits_only": service.checker.family.needs_image}
         html = files(__package__).joinpath("page.html").read_text()
         return html.replace("__CONFIG__", json.dumps(config).replace("</", "<\\/"))
 
@@ -256,11 +258,12 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
                            param="model", code="model_not_found")
         return model_card()
 
-    @app.post("/v1/images/generations", response_model=None)
-    async def images(body: ImageRequest, request: Request) -> ImagesResponse | StreamingResponse:
-        taking()
-        params = service.checker.image(body)
-        request.state.did = f"size={params.size} steps={params.steps} n={params.n}" + (" stream" * bool(body.stream))
+    async def answer(kind: str, body: ImageRequest, params: Generation,
+                     request: Request) -> ImagesResponse | StreamingResponse:
+        """Run a checked image request (`kind`: OpenAI's event prefix, image_generation or image_edit) and answer
+        it: JSON, or its steps as server-sent events when it asked to stream."""
+        request.state.did = (f"size={params.size} steps={params.steps} n={params.n}" +
+                             (f" images={len(params.images)}" if params.images else "") + " stream" * bool(body.stream))
         work = await service.submit("image", params, streamed=bool(body.stream))
 
         def ran(result: dict[str, Any]) -> dict[str, Any]:
@@ -275,15 +278,19 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
                 return {"b64_json": base64.b64encode(result["outputs"][0]).decode(), "streamfusion": ran(result)}
 
             notes = service.stream(work, request.is_disconnected)
-            return StreamingResponse(image_events(notes, params.id, params.size, completed), media_type=MEDIA_TYPE,
-                                     headers=HEADERS)
+            return StreamingResponse(image_events(kind, notes, params.id, params.size, completed),
+                                     media_type=MEDIA_TYPE, headers=HEADERS)
         result = await service.wait(work, request.is_disconnected)
-        extra = ran(result)
-        return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=extra,
+        return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=ran(result),
                               data=[ImageData(b64_json=base64.b64encode(png).decode()) for png in result["outputs"]])
 
-    @app.post("/v1/images/edits")
-    async def edits(request: Request) -> ImagesResponse:
+    @app.post("/v1/images/generations", response_model=None)
+    async def images(body: ImageRequest, request: Request) -> ImagesResponse | StreamingResponse:
+        taking()
+        return await answer("image_generation", body, service.checker.image(body), request)
+
+    @app.post("/v1/images/edits", response_model=None)
+    async def edits(request: Request) -> ImagesResponse | StreamingResponse:
         """OpenAI's multipart form: the image file(s) as `image` (or `image[]`, as OpenAI's client sends several),
         an optional `mask`, and the text fields of EditRequest, read by python-multipart through Starlette's form
         parser (as /v1/videos: a field not taken is refused, which FastAPI's `Form()` parameters would drop)."""
@@ -303,15 +310,7 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
             body = EditRequest.model_validate(fields, strict=False)
         except ValidationError as err:
             raise service.checker.refusal(err.errors(), tuple(EditRequest.model_fields)) from None
-        params = service.checker.edit(body, files)
-        request.state.did = f"size={params.size} steps={params.steps} n={params.n} images={len(params.images)}"
-        work = await service.submit("image", params)
-        result = await service.wait(work, request.is_disconnected)
-        extra = what_ran(work, result)
-        if ignored := body.ignored():
-            extra["ignored"] = ignored
-        return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=extra,
-                              data=[ImageData(b64_json=base64.b64encode(png).decode()) for png in result["outputs"]])
+        return await answer("image_edit", body, service.checker.edit(body, files), request)
 
     @app.post("/v1/videos")
     async def create_video(request: Request) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """A streamed image request's answer: server-sent events shaped as OpenAI's image streaming.
 
-OpenAI's events are `image_generation.partial_image` (a preview: `b64_json`, `partial_image_index` from 0) and
-`image_generation.completed` (the image). Ours add `image_generation.progress` at every step's end (`step` of
-`steps`, `elapsed_s` since the pipeline call began), which OpenAI's clients pass through as an event of that
-type; a failure after the stream began is an `error` event in OpenAI's error shape (its clients raise on it).
+OpenAI's events are `<kind>.partial_image` (a preview: `b64_json`, `partial_image_index` from 0) and
+`<kind>.completed` (the image), the kind being `image_generation` (POST /v1/images/generations) or `image_edit`
+(POST /v1/images/edits). Ours add `<kind>.progress` at every step's end (`step` of `steps`, `elapsed_s` since the
+pipeline call began), which OpenAI's clients pass through as an event of that type; a failure after the stream
+began is an `error` event in OpenAI's error shape (its clients raise on it).
 """
 from __future__ import annotations
 
@@ -34,21 +35,21 @@ def image_fields(size: str) -> dict[str, Any]:
             "quality": "auto"}
 
 
-async def image_events(notes: AsyncIterator[StepNote], request_id: str, size: str,
+async def image_events(kind: str, notes: AsyncIterator[StepNote], request_id: str, size: str,
                        finish: Any) -> AsyncIterator[bytes]:
     """Progress and previews of `request_id` as its steps end, then `finish()`'s completed event (the request's
-    answer); an ApiError on the way ends the stream with an error event."""
+    answer), each named `kind.<event>`; an ApiError on the way ends the stream with an error event."""
     previews = 0
     try:
         async for note in notes:
-            yield sse("image_generation.progress", {"step": note.step, "steps": note.steps,
+            yield sse(f"{kind}.progress", {"step": note.step, "steps": note.steps,
                                                     "elapsed_s": round(note.elapsed_s, 4)})
             if (pixels := note.previews.get(request_id)) is not None:
                 b64 = base64.b64encode(png(Image.fromarray(pixels))).decode()
-                yield sse("image_generation.partial_image", {**image_fields(size), "b64_json": b64,
+                yield sse(f"{kind}.partial_image", {**image_fields(size), "b64_json": b64,
                                                              "partial_image_index": previews})
                 previews += 1
-        yield sse("image_generation.completed", {**image_fields(size), **finish()})
+        yield sse(f"{kind}.completed", {**image_fields(size), **finish()})
     except ApiError as err:
         yield f"event: error\ndata: {json.dumps(err.body())}\n\n".encode()
 

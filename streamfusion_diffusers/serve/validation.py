@@ -214,7 +214,7 @@ class Checker:
             raise bad("image", f"image: {len(given)} images sent, {self.job.model} takes at most {spec.images}")
         for index, data in enumerate(given):
             try:
-                input_images.check(data, "image" if len(given) == 1 else f"image[{index}]")
+                input_images.check(data, "image" if len(given) == 1 else f"image[{index}]", self.family)
             except ValueError as err:
                 raise bad("image", str(err)) from None
         return dataclasses.replace(self._image(request), images=tuple(given))
@@ -254,7 +254,7 @@ class Checker:
             raise bad("input_reference", "input_reference: send the first frame as a file (multipart)")
         if reference is not None:
             try:
-                input_images.check(reference, "input_reference")
+                input_images.check(reference, "input_reference", self.family)
             except ValueError as err:
                 raise bad("input_reference", str(err)) from None
         common = self._common(request)

@@ -83,6 +83,10 @@ class PipelineFamily(ABC):
         """The call's arguments for its input images (PIL, in order): `image=`, one or a list."""
         return {"image": images[0] if len(images) == 1 else list(images)}
 
+    def image_refusal(self, width: int, height: int) -> str | None:
+        """Why the pipeline would refuse an input image of this size (said before any rank runs), else None."""
+        return None
+
     def image_pipeline(self, spec: ModelSpec, pipe: Any) -> Any:
         """The pipeline that takes input images: `pipe` itself unless the family has one of its own."""
         return pipe

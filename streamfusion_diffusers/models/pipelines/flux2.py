@@ -36,6 +36,9 @@ def _mistral3(tokenizer: Any, config: dict[str, Any]) -> nn.Module:
     return Mistral3ForConditionalGeneration(Mistral3Config(**{**config, "text_config": text}))
 
 
+MIN_SIDE, MAX_RATIO = 64, 8  # the smallest side and the most elongated shape of a reference Flux.2 takes
+
+
 class Flux2(PipelineFamily):
     name, pipeline_class, transformer_class = "flux2", "Flux2Pipeline", "Flux2Transformer2DModel"
     cfg_by = None  # guidance-distilled: guidance_scale is an input of the one call per step
@@ -64,6 +67,15 @@ class Flux2(PipelineFamily):
             "image_token_index": len(tok)})
         return Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER), vae=vae, text_encoder=encoder,
                              tokenizer=tok, **transformers)
+
+    def image_refusal(self, width: int, height: int) -> str | None:
+        """Flux2ImageProcessor.check_image_input's limits, which the pipeline applies to every reference."""
+        if min(width, height) < MIN_SIDE:
+            return (f"{width}x{height} pixels: Flux.2 takes input images of at least {MIN_SIDE} pixels a side; "
+                    f"upscale it")
+        if max(width, height) > MAX_RATIO * min(width, height):
+            return f"{width}x{height} pixels: Flux.2 takes input images of at most {MAX_RATIO}:1; crop it"
+        return None
 
     def full(self, spec: ModelSpec, pipe: Any) -> dict[str, nn.Module]:
         from diffusers import AutoencoderKLFlux2  # its defaults are Flux.2's VAE
