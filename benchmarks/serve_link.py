@@ -29,7 +29,7 @@ from serve_load import PROMPT, start  # noqa: E402
 
 
 def measure(model: str, method: str, serve_args: list[str], steps: int, requests: int) -> dict:
-    proc, url, layout, ready_s, err = start(model, [*serve_args, "--method", method], [])
+    proc, url, layout, ready_s, _ = start(model, [*serve_args, "--method", method], [])
     try:
         runs = []
         with httpx.Client(base_url=url) as http:

@@ -223,5 +223,5 @@ def no_autograd(job: Job) -> Any:
     return torch.inference_mode()
 
 
-__all__ = ["Prepared", "call_kwargs", "crossed", "crossed_since", "graph_record", "no_autograd", "pin_choices", "prepare", "run_record",
-           "weight_budget"]
+__all__ = ["Prepared", "call_kwargs", "crossed", "crossed_since", "graph_record", "no_autograd", "pin_choices",
+           "prepare", "run_record", "weight_budget"]
