@@ -50,6 +50,9 @@ LEFT_OUT = {  # how a command starts -> why it is not run here
     "curl": "talks to a running server: tests/test_serve.py sends these requests",
     "until curl": "waits for a running server: tests/serve_cases.py waits for its ready line",
     "kill %1": "stops the server the block started: tests/test_serve_faults.py sends SIGTERM",
+    "docker build": "builds the deploy image: tests/test_deploy.py checks its Dockerfile",
+    "kubectl": "needs a Kubernetes cluster: tests/test_deploy.py checks the example's objects",
+    "for K in 0 1; do streamfusion launch": "two launchers serving until stopped: tests/test_serve_nodes.py runs them",
 }
 
 

@@ -36,6 +36,8 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     (["generate", "--height", "66"], "--height 66: must be a multiple of 4"),
     (["generate", "--frames", "9"], "--frames is for video models"),
     (["generate", "--recipe", "nowhere"], "--recipe nowhere: no recipe"),
+    (["generate", "--emulate-link", "25"], "--emulate-link: link '25' is neither a preset"),
+    (["generate", "--emulate-link", "p4de", "--machines", "1"], "the job runs on one machine: add --machines N"),
     (["verify", "--iters", "0"], "--iters 0: must be at least 1"),
     (["launch", "--master-port", "70000", "x.py"], "--master-port 70000: must be 1 .. 65535"),
     (["plan", "--machines", "0"], "--machines 0: must be at least 1"),

@@ -38,6 +38,8 @@ def test_replicas_split_whole_machines_first_then_each_machine():
     (("--keep-videos", "0"), "--keep-videos 0: must be above 0"),
     (("--video-ttl", "-1"), "--video-ttl -1.0: must be above 0"),
     (("--allow-origin", "pages.example"), "--allow-origin pages.example: must be scheme://host[:port]"),
+    (("--emulate-link", "infiniband"), "--emulate-link: link 'infiniband' is neither a preset (dgx, p4de, p5)"),
+    (("--emulate-link", "p4de", "--replicas", "2"), "each group of --replicas lies inside one machine"),
 ])
 def test_bad_options_are_one_line(capsys, argv, words):
     assert words in _refused(capsys, *argv)

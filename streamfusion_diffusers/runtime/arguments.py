@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("torch", "nvshmem"), default=None,
                         help="transport: torch (NCCL on GPUs, gloo on the CPU) or nvshmem (one-sided, GPUs; falls back "
                              "to torch with one warning where it cannot run); default torch")
+    parser.add_argument("--emulate-link", default=None, metavar="LINK",
+                        help="make every transfer between machines as slow as LINK: a preset (dgx, p4de, p5) or "
+                             "GBPS:LATENCY_US (e.g. 25:10), so that one host's processes stand in for --machines "
+                             "machines; run.json's (and a served answer's) crossed counts what rank 0 sent and "
+                             "received across them")
     parser.add_argument("--recipe", default=None,
                         help="where --method auto looks: a packaged recipe (flux-dev), a YAML path or a folder of "
                              "them (streamfusion tune --out); default: the packaged recipes")

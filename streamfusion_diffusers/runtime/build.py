@@ -129,9 +129,24 @@ def call_kwargs(job: Job, prepared: Prepared) -> dict[str, Any]:
                 **family_of(job.model).size_kwargs(job.height, job.width))
 
 
+def crossed(ctx: ParallelContext) -> dict[str, int] | None:
+    """What this rank has sent and received across (emulated) machines so far, as the emulated link counts it
+    (backends/emulated.py's Crossed); None without --emulate-link."""
+    counted = getattr(ctx.transport, "counted", None)
+    return None if counted is None else dataclasses.asdict(counted)
+
+
+def crossed_since(ctx: ParallelContext, before: dict[str, int] | None) -> dict[str, int] | None:
+    """What this rank sent and received across machines since `before` (`crossed` then): one call's share."""
+    now = crossed(ctx)
+    return None if now is None or before is None else {key: now[key] - before[key] for key in now}
+
+
 def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, generate_s: float,
-               build_s: float) -> dict:
-    """What ran (run.json, and `serve`'s answers): sizes, layout and why, backend, per-step and phase times."""
+               build_s: float, moved: dict[str, int] | None = None) -> dict:
+    """What ran (run.json, and `serve`'s answers): sizes, layout and why, backend, per-step and phase times.
+    `moved`: what rank 0 sent and received across emulated machines in this call (`crossed_since`; a replayed
+    CUDA graph posts nothing, so only its capture counts)."""
     ctx = prepared.ctx
     heads = prepared.transformer.config.num_attention_heads
     return {
@@ -152,6 +167,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "weight_split": _split_record(prepared.transformer._streamfusion.split),
         "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
+        "crossed": moved,
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
@@ -207,5 +223,5 @@ def no_autograd(job: Job) -> Any:
     return torch.inference_mode()
 
 
-__all__ = ["Prepared", "call_kwargs", "graph_record", "no_autograd", "pin_choices", "prepare", "run_record",
-           "weight_budget"]
+__all__ = ["Prepared", "call_kwargs", "crossed", "crossed_since", "graph_record", "no_autograd", "pin_choices",
+           "prepare", "run_record", "weight_budget"]

@@ -19,6 +19,7 @@ from ..choice.recipe import load_recipes
 from ..core.config import cfg_shape, resolve_layout
 from ..core.extras import missing
 from ..core.join import launched
+from ..core.links import parse_link
 from ..diffusers.stack.spec import Stack, parse_stack
 from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import FAMILIES
@@ -147,6 +148,18 @@ def check_images(model: str, count: int, option: str = "--image") -> None:
         raise ValueError(f"{option} PATH: {model} edits an input image; give one")
 
 
+def check_link(spec: str, machines: int, serving: bool) -> None:
+    """--emulate-link: a link the emulated transport knows, and machines for it to lie between."""
+    try:
+        parse_link(spec)
+    except ValueError as err:
+        raise ValueError(f"--emulate-link: {err} (e.g. p4de or 25:10)") from None
+    if machines < 2:
+        where = ("each group of --replicas lies inside one machine: use fewer --replicas or more --machines"
+                 if serving else "the job runs on one machine: add --machines N (N > 1)")
+        raise ValueError(f"--emulate-link {spec} slows what crosses machines, and {where}, or drop --emulate-link")
+
+
 def given(value: Any, default: Any) -> Any:
     """A given option's value, else the default: a given 0 stays 0."""
     return default if value is None else value
@@ -198,6 +211,9 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
         parallel = dataclasses.replace(parallel, backend=args.backend)
     if args.comm_dtype:
         parallel = dataclasses.replace(parallel, comm_dtype=args.comm_dtype)
+    if args.emulate_link is not None:
+        check_link(args.emulate_link, machines, serving)
+        parallel = dataclasses.replace(parallel, emulate_link=args.emulate_link)
     guidance_scale = given(args.guidance_scale, spec.guidance_scale)
     check_guidance(args.model, args.guidance_scale, args.true_cfg_scale)
     cfg = cfg_degree(args.cfg_parallel, guided(spec, guidance_scale, args.true_cfg_scale))

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from . import images
-from .build import Prepared, call_kwargs, no_autograd, prepare, run_record
+from .build import Prepared, call_kwargs, crossed, crossed_since, no_autograd, prepare, run_record
 from ..models.pipelines import family_of
 from .job import Job
 from .phases import PhaseTimer
@@ -219,6 +219,7 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
         set_horizon(pipe, None if served.serving else job.steps)
     switch_s = switch_adapters(served, batch[0].lora) if served.job.stack.adapters else None
     agreement = Agreement(served, deadline, batch, job, plan.order, keep_latents=fit_map)
+    before = crossed(served.prepared.ctx)
     try:
         try:
             with no_autograd(job):
@@ -230,6 +231,7 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
         pipe.maybe_free_model_hooks()
         raise
     seconds = phases.now() - started
+    moved = crossed_since(served.prepared.ctx, before)
     if dist.get_rank() != 0:
         return None, None
     pixels = plan.unshuffle(list(result.frames if served.job.spec.video else result.images))
@@ -239,7 +241,8 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
     records = []
     for request in batch:
         for index in range(request.n):
-            record = run_record(request.job(served.job, index), served.prepared, result, phases, seconds, build_s)
+            record = run_record(request.job(served.job, index), served.prepared, result, phases, seconds, build_s,
+                                moved)
             if switch_s is not None:  # the adapters this request ran, and what turning them on cost this call
                 record["lora"] = {"adapters": [{"name": n, "scale": w} for n, w in request.lora],
                                   "switch_s": switch_s}
