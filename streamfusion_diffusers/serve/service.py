@@ -70,6 +70,11 @@ class Service(Supervision, Running, Following):
         self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
 
+    def taking(self) -> None:
+        """Refuse a new request while the server drains (503)."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down and takes no new requests", code="draining")
+
     # ---- videos
 
     def delete_video(self, job: VideoJob) -> None:
