@@ -23,9 +23,9 @@ from streamfusion_diffusers.runtime import worker
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.parallel_pipeline import transformers_of
-from streamfusion_diffusers.diffusers.sharded_weights import (CANNOT_UNDO, choose_split, held_bytes, is_sharded,
-                                                                part_sizes, shardable_parts)
+from streamfusion_diffusers.diffusers.sharded_weights import CANNOT_UNDO, held_bytes, is_sharded, shardable_parts
 from streamfusion_diffusers.diffusers.stack.quantize import quantize
+from streamfusion_diffusers.diffusers.weight_split import choose_split, part_sizes
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
 
 WORLD = 4

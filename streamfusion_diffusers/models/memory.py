@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..diffusers.sharded_weights import PartSizes, choose_split, part_sizes
+from ..diffusers.weight_split import PartSizes, choose_split, part_sizes
 from .configs import MODELS, ModelSpec
 from .pipelines import family_of
 
