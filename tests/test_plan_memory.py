@@ -50,6 +50,20 @@ def test_sharding_divides_the_held_weights_and_fits_smaller_gpus(capsys):
     assert [r["sharded"] for r in rows] == [False, True] and rows[1]["peak"] == pytest.approx(sharded.peak)
 
 
+@pytest.mark.parametrize("model", sorted(m for m in MODELS if m.startswith("tiny-")))  # one of each family
+def test_plan_memory_takes_every_family(model, capsys):
+    assert plan.main(_args("--machines", "1", "--gpus-per-machine", "4", "--model", model, "--memory")) == 0
+    assert "sharded" in capsys.readouterr().out
+
+
+def test_an_edit_counts_its_input_images_tokens():
+    """Qwen-Image-Edit and Kontext pack the input image's latents into the split sequence: more activations than
+    their base model's at the same size, the same weights."""
+    for edit, base in (("tiny-qwen-image-edit", "tiny-qwen-image"), ("tiny-flux-kontext", "tiny-flux")):
+        e, b = (estimate(m, 512, 512, 1, 2) for m in (edit, base))
+        assert e.activations > 1.5 * b.activations and e.attention > 1.5 * b.attention, (e, b)
+
+
 def test_plan_and_plan_memory_need_no_machines(capsys):
     """One machine unless --machines says otherwise: `plan --model flux-dev` and `plan --memory` as typed."""
     assert plan.main(_args("--model", "flux-dev")) == 0

@@ -34,7 +34,7 @@ def _get(app, **headers: str) -> httpx.Response:
 
 def test_an_unexpected_error_is_500_with_the_request_id_and_no_traceback(caplog):
     metrics = Metrics()
-    with caplog.at_level(logging.ERROR, logger="streamfusion_diffusers.serve.app"):
+    with caplog.at_level(logging.ERROR, logger="streamfusion_diffusers.serve.edge"):
         answer = _get(Edge(_failing_route, metrics, loopback=True, allow_origins=()))
     request_id = answer.headers["x-request-id"]
     error = answer.json()["error"]

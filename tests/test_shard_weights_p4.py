@@ -23,10 +23,11 @@ from streamfusion_diffusers.runtime import worker
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.parallel_pipeline import transformers_of
-from streamfusion_diffusers.diffusers.sharded_weights import (CANNOT_UNDO, choose_split, held_bytes, is_sharded,
-                                                                part_sizes, shardable_parts)
+from streamfusion_diffusers.diffusers.sharded_weights import CANNOT_UNDO, held_bytes, is_sharded, shardable_parts
 from streamfusion_diffusers.diffusers.stack.quantize import quantize
+from streamfusion_diffusers.diffusers.weight_split import choose_split, part_sizes
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
+from streamfusion_diffusers.models.memory import GIB, estimate, pipeline_parts
 
 WORLD = 4
 TOL = 1e-5
@@ -80,8 +81,11 @@ def _pipeline(name: str, config: ParallelConfig, cfg_kwargs: dict | None = None,
     installed = pipe.transformer._streamfusion
     parts = list(shardable_parts(pipe, transformers_of(pipe)).values())
     experts = [t._shards for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
+    planned = estimate(name, kwargs["height"], kwargs["width"], kwargs.get("num_frames", 1), WORLD, sharded=True,
+                       parts=pipeline_parts(name, dtype=out.dtype))  # what `plan --memory` says, from a meta build
     return {"error": relative_error(out, reference), "sharded": installed.sharded, "keep": installed.split.keep,
             "held": _held(parts), "planned": installed.split.held, "whole": held_bytes(parts)[1],
+            "plan_memory": (planned.weights + planned.gathered) * GIB, "vae": _held([pipe.vae]),
             "owner": [m.region.owner is m for m in experts if m.region is not None],
             "quantized": type(pipe.transformer.proj_out.weight).__name__}
 
@@ -95,6 +99,7 @@ def test_every_model_sharded_gives_the_parallel_output(pool, name):
         assert set(res["keep"].values()) == {0}, res  # no budget: every block streams
         assert res["held"] == res["planned"], res  # the plan's bytes, to the byte (tiny models: above whole, the
         # two slots are as large as their few blocks)
+        assert res["plan_memory"] == pytest.approx(res["held"] + res["vae"], rel=0.05), res  # and plan --memory's
 
 
 def _partial(share: float) -> dict:

@@ -21,10 +21,11 @@ from .cfg import CFG_HOOK, cfg_hook
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .plans import ModelPlan, plan_for
 from .routing import route_attention
-from .sharded_weights import CANNOT_UNDO, Split, is_sharded, shard_pipeline
+from .sharded_weights import CANNOT_UNDO, is_sharded, shard_pipeline
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
 from .stack.skips import release_skips
 from .vae import decode_over_ranks, is_split, unsplit_vae_decode
+from .weight_split import Split
 
 logger = logging.getLogger(__name__)
 

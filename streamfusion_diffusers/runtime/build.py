@@ -192,7 +192,7 @@ def weight_budget(job: Job, pipe: Any, device: torch.device) -> int | None:
     """Bytes per rank the sharded weights may hold: --max-memory (default on GPUs: the memory free now) less the
     activations, the VAE and a margin (models/memory.py's `weight_budget`), the least over the ranks (they must
     agree on the split); None on the CPU without --max-memory: every block sharded."""
-    from ..diffusers.sharded_weights import part_sizes
+    from ..diffusers.weight_split import part_sizes
     from ..models.memory import GIB, estimate
     from ..models.memory import weight_budget as budget_of
 
