@@ -118,12 +118,13 @@ def pin_choices() -> None:
 
 def call_kwargs(job: Job, prepared: Prepared) -> dict[str, Any]:
     """The pipeline call for the job's prompt, size, steps and seed (a fresh seeded CPU generator per call, so
-    the same job gives the same pixels however often it runs); rank 0 decodes to PIL."""
+    the same job gives the same pixels however often it runs); rank 0 decodes to PIL (an image's pixels through
+    output_type "pt": output.py's `to_pil` makes them on the device)."""
     rank = dist.get_rank()
     prompt = prepared.prompt if "prompt_embeds" in prepared.prompt else {"prompt": job.prompt}
     return dict(**prompt, height=job.height, width=job.width, num_inference_steps=job.steps,
                 generator=torch.Generator("cpu").manual_seed(job.seed),
-                output_type="pil" if rank == 0 else "pt" if job.vae_split else "latent",
+                output_type=("pil" if job.spec.video else "pt") if rank == 0 else "pt" if job.vae_split else "latent",
                 **family_of(job.model).call_kwargs(job.spec, job.frames, job.guidance_scale, job.true_cfg_scale,
                                                    job.max_sequence_length),
                 **family_of(job.model).size_kwargs(job.height, job.width))

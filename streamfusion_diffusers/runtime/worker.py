@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from . import images
 from .build import Prepared, call_kwargs, crossed, crossed_since, no_autograd, prepare, run_record
+from .output import to_pil
 from ..models.pipelines import family_of
 from .job import Job
 from .phases import PhaseTimer
@@ -230,10 +231,12 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
     except Stopped:  # stopped mid-call: reset what a finished call resets (a cache's state), as the pipeline would
         pipe.maybe_free_model_hooks()
         raise
-    seconds = phases.now() - started
     moved = crossed_since(served.prepared.ctx, before)
     if dist.get_rank() != 0:
         return None, None
+    if not served.job.spec.video:
+        result.images = to_pil(result.images)
+    seconds = phases.now() - started
     pixels = plan.unshuffle(list(result.frames if served.job.spec.video else result.images))
     if fit_map and agreement.latents is not None:
         grid = latent_grid(pipe, agreement.latents[:1], job.height, job.width)[0]
