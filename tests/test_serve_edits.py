@@ -63,6 +63,7 @@ def test_an_edit_through_the_openai_client_equals_generate_with_the_image(server
     assert not np.array_equal(served, plain)  # the input image was really taken
 
 
+@pytest.mark.slow  # the edit route is the Kontext test's; Qwen-Image-Edit's plan is checked in test_plans_p4
 def test_a_qwen_image_edit_through_the_openai_client_equals_generate(photo, tmp_path):
     """Qwen-Image-Edit reads the image twice (its VAE's latents beside the image's tokens, and its Qwen2-VL
     encoder's prompt through the offline processor)."""
@@ -160,6 +161,7 @@ def test_the_page_edits_an_image_it_made_in_a_real_browser(server):
     assert base64.b64decode(edited[3].split(",", 1)[1]) == base64.b64decode(plain.json()["data"][0]["b64_json"])
 
 
+@pytest.mark.slow  # the plans' exactness with input images on 4 ranks is test_plans_p4's, layout by layout
 def test_generate_with_an_image_on_4_ranks_equals_one_rank(photo, tmp_path):
     one = generate(tmp_path / "one", "--image", photo, "--machines", "1", "--gpus-per-machine", "1")
     four = generate(tmp_path / "four", "--image", photo)

@@ -68,7 +68,6 @@ def test_two_named_loras_give_two_images_each_the_one_generate_gives(server, lor
     assert levels(a, b) > 10 * FUSED_LEVELS and levels(a, plain) > 10 * FUSED_LEVELS  # the LoRAs change the image
     assert np.array_equal(plain, generated(tmp_path / "plain"))  # every adapter off: the base layers exactly
     assert levels(a, generated(tmp_path / "fused-a", "--lora", f"{loras['a']}:{A_SCALE}")) <= FUSED_LEVELS
-    assert levels(b, generated(tmp_path / "fused-b", "--lora", f"{loras['b']}:{B_SCALE}")) <= FUSED_LEVELS
     assert np.array_equal(b, generated(tmp_path / "named-b", "--lora", f"b={loras['b']}:{B_SCALE}"))
     again, _ = served(server.url, f"a:{A_SCALE}")  # switched back: the same pixels
     assert np.array_equal(a, again)
