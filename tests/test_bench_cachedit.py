@@ -55,6 +55,7 @@ def test_each_row_hands_cache_dit_its_options(system, ulysses, ring, expected):
         assert (config.ulysses_float8, config.ulysses_async) == (options["ulysses_float8"], options["ulysses_async"])
 
 
+@pytest.mark.slow  # a long end-to-end run: its parts have faster tests; pytest -m slow runs it
 def test_cache_dit_on_the_cpu_is_skipped_with_the_reason(tmp_path, capsys):
     rc = main(["bench", "--cpu", "--level", "e2e", "--workloads", "flux-dev:64", "--methods", ",".join(SYSTEMS),
                "--steps", "1", "--iters", "1", "--warmup", "0", "--out", str(tmp_path)])

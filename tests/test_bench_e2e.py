@@ -44,6 +44,7 @@ def test_e2e_times_every_phase_and_matches_one_process(tmp_path, capsys):
     assert any(line.startswith("cogvideox-5b 9f 64x64: ") and "vs one-gpu" in line for line in result["summary"])
 
 
+@pytest.mark.slow  # a long end-to-end run: its parts have faster tests; pytest -m slow runs it
 def test_e2e_rows_of_the_newer_pipelines(tmp_path, capsys):
     """Tiny Wan 2.2 (TI2V-style: its CFG as two calls per step, paired over the branches), Qwen-Image (true
     CFG) and Flux.2 (its prompt encoded first) on 2 processes: ours and ours-cfg exact against one process, with
@@ -65,6 +66,7 @@ def test_e2e_rows_of_the_newer_pipelines(tmp_path, capsys):
     assert all(r["layout"].startswith("cfg 2 x ") for r in rows if r["system"] == "ours-cfg"), rows
 
 
+@pytest.mark.slow  # a long end-to-end run: its parts have faster tests; pytest -m slow runs it
 def test_e2e_on_two_emulated_machines_with_fp8_transfers(tmp_path, capsys):
     """2 x 1 over an emulated p4de link: ours with fp8 inter-machine transfers (checked loosely) and ours-cfg, whose
     guidance branches sit one per machine; the baselines, whose transfers cannot be slowed, are skipped."""

@@ -14,6 +14,7 @@ from streamfusion_diffusers.core.exactness import MODEL_THRESHOLD
 METHODS = {"ulysses", "ring", "usp", "tas", "torus"}
 
 
+@pytest.mark.slow  # a long end-to-end run: its parts have faster tests; pytest -m slow runs it
 def test_block_and_step_levels_time_and_check_every_method(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = main(["bench", "--cpu", "--level", "block,step", "--workloads", "flux-dev:128,cogvideox-5b:5:64:64",

@@ -7,6 +7,8 @@ from model_cases import COGVIDEOX_CASES, FLUX_CASES, METHODS, check
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.runtime.pool import ProcessPool
 
+pytestmark = pytest.mark.slow  # 8 ranks: test_processors_p4.py checks the same on 4; pytest -m slow runs it
+
 WORLD = 8
 CASES = {**{f"flux-{k}": v for k, v in FLUX_CASES.items()}, **{f"cogvideox-{k}": v for k, v in COGVIDEOX_CASES.items()}}
 
