@@ -101,7 +101,9 @@ class Front:
         self.links: dict[int, Link] = {}
         self.closed = False
         self._changed = threading.Condition()
-        self._listener = Listener(("0.0.0.0", port), authkey=join_key(), backlog=max(world, 16))
+        # other machines' hosts reach node 0 at its address; launchers that meet on loopback keep the port there
+        bind = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+        self._listener = Listener((bind, port), authkey=join_key(), backlog=max(world, 16))
         self.store = dist.TCPStore(host, self.store_port, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=timeout_s))
         threading.Thread(target=self._accept, daemon=True, name="streamfusion-join").start()
