@@ -2,7 +2,7 @@
 with its default batching against `--max-batch 1`, at 1, 4 and 16 concurrent clients sending same-shape requests.
 
 Each server starts once per mode; each client count runs a warm-up round first (batches of new sizes are captured
-into CUDA graphs on their first replays), then a timed round of max(2 x clients, MIN_REQUESTS) requests, every
+into CUDA graphs on their first replays), then a timed round of max(2 x clients, --requests) requests, every
 request a distinct prompt and seed. Imports nothing beyond the standard library and httpx (reuses serve_load's
 start-up), so it runs on the GPU image as it is.
 
@@ -28,7 +28,6 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import start  # noqa: E402
 
-MIN_REQUESTS = 8
 MODES = {"batched": [], "unbatched": ["--max-batch", "1"]}
 
 
@@ -43,8 +42,10 @@ def request(http: httpx.Client, steps: int, index: int) -> tuple[int, float, dic
         return answer.status_code, seconds, {}
     extra = answer.json()["streamfusion"]
     run = extra["runs"][0]
-    return 200, seconds, {"queued_s": extra["queued_s"], "server_s": extra["seconds"], **run["phases_s"],
-                          "step_s": statistics.median(run["step_latency_s"]), "generate_s": run["generate_s"]}
+    return 200, seconds, {"queued_s": extra["queued_s"], "running_s": extra["running_s"],
+                          "encode_s": extra["encode_s"], "server_s": extra["seconds"], **run["phases_s"],
+                          "step_s": statistics.median(run["step_latency_s"]), "generate_s": run["generate_s"],
+                          "batch": run["batch"]}
 
 
 def round_of(url: str, steps: int, clients: int, count: int, first: int) -> dict:
@@ -60,7 +61,8 @@ def round_of(url: str, steps: int, clients: int, count: int, first: int) -> dict
     return {"clients": clients, "requests": count, "ok": len(seconds), "elapsed_s": elapsed,
             "images_per_minute": 60 * len(seconds) / elapsed, "p50_s": statistics.median(seconds) if seconds else None,
             "p90_s": pick(0.9), "max_s": seconds[-1] if seconds else None,
-            "statuses": sorted({code for code, _, _ in answers}), "server_median": where}
+            "statuses": sorted({code for code, _, _ in answers}), "server_median": where,
+            "batches": [p["batch"] for p in phases]}
 
 
 def main() -> int:
@@ -68,6 +70,7 @@ def main() -> int:
     parser.add_argument("--model", default="flux-dev")
     parser.add_argument("--size", type=int, default=None)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=8, help="the fewest requests of a timed round")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--cpu", action="store_true")
@@ -81,13 +84,13 @@ def main() -> int:
         rows = []
         try:
             for n, clients in enumerate(args.clients):
-                count = max(2 * clients, MIN_REQUESTS)
+                count = max(2 * clients, args.requests)
                 round_of(url, args.steps, clients, clients, 10_000 * (n + 1))
                 row = round_of(url, args.steps, clients, count, 10_000 * (n + 1) + 1000)
                 rows.append(row)
                 print(f"{args.model} {mode:9s} {clients:2d} clients: {row['images_per_minute']:6.1f} images/min  "
                       f"p50 {row['p50_s']:.2f} s  p90 {row['p90_s']:.2f} s  max {row['max_s']:.2f} s  "
-                      f"ok {row['ok']}/{count}", flush=True)
+                      f"ok {row['ok']}/{count}  batches {row['batches']}", flush=True)
                 print("   server medians: " + "  ".join(f"{k} {v:.3f}" for k, v in row["server_median"].items()),
                       flush=True)
         finally:

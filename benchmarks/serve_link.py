@@ -30,6 +30,7 @@ from serve_load import PROMPT, start  # noqa: E402
 
 def measure(model: str, method: str, serve_args: list[str], steps: int, requests: int) -> dict:
     proc, url, layout, ready_s, _ = start(model, [*serve_args, "--method", method], [])
+    print(f"{method}: ready in {ready_s:.1f} s as {layout}", flush=True)
     try:
         runs = []
         with httpx.Client(base_url=url) as http:
@@ -42,6 +43,7 @@ def measure(model: str, method: str, serve_args: list[str], steps: int, requests
                 run = answer.json()["streamfusion"]["runs"][0]
                 runs.append({"seconds": time.monotonic() - began, "denoising_s": run["phases_s"]["denoising"],
                              "crossed": run["crossed"], "layout": run["layout"]})
+                print(f"{method}: request {seed}: {runs[-1]['seconds']:.3f} s", flush=True)
         return {"method": method, "served_as": layout, "ready_s": ready_s, "runs": runs,
                 "median_s": statistics.median(r["seconds"] for r in runs),
                 "median_denoising_s": statistics.median(r["denoising_s"] for r in runs)}

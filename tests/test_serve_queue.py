@@ -55,3 +55,36 @@ def test_a_deadline_passed_in_the_queue_is_504_and_close_answers_what_waits():
     got, late, waiting, refused, after = asyncio.run(scenario())
     assert got is None and late.status == 504 and waiting.status == 503
     assert refused.status == 503 and refused.code == "draining" and after is None
+
+
+def test_gather_waits_for_the_last_batchs_companions_within_its_patience():
+    """A burst joins within the short wait; companions that come later join only while fewer than the last batch's
+    images are gathered and the patience lasts; requests of another shape keep their places."""
+    async def scenario(expect: int, patience_s: float) -> tuple[list[int], float]:
+        queue = WorkQueue(limit=8, groups=1, service_s=lambda: 1.0)
+        other = _work(9)
+        other.params = Request("a cat", None, 128, 128, 1, 2, 9, None)  # another shape
+        for work in (_work(1), other, _work(2)):
+            await queue.put(work)
+
+        async def late() -> None:  # two companions, 0.15 s and 0.25 s after the batch began
+            await asyncio.sleep(0.15)
+            await queue.put(_work(3))
+            await asyncio.sleep(0.1)
+            await queue.put(_work(4))
+
+        first = await queue.take()
+        arrivals = asyncio.create_task(late())
+        started = time.monotonic()
+        batch = await queue.gather(first, lambda w: (w.params.height, w.params.width), 8, 0.02, expect, patience_s)
+        waited = time.monotonic() - started
+        await arrivals
+        assert (await queue.take(0.01)) is other  # the other shape stayed first in line
+        return [w.params.seed for w in batch], waited
+
+    seeds, waited = asyncio.run(scenario(expect=1, patience_s=1.0))  # no companions expected: the short wait
+    assert seeds == [1, 2] and waited < 0.12
+    seeds, waited = asyncio.run(scenario(expect=4, patience_s=1.0))  # the last batch had 4: wait for them
+    assert seeds == [1, 2, 3, 4] and 0.2 < waited < 0.6
+    seeds, waited = asyncio.run(scenario(expect=4, patience_s=0.2))  # patience ends before the fourth comes
+    assert seeds == [1, 2, 3] and 0.15 < waited < 0.35

@@ -70,9 +70,11 @@ class Running:
             for work in batch:  # cancelled ones are answered already
                 work.fail(stopped_error(result, self.request_timeout_s, group.index))
             return
-        seconds = time.monotonic() - started
+        ran = time.monotonic()
+        seconds = ran - started
         at = 0
         for work in batch:
+            work.ran = ran
             n = work.params.n
             answer = {"pixels": result["pixels"][at:at + n], "records": result["records"][at:at + n]}
             at += n
@@ -102,6 +104,7 @@ class Running:
         video = self.job.spec.video
         try:
             outputs = await asyncio.to_thread(lambda: [encode(pixels, video) for pixels in result["pixels"]])
+            work.encoded = time.monotonic()
             work.finish({"outputs": outputs, "records": result["records"]})
         except Exception as err:  # noqa: BLE001 - an encoder failure fails this request only
             logger.exception("encoding the answer failed")

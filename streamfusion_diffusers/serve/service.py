@@ -165,10 +165,12 @@ class Service(Supervision, Running, Following):
 
 
 def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
-    """The answer's extra field: the group, the time queued and in all, the seeds, and each generation's record
-    (what run.json holds)."""
-    return {"group": work.group.index, "queued_s": work.started - work.arrived, "seconds": time.monotonic() -
-            work.arrived, "seeds": [work.params.seed + i for i in range(work.params.n)], "runs": result["records"]}
+    """The answer's extra field: the group, where the server's time went (queued, the group's call with the
+    pixels' way back, encoding, in all), the seeds, and each generation's record (what run.json holds)."""
+    return {"group": work.group.index, "queued_s": work.started - work.arrived,
+            "running_s": work.ran - work.started, "encode_s": work.encoded - work.ran,
+            "seconds": time.monotonic() - work.arrived,
+            "seeds": [work.params.seed + i for i in range(work.params.n)], "runs": result["records"]}
 
 
 __all__ = ["Service", "restart_wait", "stopped_error", "what_ran"]

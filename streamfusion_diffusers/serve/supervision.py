@@ -1,7 +1,9 @@
 """The groups' supervision: one task per group starts it, hands it the queue's requests, restarts it when a rank fails.
 
 Each task starts its group (ranks spawned, pipeline built and warmed), then takes the oldest queued request whenever
-the group is free and runs it (running.py). When a rank dies, fails or stalls, the group's other ranks are stopped,
+the group is free and runs it (running.py), batched with the waiting requests of its shape (work.py's `gather`);
+while the batch is smaller than the group's last of that shape, it waits up to PATIENCE of that call's time for the
+rest (closed-loop clients come back a few milliseconds apart, and a batch split in two costs a call). When a rank dies, fails or stalls, the group's other ranks are stopped,
 /health says 503, and the task starts the group again (rebuilt from scratch: nothing of the failed job is reused),
 then goes on with the queue; a rank that ends while its group is idle is seen within WATCH_S and restarts the group
 the same way, before the group takes a request. A group that fails MAX_RESTARTS times in a row is given up, and once
@@ -31,6 +33,7 @@ MAX_RESTARTS = 3  # consecutive failed restarts of one group before it is given 
 RESTART_BURST, RESTART_WINDOW_S = 3, 60.0  # a group restarts at most this often within this window: a request
 # that kills a rank each time it runs cannot keep every group rebuilding
 WATCH_S = 0.5  # how often an idle group checks that its ranks are alive (a rank killed between requests)
+PATIENCE = 0.05  # a batch smaller than its group's last of the same shape waits up to this share of that call
 
 
 class Supervision:
@@ -61,6 +64,7 @@ class Supervision:
 
     async def _supervise(self, group: Group) -> None:
         failures = 0
+        last: tuple = (None, 1, 0.0)  # the group's last batch: its key, images and seconds
         while True:
             if group.state != "ready":
                 if (wait := restart_wait(group.restarted_at, time.monotonic())) > 0:
@@ -101,11 +105,14 @@ class Supervision:
                 await self._restart(group, causes + " while idle")
                 continue
             if work is not None:
-                batch = [work]
+                batch, key = [work], batch_key(self.job, work.params)
                 if self.max_batch > 1:
+                    expect, call_s = last[1:] if last[0] == key else (1, 0.0)
                     batch = await self.queue.gather(work, lambda w: batch_key(self.job, w.params), self.max_batch,
-                                                    self.batch_wait_s)
+                                                    self.batch_wait_s, expect, PATIENCE * call_s)
+                started = time.monotonic()
                 await self._run(group, [w for w in batch if not w.done.done()])
+                last = (key, sum(w.params.n for w in batch), time.monotonic() - started)
 
     def _group_ready(self) -> None:
         if not self.ready_once and all(g.state == "ready" for g in self.groups):

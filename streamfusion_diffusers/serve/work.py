@@ -29,6 +29,8 @@ class Work:
     deadline: float  # time.monotonic() past which it is answered 504
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None
+    ran: float | None = None  # when its group's call returned
+    encoded: float | None = None  # when its pixels were encoded
     group: Any = None  # the group running it
     steps: asyncio.Queue | None = None  # a streamed request's step notes (runtime/progress.py's StepNote), in order
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -84,12 +86,17 @@ class WorkQueue:
                 except asyncio.TimeoutError:
                     return None
 
-    async def gather(self, first: Work, key: Callable[[Work], Any], max_images: int, wait_s: float) -> list[Work]:
+    async def gather(self, first: Work, key: Callable[[Work], Any], max_images: int, wait_s: float,
+                     expect: int = 1, patience_s: float = 0.0) -> list[Work]:
         """`first` and the waiting requests of its key, oldest first, while their images fit `max_images` (a
         request alone may have more); those that come within `wait_s` of now join too (a burst lands in one
-        batch). Requests of other keys keep their places."""
+        batch). While fewer than `expect` images are gathered (the last batch of this key had that many: its
+        clients are likely on their way back, their answers sent a moment apart), it waits up to `patience_s`
+        for them instead: a batch split in two runs the GPU twice for what one call does. Requests of other keys
+        keep their places."""
         batch, images, want = [first], first.params.n, key(first)
-        ends = time.monotonic() + wait_s
+        now = time.monotonic()
+        ends, patience_ends = now + wait_s, now + max(wait_s, patience_s)
         async with self._changed:
             while True:
                 for work in list(self._items):
@@ -97,7 +104,7 @@ class WorkQueue:
                         self._items.remove(work)
                         batch.append(work)
                         images += work.params.n
-                left = ends - time.monotonic()
+                left = (ends if images >= min(expect, max_images) else patience_ends) - time.monotonic()
                 if images >= max_images or left <= 0 or self.closed:
                     return batch
                 try:
