@@ -82,6 +82,8 @@ def test_generate_writes_the_image_and_run_json(pool, tmp_path):
     assert "cost model" in run["attention"][0]["why"]  # no recipe entry for tiny-flux
     assert run["backend"] == "torch over gloo" and run["output_size"] == {"height": 64, "width": 64}
     assert all(t > 0 for t in run["step_latency_s"]) and run["total_s"] >= sum(run["step_latency_s"])
+    once = run["one_time_s"]  # the first step's one-time work, by kind (kernels are timed on GPUs only)
+    assert {"layout choice", "process groups"} <= once.keys() and 0 < sum(once.values()) < run["generate_s"]
     assert Path(run["outputs"][0]).name == "image.png" and (tmp_path / "image.png").stat().st_size > 0
 
 

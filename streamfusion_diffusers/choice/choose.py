@@ -18,6 +18,7 @@ from torch import Tensor
 from ..core.config import METHODS, Layout, ParallelConfig, resolve_layout
 from ..context import ParallelContext
 from ..core.links import PRESETS, Link, parse_link
+from ..core.one_time import one_time
 from .costmodel import Gpu, Prediction, candidate_layouts, predict
 from .recipe import Recipe, load_recipes
 from .rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu, torus_off, why_torus_off
@@ -164,10 +165,11 @@ def auto_layout(ctx: ParallelContext, q: Tensor, seq_lens: Sequence[int], joint_
     shape = Workload("seen", sum(seq_lens), joint_len, q.shape[2], q.shape[3], 1, batch=q.shape[0])
     cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
     decide = ctx.global_rank == 0
-    box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
-    # every branch runs the same shapes together, and with worlds given every world too (the process groups of a
-    # layout's mesh are made by every rank of the job at once): one choice for all, bounded by timeout_s
-    dist.broadcast_object_list(box, src=0, group=ctx.groups.world(config.timeout_s))
+    with one_time("layout choice"):
+        box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
+        # every branch runs the same shapes together, and with worlds given every world too (the process groups of
+        # a layout's mesh are made by every rank of the job at once): one choice for all, bounded by timeout_s
+        dist.broadcast_object_list(box, src=0, group=ctx.groups.world(config.timeout_s))
     if decide:
         logger.info("streamfusion auto: %s (%s)", box[0].layout, box[0].why)
     return box[0]

@@ -79,8 +79,11 @@ def main(args: argparse.Namespace) -> int:
     if answer is not None:  # rank 0's (under a launcher, the other ranks return None)
         record = write_outputs(job, answer)
         steps = record["step_latency_s"]
-        pace = (f"{1e3 * statistics.median(steps[1:]):.1f} ms/step after the first ({steps[0]:.2f} s: the shape's "
-                f"one-time choices)") if len(steps) > 1 else f"{1e3 * sum(steps):.1f} ms/step"
+        once = ", ".join(f"{kind} {sec:.2f} s" for kind, sec in record["one_time_s"].items())
+        pace = f"{1e3 * sum(steps):.1f} ms/step"
+        if len(steps) > 1:
+            pace = (f"{1e3 * statistics.median(steps[1:]):.1f} ms/step after the first ({steps[0]:.2f} s"
+                    f"{'; one-time work: ' + once if once else ''})")
         cfg = f"cfg {record['cfg']} x " if record["cfg"] > 1 else ""
         wall = time.perf_counter() - began
         print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}, "

@@ -31,10 +31,18 @@ def join_job(gpu: bool | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> b
         raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group (or launch with "
                            "torchrun / `streamfusion launch`) before init_parallel")
     gpu = torch.cuda.is_available() if gpu is None else gpu
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=_own_gpu() if gpu else None)
     return True
+
+
+def _own_gpu() -> torch.device:
+    """This process's GPU (LOCAL_RANK's), made current. Given to init_process_group as `device_id`, it binds
+    the group to it: NCCL's communicator is made at the join (start-up) rather than inside the first step,
+    and the layout's groups are split from it (ncclCommSplit) instead of being made anew."""
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    return device
 
 
 def join_store(host: str, port: int, prefix: str, rank: int, world_size: int, gpu: bool,
@@ -42,12 +50,10 @@ def join_store(host: str, port: int, prefix: str, rank: int, world_size: int, gp
     """Create the default process group at a store another process hosts (a served job's front, for the ranks of
     one group across machines), its keys under `prefix` so that many groups and restarts share one store. The
     GPU is LOCAL_RANK's, as under torchrun."""
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))
     dist.init_process_group("nccl" if gpu else "gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
+                            timeout=timeout, device_id=_own_gpu() if gpu else None)
 
 
 def _release_at_exit() -> None:

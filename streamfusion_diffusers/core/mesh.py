@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from .config import Layout, cfg_shape
+from .one_time import one_time
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class GroupCache:
         """All ranks of the job in one group that times out after timeout_s (the default group keeps whatever
         timeout the job was started with). Collective on first use."""
         if timeout_s not in self.worlds:
-            self.worlds[timeout_s] = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+            with one_time("process groups"):
+                self.worlds[timeout_s] = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
         return self.worlds[timeout_s]
 
     def mesh(self, layout: Layout, rank: int, timeout_s: float, cfg: CfgGroups) -> Mesh:
@@ -71,7 +73,8 @@ class GroupCache:
         if key not in self.meshes:
             if len(self.meshes) >= self.MAX_MESHES:
                 del self.meshes[next(iter(self.meshes))]
-            self.meshes[key] = Mesh(layout, rank, timeout_s, cfg)
+            with one_time("process groups"):
+                self.meshes[key] = Mesh(layout, rank, timeout_s, cfg)
         return self.meshes[key]
 
     def other(self, key: Hashable, make: Callable[[], object]) -> object:

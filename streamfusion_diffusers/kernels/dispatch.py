@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..core.logs import say_once
 from ..core.mesh import Group
+from ..core.one_time import one_time
 from .state import KernelState, current, owned_by
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ def time_ms(prepare: Callable[[], object], run: Callable[[object], None], reps: 
 def _measure(key: Hashable, candidates: Callable[[], Candidates]) -> dict[str, float]:
     times = current().times
     if key not in times:
-        times[key] = {name: time_ms(prepare, run) for name, (prepare, run) in candidates().items()}
+        with one_time("kernel choice"):
+            times[key] = {name: time_ms(prepare, run) for name, (prepare, run) in candidates().items()}
     return times[key]
 
 

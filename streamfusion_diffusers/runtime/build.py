@@ -144,10 +144,11 @@ def crossed_since(ctx: ParallelContext, before: dict[str, int] | None) -> dict[s
 
 
 def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, generate_s: float,
-               build_s: float, moved: dict[str, int] | None = None) -> dict:
+               build_s: float, moved: dict[str, int] | None = None, once: dict[str, float] | None = None) -> dict:
     """What ran (run.json, and `serve`'s answers): sizes, layout and why, backend, per-step and phase times.
     `moved`: what rank 0 sent and received across emulated machines in this call (`crossed_since`; a replayed
-    CUDA graph posts nothing, so only its capture counts)."""
+    CUDA graph posts nothing, so only its capture counts). `once`: rank 0's one-time work in this call, by kind
+    (core/one_time.py: what a new shape's first step spends beside its compute)."""
     ctx = prepared.ctx
     heads = prepared.transformer.config.num_attention_heads
     return {
@@ -171,7 +172,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "crossed": moved,
         "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
-        "step_latency_s": phases.step_latencies, "phases_s": phases.seconds,
+        "step_latency_s": phases.step_latencies, "phases_s": phases.seconds, "one_time_s": once or {},
         "generate_s": generate_s, "build_s": build_s,
         "total_s": build_s + generate_s,
         "peak_memory_gib": torch.cuda.max_memory_allocated(prepared.device) / 2**30 if job.gpu else None,  # rank 0's

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from . import images
 from .build import Prepared, call_kwargs, crossed, crossed_since, no_autograd, prepare, run_record
 from .output import to_pil
+from ..core.one_time import spent, spent_since
 from ..models.pipelines import family_of
 from .job import Job
 from .phases import PhaseTimer
@@ -220,7 +221,7 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
         set_horizon(pipe, None if served.serving else job.steps)
     switch_s = switch_adapters(served, batch[0].lora) if served.job.stack.adapters else None
     agreement = Agreement(served, deadline, batch, job, plan.order, keep_latents=fit_map)
-    before = crossed(served.prepared.ctx)
+    before, first = crossed(served.prepared.ctx), spent()
     try:
         try:
             with no_autograd(job):
@@ -231,7 +232,7 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
     except Stopped:  # stopped mid-call: reset what a finished call resets (a cache's state), as the pipeline would
         pipe.maybe_free_model_hooks()
         raise
-    moved = crossed_since(served.prepared.ctx, before)
+    moved, once = crossed_since(served.prepared.ctx, before), spent_since(first)
     if dist.get_rank() != 0:
         return None, None
     if not served.job.spec.video:
@@ -245,7 +246,7 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
     for request in batch:
         for index in range(request.n):
             record = run_record(request.job(served.job, index), served.prepared, result, phases, seconds, build_s,
-                                moved)
+                                moved, once)
             if switch_s is not None:  # the adapters this request ran, and what turning them on cost this call
                 record["lora"] = {"adapters": [{"name": n, "scale": w} for n, w in request.lora],
                                   "switch_s": switch_s}
