@@ -46,29 +46,41 @@ def build_transformer(name_or_config: str | dict[str, Any], *, seed: int = 0, dt
 
 
 def build_transformers(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                       device: torch.device | str = "cpu") -> dict[str, torch.nn.Module]:
-    """Every transformer component of MODELS[name]'s pipeline (Wan 2.2 A14B's two experts: seeds seed, seed + 1)."""
+                       device: torch.device | str = "cpu", park: torch.device | str | None = None
+                       ) -> dict[str, torch.nn.Module]:
+    """Every transformer component of MODELS[name]'s pipeline (Wan 2.2 A14B's two experts: seeds seed, seed + 1).
+    park: where each goes once built (see `build_pipeline`)."""
     names = family_of(name).transformer_names(MODELS[name])
-    return {part: build_transformer(name, seed=seed + i, dtype=dtype, device=device) for i, part in enumerate(names)}
+    return {part: _parked(build_transformer(name, seed=seed + i, dtype=dtype, device=device), park)
+            for i, part in enumerate(names)}
+
+
+def _parked(module: torch.nn.Module, park: torch.device | str | None) -> torch.nn.Module:
+    return module if park is None else module.to(park)
 
 
 def build_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                   device: torch.device | str = "cpu", transformer_device: torch.device | str | None = None
-                   ) -> DiffusionPipeline:
+                   device: torch.device | str = "cpu", transformer_device: torch.device | str | None = None,
+                   park: torch.device | str | None = None) -> DiffusionPipeline:
     """MODELS[name]'s whole pipeline around its transformer(s), all weights random (seeded).
 
     Text encoders are small, of the width the transformer takes; the VAE has the real latent channels and
     the spec's compression (the real one for real-size models), so token counts match a real run at that size.
     transformer_device "meta": the transformers hold no memory (`full.encode_first` builds them later).
+    park: where each part goes as soon as it is built (host memory, for weights to be sharded over GPUs that
+    cannot hold them all): the weights are made on `device` (a GPU makes them in seconds where the CPU takes
+    minutes, and with its generator, so they equal a build on that GPU), one part on it at a time.
     """
     spec = MODELS[name]
-    transformers = build_transformers(name, seed=seed, dtype=dtype, device=transformer_device or device)
+    transformers = build_transformers(name, seed=seed, dtype=dtype, device=transformer_device or device, park=park)
     torch.manual_seed(seed + len(transformers))  # the seed after the transformers'
     with _default_dtype_and_device(dtype, device):
         pipe = family_of(name).tiny(spec, transformers)
-    for component in pipe.components.values():
+    for part_name, component in pipe.components.items():
         if isinstance(component, torch.nn.Module):
             component.eval()  # built in training mode: T5's dropout would make every run differ
+            if part_name not in transformers:
+                _parked(component, park)
     return pipe
 
 

@@ -19,18 +19,22 @@ from .pipelines import family_of
 
 
 def build_full_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", transformer_device: torch.device | str | None = None
-                        ) -> DiffusionPipeline:
+                        device: torch.device | str = "cpu", transformer_device: torch.device | str | None = None,
+                        park: torch.device | str | None = None) -> DiffusionPipeline:
     """MODELS[name]'s pipeline with real-size text encoders and VAE (random weights, seeded); the word-level
-    tokenizers of `build_pipeline` stay (their ids are a subset of the real vocabularies)."""
+    tokenizers of `build_pipeline` stay (their ids are a subset of the real vocabularies). park: see
+    `build_pipeline` (the encoders and VAE are made together on `device`, then moved)."""
     if name.startswith("tiny-"):
         raise ValueError(f"{name} has no real-size encoders or VAE; use build_pipeline for tiny models")
-    pipe = build_pipeline(name, seed=seed, dtype=dtype, device=device, transformer_device=transformer_device)
+    pipe = build_pipeline(name, seed=seed, dtype=dtype, device=device, transformer_device=transformer_device,
+                          park=park)
     torch.manual_seed(seed + 2)
     with _default_dtype_and_device(dtype, device):
         parts = family_of(name).full(MODELS[name], pipe)
     for part in parts.values():
         part.eval()
+        if park is not None:
+            part.to(park)
     return type(pipe)(**{**pipe.components, **parts}, **family_of(name).pipeline_kwargs(MODELS[name]))
 
 

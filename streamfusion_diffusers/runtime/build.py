@@ -75,8 +75,9 @@ def prepare(job: Job) -> Prepared:
     ctx = init_parallel(job.parallel)
     started = time.perf_counter()
     prompt: dict[str, Any] = {"prompt": job.prompt}
-    # sharded weights (on more than one rank; on one they are a no-op): built (or loaded) in host memory, each
-    # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model
+    # sharded weights (on more than one rank; on one they are a no-op): held (or loaded) in host memory, each
+    # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model;
+    # random ones are made on the GPU a part at a time where each part fits (`_builds_on`), then parked there
     shards = job.shard_weights and job.world_size > 1
     home = torch.device("cpu") if shards and real_size(job.model) else device
     if job.weights:
@@ -89,7 +90,11 @@ def prepare(job: Job) -> Prepared:
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
-        pipe = build(job.model, seed=job.weights_seed, dtype=dtype, device=home)
+        made_on = device if home != device and _builds_on(job.model, device) else home
+        pipe = build(job.model, seed=job.weights_seed, dtype=dtype, device=made_on,
+                     park=home if made_on != home else None)
+        if made_on.type == "cuda":
+            torch.cuda.empty_cache()  # what the parked parts left in the allocator's cache
     stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     if not job.gpu:  # an image the same alone and in a batch (invariant.py); before parallelize's hooks wrap forward
         rows_invariant(pipe)
@@ -103,6 +108,17 @@ def prepare(job: Job) -> Prepared:
         compile_transformers(pipe)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started)
+
+
+def _builds_on(model: str, device: torch.device) -> bool:
+    """Whether the GPU can make a pipeline's random weights to be sharded, one part after another (each moved to
+    host memory once made): its largest transformer, and its encoders and VAE together, fit the free memory."""
+    from ..models.memory import pipeline_parts
+
+    parts = pipeline_parts(model)
+    transformers = [p.total for name, p in parts.items() if name.startswith("transformer")]
+    rest = sum(p.total for name, p in parts.items() if not name.startswith("transformer"))
+    return device.type == "cuda" and max([*transformers, rest]) < 0.9 * torch.cuda.mem_get_info(device)[0]
 
 
 def pin_choices() -> None:
