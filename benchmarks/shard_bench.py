@@ -33,23 +33,12 @@ from streamfusion_diffusers import ParallelConfig, ParallelContext, init_paralle
 from streamfusion_diffusers.bench.model import model_inputs
 from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.context import shutdown
-from streamfusion_diffusers.diffusers.graphs import (
-    check_graphable,
-    graph_hooks,
-    set_horizon,
-)
+from streamfusion_diffusers.diffusers.graphs import check_graphable, graph_hooks, set_horizon
 from streamfusion_diffusers.diffusers.parallel_pipeline import parallelize
 from streamfusion_diffusers.diffusers.sharded_weights import held_bytes
 from streamfusion_diffusers.models.build import build_transformer
 from streamfusion_diffusers.models.configs import TINY
-from streamfusion_diffusers.models.memory import (
-    GIB,
-    RUNTIME_GIB,
-    Estimate,
-    estimate,
-    pipeline_parts,
-    weight_budget,
-)
+from streamfusion_diffusers.models.memory import GIB, RUNTIME_GIB, Estimate, estimate, pipeline_parts, weight_budget
 
 GPU_WORKLOADS = ("flux-dev:1024", "qwen-image:1328", "flux2-dev:1024", "wan2.2-t2v-a14b:81:480:832")
 MODES = ("eager", "graph", "compiled")

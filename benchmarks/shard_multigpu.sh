@@ -13,7 +13,8 @@
 #   NPROC=2 bash benchmarks/shard_multigpu.sh                    # P = 2 on a larger host
 #   bash benchmarks/shard_multigpu.sh pipeline   # whole Flux.2-dev pipeline, --shard-weights (24B encoder sharded
 #                                                # too; built in host memory: about 112 GB of RAM per process)
-# CPU dry run (tiny stand-ins, gloo; graph rows say why they did not run): DEVICE=cpu NPROC=2 bash benchmarks/shard_multigpu.sh
+# CPU dry run (tiny stand-ins over gloo; the graph rows say why they did not run):
+#   DEVICE=cpu NPROC=2 bash benchmarks/shard_multigpu.sh
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
