@@ -1,14 +1,21 @@
 """Sharded weights (`parallelize(..., shard_weights=True)`) against whole ones: a real-size transformer's step time
-and per-GPU memory, eager and compiled, beside `plan --memory`'s estimate of the same (the transformer's part).
+and per-GPU memory, eager, in CUDA graphs and compiled, beside `plan --memory`'s estimate (the transformer's part).
 
-One torchrun job (P = its world size, ulysses 1 x P): per workload the transformer is built once (bf16, random
-weights, on the GPU), its blocks compiled regionally (`compile_repeated_blocks(fullgraph=True)`, lazily), then
-parallelized with whole weights: eager (`torch.compiler.set_stance("force_eager")`) and compiled steps timed;
-then unparallelized and parallelized again with sharded weights (the whole copy freed), timed the same way. Per
-row: the median step of the slowest rank, the peak and the memory held between forwards (the largest rank's), the
-estimate. Also whether FSDP2 runs under torch.inference_mode() with this torch (fixed in pytorch#197327, 2026-09).
-One JSON line per row on stdout, all rows in --out. Launch: benchmarks/shard_gpu.sh, benchmarks/shard_multigpu.sh.
---profile adds where one more step's GPU time goes (rank 0's) (`profile_step`: per stream busy time, top kernels).
+One torchrun job (P = its world size) at the layout `method="auto"` picks, as `generate` does by default (--method
+forces one). Per workload the transformer (bf16, random weights, built on the GPU) is built once per weight
+variant and parallelized so: `whole`; `sharded` (every block streamed); `split`, the planner's partial split for
+--max-memory GiB per GPU (`weight_budget` as `generate --shard-weights --max-memory` computes it, without the text
+encoders: `choose_split` keeps gathered the most blocks that fit). Each variant is timed per mode: `eager`; `graph`,
+the forward captured in a CUDA graph (`parallelize(..., cuda_graph=True)`: a shape's first call runs eager, the
+second captures, later ones replay; the steady replays are timed, eager kernels); `compiled`
+(`compile_repeated_blocks(fullgraph=True)`, inductor). Where graphs are on, the eager and compiled modes pass
+through the graph hook (a horizon too short to capture). Without a GPU, graph rows say why they did not run.
+Per row: the layout, the step's min / median / max over the repeats (synchronized wall time, each the slowest
+rank's), the peak and the memory held between forwards (the fullest GPU's), the weights held, the planned peak;
+sharded rows add the split (blocks kept gathered per part: planned and applied). Also whether FSDP2 runs under
+torch.inference_mode() with this torch. One JSON line per row on stdout, all rows in --out. Launch:
+benchmarks/shard_gpu.sh, benchmarks/shard_multigpu.sh. --profile adds where one more step's GPU time goes (rank
+0's) (`profile_step`: per stream busy time, top kernels).
 """
 from __future__ import annotations
 
@@ -26,12 +33,17 @@ from streamfusion_diffusers import ParallelConfig, ParallelContext, init_paralle
 from streamfusion_diffusers.bench.model import model_inputs
 from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.context import shutdown
-from streamfusion_diffusers.diffusers.parallel_pipeline import parallelize, unparallelize
+from streamfusion_diffusers.diffusers.graphs import check_graphable, graph_hooks, set_horizon
+from streamfusion_diffusers.diffusers.parallel_pipeline import parallelize
 from streamfusion_diffusers.diffusers.sharded_weights import held_bytes
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.models.memory import GIB, estimate, pipeline_parts
+from streamfusion_diffusers.models.configs import TINY
+from streamfusion_diffusers.models.memory import GIB, RUNTIME_GIB, Estimate, estimate, pipeline_parts, weight_budget
 
 GPU_WORKLOADS = ("flux-dev:1024", "qwen-image:1328", "flux2-dev:1024", "wan2.2-t2v-a14b:81:480:832")
+MODES = ("eager", "graph", "compiled")
+WEIGHTS = ("whole", "sharded", "split")
+WARMUP = {"eager": 1, "graph": 3, "compiled": 2}  # graph: a shape's first call eager, the second captures
 
 
 def _sync(device: torch.device) -> None:
@@ -46,7 +58,9 @@ def _worst(value: float) -> float:
     return t.item()
 
 
-def _steps(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, device: torch.device) -> float:
+def _steps(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, device: torch.device
+           ) -> list[float]:
+    """This rank's seconds per step, after `warmup` untimed steps."""
     with torch.no_grad():
         times = []
         for i in range(warmup + repeats):
@@ -56,7 +70,7 @@ def _steps(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, devi
             _sync(device)
             if i >= warmup:
                 times.append(time.perf_counter() - start)
-    return _worst(statistics.median(times))
+    return times
 
 
 def profile_step(model: torch.nn.Module, inputs: dict, device: torch.device) -> dict:
@@ -114,57 +128,109 @@ def inference_mode_probe(device: torch.device) -> str:
         return f"fails: {str(err).splitlines()[0]}"
 
 
-def run(spec: str, repeats: int, modes: list[str], ctx: ParallelContext, device: torch.device,
-        profiled: bool = False) -> list[dict]:
+def graph_refusal(ctx: ParallelContext) -> str | None:
+    """Why CUDA graphs cannot run in this job (no GPU, a gloo group), or None."""
+    try:
+        check_graphable(ctx)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _planned_gib(e: Estimate, vae: int) -> float:
+    """The transformer's part of the planned peak: its weights held (the VAE's left out), the gathered slots, one
+    block's activations and the attention's buffers."""
+    return e.weights - vae / GIB + e.gathered + e.activations + e.attention
+
+
+def _midway_gib(whole: Estimate, sharded: Estimate) -> float:
+    """--max-memory's default: halfway between the planned peaks of whole and fully sharded weights, so the split
+    keeps about half the blocks gathered (the runtime's share beside, as `weight_budget` counts it)."""
+    return RUNTIME_GIB + (whole.peak + sharded.peak) / 2
+
+
+def run(spec: str, args: argparse.Namespace, ctx: ParallelContext, device: torch.device) -> list[dict]:
     workload = parse_workload(spec)
     name, world = workload.model, dist.get_world_size()
+    if device.type == "cpu" and not name.startswith("tiny-"):
+        name = TINY[name]  # the CPU dry run: the tiny stand-in at a small size
+    sized = workload if device.type == "cuda" else _tiny(workload, name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if not name.startswith("tiny-") and device.type == "cpu":
-        name = {"flux-dev": "tiny-flux", "qwen-image": "tiny-qwen-image", "flux2-dev": "tiny-flux2",
-                "wan2.2-t2v-a14b": "tiny-wan-a14b"}[name]  # the CPU dry run: the tiny stand-ins
-    model = build_transformer(name, dtype=dtype, device=device)
-    config = dict(model.config)
-    inputs = model_inputs(workload if device.type == "cuda" else _tiny(workload, name), config, 1, dtype, device)
-    if "compiled" in modes:
-        model.compile_repeated_blocks(fullgraph=True, backend="inductor" if device.type == "cuda" else "aot_eager")
-    parts = pipeline_parts(name) if device.type == "cuda" else None
+    modes, refused = args.modes.split(","), graph_refusal(ctx)
+    parts = {part: sizes for part, sizes in pipeline_parts(name, dtype).items() if part in ("transformer", "vae")}
+    vae = parts["vae"].total  # in the plan's budget as in generate's, outside the measured transformer
+
+    def plan(sharded: bool, max_memory: float | None = None) -> Estimate:
+        return estimate(name, *_size(sized), world, sharded=sharded, parts=parts, bytes_per_value=dtype.itemsize,
+                        max_memory=max_memory)
+
+    max_memory = args.max_memory or _midway_gib(plan(False), plan(True))
     rows = []
-    for shard in (False, True):
-        parallelize(model, ctx, shard_weights=shard)
+    for weights in args.weights.split(","):
+        e = plan(weights != "whole", max_memory if weights == "split" else None)
+        budget = weight_budget(max_memory, e.activations + e.attention, vae, e.vae_decode) \
+            if weights == "split" else None
+        model = build_transformer(name, dtype=dtype, device=device)
+        inputs = model_inputs(sized, dict(model.config), 1, dtype, device)
+        if "compiled" in modes:
+            model.compile_repeated_blocks(fullgraph=True, backend="inductor" if device.type == "cuda" else "aot_eager")
+        parallelize(model, ctx, cuda_graph="graph" in modes and refused is None, shard_weights=weights != "whole",
+                    weight_budget=budget)
         gc.collect()
         for mode in modes:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-            row = {"workload": workload.name, "model": name, "ranks": world, "sharded": shard, "mode": mode}
-            try:  # a compile failure (the same on every rank) is a row, and the job goes on
-                with torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
-                    row["step_ms"] = round(1e3 * _steps(model, inputs, repeats, 1 if mode == "eager" else 2, device), 1)
-            except Exception as err:  # noqa: BLE001
-                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-            if profiled and "error" not in row:  # every rank profiles the step (its collectives need the peers)
-                with torch.compiler.set_stance("force_eager" if mode == "eager" else "default"):
-                    profiled_step = profile_step(model, inputs, device)
-                if dist.get_rank() == 0:
-                    row["profile"] = profiled_step
+            row = {"workload": workload.name, "model": name, "ranks": world, "weights": weights, "mode": mode}
+            if weights != "whole":
+                applied = model._streamfusion.split
+                row.update(split=e.split, kept=applied.keep if applied is not None else "one rank: whole",
+                           received_gib_per_step=round(e.received, 3))
+            if weights == "split":
+                row["max_memory_gib"] = round(max_memory, 2)
+            if mode == "graph" and refused:
+                row["skipped"] = refused
+            else:
+                row.update(_measure(model, inputs, mode, args, ctx, device))
             held, whole = held_bytes([model])
-            row.update(weights_held_gib=round(_worst(held) / GIB, 2), weights_whole_gib=round(whole / GIB, 2))
-            if device.type == "cuda":
-                row["peak_gib"] = round(_worst(torch.cuda.max_memory_allocated()) / GIB, 2)
-                row["between_forwards_gib"] = round(_worst(torch.cuda.memory_allocated()) / GIB, 2)
-                e = estimate(name, *_size(workload), world, sharded=shard, parts=parts)
-                row["planned_gib"] = round(parts["transformer"].total / (world if shard else 1) / GIB + e.gathered
-                                           + e.activations + e.attention, 2)
+            row.update(weights_held_gib=round(_worst(held) / GIB, 3), weights_whole_gib=round(whole / GIB, 3),
+                       planned_gib=round(_planned_gib(e, vae), 3))
             rows.append(row)
             if dist.get_rank() == 0:
                 print(json.dumps(row), flush=True)
-        if not shard:
-            unparallelize(model)
-    del model
-    gc.collect()
+        del model, inputs
+        gc.collect()
+        torch.compiler.reset()  # the compiled blocks hold the freed model's code and guards
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _measure(model: torch.nn.Module, inputs: dict, mode: str, args: argparse.Namespace, ctx: ParallelContext,
+             device: torch.device) -> dict:
+    """One mode's step times (the slowest rank's min / median / max), layout, memory and, in graphs, what the
+    graph hook did; an error (the same on every rank: a compile failure, out of memory) is the row's result."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows
+        torch.cuda.reset_peak_memory_stats()
+    set_horizon(model, None if mode == "graph" else 0)  # horizon 0: the graph hook (if on) runs the call eager
+    out: dict = {}
+    with torch.compiler.set_stance("default" if mode == "compiled" else "force_eager"):
+        try:
+            times = _steps(model, inputs, args.repeats, WARMUP[mode], device)
+        except Exception as err:  # noqa: BLE001
+            return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        if args.profile:  # every rank profiles the step (its collectives need the peers)
+            profiled = profile_step(model, inputs, device)
+            if dist.get_rank() == 0:
+                out["profile"] = profiled
+    out.update(layout=str(ctx.layout(model.config.num_attention_heads)),
+               step_ms=round(1e3 * _worst(statistics.median(times)), 1),
+               step_min_ms=round(1e3 * _worst(min(times)), 1), step_max_ms=round(1e3 * _worst(max(times)), 1))
+    if mode == "graph":
+        stats = graph_hooks(model)[0].stats
+        out["graph"] = {"captures": stats.captures, "replays": stats.replays}
+    if device.type == "cuda":
+        out["peak_gib"] = round(_worst(torch.cuda.max_memory_allocated()) / GIB, 3)
+        out["between_forwards_gib"] = round(_worst(torch.cuda.memory_allocated()) / GIB, 3)
+    return out
 
 
 def _size(workload) -> tuple[int, int, int]:
@@ -183,15 +249,23 @@ def _tiny(workload, name: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(GPU_WORKLOADS))
-    parser.add_argument("--modes", default="eager", help="eager, compiled or eager,compiled")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="eager,graph", help=f"a comma list of {', '.join(MODES)}")
+    parser.add_argument("--weights", default=",".join(WEIGHTS), help=f"a comma list of {', '.join(WEIGHTS)}")
+    parser.add_argument("--max-memory", type=float, metavar="GIB",
+                        help="the split's memory target per GPU (default: halfway between the planned peaks of whole "
+                             "and fully sharded weights)")
+    parser.add_argument("--method", default="auto", help="the layout (auto: what generate picks by default)")
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget-s", type=float, default=400, help="skip the workloads left after this long")
     parser.add_argument("--out", default="shard.json")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the tiny stand-ins over gloo")
     parser.add_argument("--profile", action="store_true", help="profile one more step per row (rank 0's streams)")
     args = parser.parse_args()
+    for option, given, known in (("--modes", args.modes, MODES), ("--weights", args.weights, WEIGHTS)):
+        if not set(given.split(",")) <= set(known):
+            parser.error(f"{option} {given}: give a comma list of {', '.join(known)}")
     device = torch.device(args.device)
-    ctx = init_parallel(ParallelConfig(method="ulysses"))  # joins torchrun's job (NCCL on GPUs, gloo on the CPU)
+    ctx = init_parallel(ParallelConfig(method=args.method))  # joins torchrun's job (NCCL on GPUs, gloo on the CPU)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     rows: list[dict] = [{"inference_mode_fsdp2": inference_mode_probe(device), "torch": torch.__version__,
@@ -204,7 +278,7 @@ def main() -> None:
             rows.append({"workload": spec, "skipped": f"over the {args.budget_s:.0f} s budget"})
             continue
         try:
-            rows += run(spec, args.repeats, args.modes.split(","), ctx, device, args.profile)
+            rows += run(spec, args, ctx, device)
         except torch.OutOfMemoryError as err:
             rows.append({"workload": spec, "error": f"out of memory: {str(err).splitlines()[0]}"})
             gc.collect()

@@ -8,5 +8,5 @@
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
-timeout 470 torchrun --nproc-per-node 1 benchmarks/shard_bench.py --device "${DEVICE:-cuda}" --modes eager \
+timeout 470 torchrun --nproc-per-node 1 benchmarks/shard_bench.py --device "${DEVICE:-cuda}" --modes eager --weights whole,sharded \
   --budget-s 380 --out "$OUT/shard_gpu.json" "$@" 2>&1 | grep -E '^\{|Error|error' | cut -c1-400
