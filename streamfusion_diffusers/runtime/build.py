@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from .invariant import rows_invariant
 from .arguments import DTYPES
 from .job import Job, real_size
 from .phases import PhaseTimer
+
+logger = logging.getLogger(__name__)
 
 
 def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
@@ -80,6 +83,7 @@ def prepare(job: Job) -> Prepared:
     # random ones are made on the GPU a part at a time where each part fits (`_builds_on`), then parked there
     shards = job.shard_weights and job.world_size > 1
     home = torch.device("cpu") if shards and real_size(job.model) else device
+    made_on = device if home != device and not job.weights and _builds_on(job.model, device) else home
     if job.weights:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=home)
     elif real_size(job.model) and family.encode_first and not shards:  # encoder and transformer do
@@ -90,16 +94,21 @@ def prepare(job: Job) -> Prepared:
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
-        made_on = device if home != device and _builds_on(job.model, device) else home
         pipe = build(job.model, seed=job.weights_seed, dtype=dtype, device=made_on,
                      park=home if made_on != home else None)
         if made_on.type == "cuda":
             torch.cuda.empty_cache()  # what the parked parts left in the allocator's cache
+    if rank == 0:  # where a long start-up goes (-v shows it)
+        logger.info("pipeline made in %.1f s (%s)", time.perf_counter() - started,
+                    job.weights or f"random weights made on {made_on}, held on {home}")
     stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     if not job.gpu:  # an image the same alone and in a batch (invariant.py); before parallelize's hooks wrap forward
         rows_invariant(pipe)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights,
                               weight_budget=weight_budget(job, pipe, device) if shards else None)
+    if rank == 0:
+        logger.info("parallelized in %.1f s in all%s", time.perf_counter() - started,
+                    f" (sharded: {', '.join(transformer._streamfusion.sharded)})" if shards else "")
     if home != device:  # what was not sharded (the VAE, small encoders); the shards are on the GPU already
         for name, part in pipe.components.items():
             if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
