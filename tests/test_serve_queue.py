@@ -88,3 +88,31 @@ def test_gather_waits_for_the_last_batchs_companions_within_its_patience():
     assert seeds == [1, 2, 3, 4] and 0.2 < waited < 0.6
     seeds, waited = asyncio.run(scenario(expect=4, patience_s=0.2))  # patience ends before the fourth comes
     assert seeds == [1, 2, 3] and 0.15 < waited < 0.35
+
+
+def test_a_burst_spread_over_more_than_the_wait_is_one_batch_and_a_stream_is_cut():
+    """Requests that keep coming within the wait of each other join one batch; a steady stream is cut LINGER x
+    the wait after the first; a request that comes after a longer gap waits for the next batch."""
+    async def scenario(gap_s: float, count: int) -> tuple[int, float]:
+        queue = WorkQueue(limit=64, groups=1, service_s=lambda: 1.0)
+        await queue.put(_work(0))
+
+        async def stream() -> None:
+            for seed in range(1, count):
+                await asyncio.sleep(gap_s)
+                await queue.put(_work(seed))
+
+        first = await queue.take()
+        arrivals = asyncio.create_task(stream())
+        started = time.monotonic()
+        batch = await queue.gather(first, lambda w: (w.params.height, w.params.width), 64, 0.05)
+        waited = time.monotonic() - started
+        arrivals.cancel()
+        return len(batch), waited
+
+    size, waited = asyncio.run(scenario(gap_s=0.02, count=6))  # 0.1 s in all, 0.02 s apart: one batch
+    assert size == 6 and waited < 0.2
+    size, _ = asyncio.run(scenario(gap_s=0.1, count=3))  # the second comes after the window closed
+    assert size == 1
+    size, waited = asyncio.run(scenario(gap_s=0.02, count=40))  # a stream: cut at LINGER x 0.05 s
+    assert 5 <= size < 40 and 0.15 < waited < 0.35

@@ -82,8 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most images one pipeline call takes, from requests of one size, steps and guidance "
                              "(default: the job's; 1: every request alone)")
     parser.add_argument("--batch-wait-ms", type=float, default=15.0,
-                        help="how long a free group waits after a request for more of its shape (default 15; "
-                             "up to a twentieth of the last call while fewer than its last batch have come)")
+                        help="how long a free group waits for more requests of a shape after the last that came "
+                             "(default 15; at most 4 x that after the first, or a twentieth of the group's last "
+                             "call while fewer than its last batch have come)")
     parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--keep-videos", type=int, default=Keep.count,

@@ -20,6 +20,9 @@ from .errors import ApiError
 from ..runtime.request import Request
 
 
+LINGER = 4  # a batch's window stays open while its requests keep coming, up to this many times the wait
+
+
 @dataclass(eq=False)
 class Work:
     """One accepted request, from arrival to answer (`done` holds the result or an ApiError)."""
@@ -89,14 +92,15 @@ class WorkQueue:
     async def gather(self, first: Work, key: Callable[[Work], Any], max_images: int, wait_s: float,
                      expect: int = 1, patience_s: float = 0.0) -> list[Work]:
         """`first` and the waiting requests of its key, oldest first, while their images fit `max_images` (a
-        request alone may have more); those that come within `wait_s` of now join too (a burst lands in one
-        batch). While fewer than `expect` images are gathered (the last batch of this key had that many: its
-        clients are likely on their way back, their answers sent a moment apart), it waits up to `patience_s`
-        for them instead: a batch split in two runs the GPU twice for what one call does. Requests of other keys
-        keep their places."""
+        request alone may have more). Those that come later join while they keep coming: the window closes
+        `wait_s` after the last one joined (a burst whose requests land a few milliseconds apart is one batch),
+        and at most LINGER x `wait_s` after `first`. While fewer than `expect` images are gathered (the last batch
+        of this key had that many: its clients are likely on their way back, their answers sent a moment apart),
+        it waits up to `patience_s` for them instead: a batch split in two runs the GPU twice for what one call
+        does. Requests of other keys keep their places."""
         batch, images, want = [first], first.params.n, key(first)
-        now = time.monotonic()
-        ends, patience_ends = now + wait_s, now + max(wait_s, patience_s)
+        began = time.monotonic()
+        ends, latest, patience_ends = began + wait_s, began + LINGER * wait_s, began + max(wait_s, patience_s)
         async with self._changed:
             while True:
                 for work in list(self._items):
@@ -104,7 +108,8 @@ class WorkQueue:
                         self._items.remove(work)
                         batch.append(work)
                         images += work.params.n
-                left = (ends if images >= min(expect, max_images) else patience_ends) - time.monotonic()
+                        ends = min(time.monotonic() + wait_s, latest)
+                left = (ends if images >= min(expect, max_images) else max(ends, patience_ends)) - time.monotonic()
                 if images >= max_images or left <= 0 or self.closed:
                     return batch
                 try:
