@@ -137,7 +137,8 @@ def recompiled_vs_reference(family: str, how: str, relayouts: list = RELAYOUTS, 
 
 
 # Qwen-Image compiles by blocks: its whole forward checks the text mask's values (data-dependent, no fullgraph)
-@pytest.mark.parametrize("family, how", [("flux", "whole"), ("qwen-image", "blocks")])
+@pytest.mark.parametrize("family, how", [pytest.param("flux", "whole", marks=pytest.mark.slow),
+                                         ("qwen-image", "blocks")])
 def test_recompiled_at_new_sizes_and_layouts(pool, family, how):
     """Issue 34: a compiled model that sees a second size recompiles with symbolic sizes, which the plan's hooks
     and the token split must trace (no Python arithmetic on a SymInt); every output stays exact."""

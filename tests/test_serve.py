@@ -67,7 +67,8 @@ def test_openai_client_generates_images(client):
     assert run["output_size"] == {"height": 48, "width": 64} and run["build_s"] == 0.0
 
 
-@pytest.mark.parametrize("seed", [0, 3, 12345])
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.slow), 3,
+                                  pytest.param(12345, marks=pytest.mark.slow)])  # 3: the default run's seed
 def test_a_served_image_is_pixel_identical_to_generate(client, tmp_path, seed):
     subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", "tiny-flux", "--prompt",
                     PROMPT, "--seed", str(seed), "--output", str(tmp_path)], cwd=ROOT, check=True, capture_output=True,

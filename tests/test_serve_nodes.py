@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 import numpy as np
 import openai
 import psutil
@@ -126,6 +127,7 @@ def generate(steps: int, size: str = "64x64") -> dict:
     return {"prompt": PROMPT, "size": size, "num_inference_steps": steps, "response_format": "b64_json"}
 
 
+@pytest.mark.slow  # the default run keeps the node fault test; both start two launchers and a group across them
 def test_a_request_on_a_group_across_both_nodes_equals_generate_on_the_same_ranks_and_pays_the_link(tmp_path):
     seed = 7
     subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", "tiny-flux", "--prompt",
