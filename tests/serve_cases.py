@@ -63,13 +63,10 @@ class Server:
         return found
 
     def rank_pids(self) -> list[int]:
-        """The ranks now running, in rank order (started in that order; /health shows no pids): on the CPU the
-        children of the server's fork server (which start with its command line), spawned ones elsewhere."""
-        ranks = []
-        for child in psutil.Process(self.proc.pid).children():
-            line = " ".join(child.cmdline())
-            ranks += child.children() if "forkserver" in line else [child] if "spawn_main" in line else []
-        return [p.pid for p in sorted(ranks, key=lambda p: (p.create_time(), p.pid))]
+        """The ranks now running, in rank order (started in that order; /health shows no pids)."""
+        children = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                    if "spawn_main" in " ".join(p.cmdline())]
+        return [p.pid for p in sorted(children, key=lambda p: (p.create_time(), p.pid))]
 
     def left(self) -> list[int]:
         """Processes of this server (it or its ranks, now or started since) still running."""

@@ -80,17 +80,16 @@ def test_the_readme_python_snippet_runs_as_written_on_4_ranks(tmp_path):
 
 
 def test_a_killed_rank_ends_generate_within_seconds(tmp_path):
-    job = subprocess.Popen([sys.executable, "-m", "streamfusion_diffusers", "generate", "--steps", "5000",
+    job = subprocess.Popen([sys.executable, "-m", "streamfusion_diffusers", "generate", "--steps", "500",
                             "--output", str(tmp_path)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     ranks = _wait_for_ranks(job.pid, 4)
-    time.sleep(8)  # past the ranks' start-up (the gloo mesh, the build): into the denoising loop
+    time.sleep(8)  # past the ranks' start-up (imports, the gloo mesh): into the build or the denoising loop
     os.kill(ranks[-1], signal.SIGKILL)
     killed = time.monotonic()
     out, err = job.communicate(timeout=90)
     assert job.returncode != 0 and time.monotonic() - killed < 90
-    said = err[err.find("streamfusion generate:"):]  # after rank 0's progress bar, when the kill came after it
-    assert said.count("\n") == 1 and "killed by SIGKILL" in said and "Traceback" not in err, err
+    assert "killed by SIGKILL" in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert out.startswith("streamfusion generate: starting tiny-flux (random weights) on 4 CPU processes as 2 "
                           "machines x 2, method auto;"), out  # said before any process starts
     time.sleep(1)
@@ -148,25 +147,18 @@ def _free_port() -> int:
     return free_port()
 
 
-def _processes() -> dict[int, tuple[int, bytes]]:
-    """Every process: its parent and command line."""
-    found = {}
+def _children(pid: int) -> list[int]:
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
-                found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1]), (entry / "cmdline").read_bytes()
+                cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    """The ranks of the job `pid` runs: the children of its fork server on the CPU (spawned ones elsewhere)."""
-    processes = _processes()
-    servers = {p for p, (parent, line) in processes.items() if parent == pid and b"forkserver" in line}
-    return sorted(p for p, (parent, line) in processes.items()
-                  if parent in servers or (parent == pid and b"spawn_main" in line))
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmdline:
+                found.append(int(entry.name))
+    return sorted(found)
 
 
 def _wait_for_ranks(pid: int, world: int, within_s: float = 120.0) -> list[int]:

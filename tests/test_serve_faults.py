@@ -98,9 +98,7 @@ def test_sigterm_refuses_new_requests_finishes_the_one_in_flight_and_exits_0(ser
     running.join(timeout=120)
     assert answer["status"] == 200, answer
     assert server.proc.wait(timeout=60) == 0, server.stderr
-    ends = time.monotonic() + 5  # the ranks' fork server exits once it sees its parent gone (a second or so)
-    while server.left() and time.monotonic() < ends:
-        time.sleep(0.2)
+    time.sleep(0.5)
     assert server.left() == [], "processes left after exit"
     assert "leaked semaphore" not in server.stderr, server.stderr  # ranks stopped by force hold none
 
@@ -151,11 +149,8 @@ def test_sigterm_during_start_up_exits_within_2_s():
     took = time.monotonic() - sent
     assert code == 0 and took < 2.0, (code, took, "".join(lines))
     assert not any("warm-up done" in line for line in lines), "the start finished first: nothing was tested"
-    ends = time.monotonic() + 5  # the ranks' fork server exits once it sees its parent gone (a second or so)
-    while (alive := [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]) and \
-            time.monotonic() < ends:
-        time.sleep(0.2)
-    assert not alive
+    time.sleep(0.5)
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert "Traceback" not in "".join(lines)
 
 

@@ -70,27 +70,10 @@ class RankFailure(RuntimeError):
         return f"{self.what} failed: " + "; ".join(parts)
 
 
-# What a CPU job's ranks import before their first line: made once in the fork server, shared by every rank
-PRELOAD = ["torch", "streamfusion_diffusers.runtime.worker", "diffusers", "transformers"]
-
-
-def _context(backend: str) -> Any:
-    """How ranks start. GPU ranks: spawned, each a fresh interpreter (a forked process cannot use CUDA where its
-    parent touched it). CPU ranks: forked from a fork server that imported torch, this package and diffusers once
-    (an absent one is skipped), so a pool starts in a fraction of the time spawned ranks spend importing them."""
-    if backend == "nccl":
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)  # read when the fork server starts: its first pool
-    return ctx
-
-
-def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float, env: dict[str, str]) -> None:
-    """A rank's environment is its parent's when the pool was made (a forked rank would have the fork server's),
-    with `env` over it."""
-    os.environ.clear()
-    os.environ.update(env)
+def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
+          env: dict[str, str] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.update(env or {})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     import torch
@@ -222,15 +205,14 @@ class ProcessPool(Pool):
     def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
                  wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True):
         super().__init__(world_size, timeout_s, wait_s)
-        ctx = _context(backend)
+        ctx = mp.get_context("spawn")
         port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._outbox = ctx.Queue()
         self._cancel = ctx.Value("q", 0, lock=False)  # the number of the call to stop (one writer: this process)
         self._procs = [
             ctx.Process(target=serve_rank, daemon=True,
-                        args=(r, partial(_init, r, world_size, port, backend, timeout_s,
-                                         {**os.environ, **(env or {})}),
+                        args=(r, partial(_init, r, world_size, port, backend, timeout_s, dict(env or {})),
                               parent_info(), self._inboxes[r], self._outbox, self._cancel))
             for r in range(world_size)
         ]

@@ -29,14 +29,10 @@ _CALL = 0  # in a rank process: the number of the call it runs
 
 
 def exit_with(parent: int) -> None:
-    """Exit this process when the process that made its pool is gone (killed before it could stop its ranks).
-    Watched by its pid, not as this process's parent: a forked rank's parent is the fork server."""
-    while True:
-        try:
-            os.kill(parent, 0)
-        except ProcessLookupError:
-            os._exit(1)
+    """Exit this process when its parent is gone (killed before it could stop its children)."""
+    while os.getppid() == parent:
         time.sleep(1.0)
+    os._exit(1)
 
 
 def note(value: Any) -> None:
