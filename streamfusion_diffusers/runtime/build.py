@@ -124,10 +124,12 @@ def _builds_on(model: str, device: torch.device) -> bool:
     host memory once made): its largest transformer, and its encoders and VAE together, fit the free memory."""
     from ..models.memory import pipeline_parts
 
-    parts = pipeline_parts(model)
+    if device.type != "cuda":
+        return False
+    parts = pipeline_parts(model)  # a meta build: asked only where a GPU could make them
     transformers = [p.total for name, p in parts.items() if name.startswith("transformer")]
     rest = sum(p.total for name, p in parts.items() if not name.startswith("transformer"))
-    return device.type == "cuda" and max([*transformers, rest]) < 0.9 * torch.cuda.mem_get_info(device)[0]
+    return max([*transformers, rest]) < 0.9 * torch.cuda.mem_get_info(device)[0]
 
 
 def pin_choices() -> None:
