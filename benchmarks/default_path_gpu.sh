@@ -27,8 +27,10 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*/run.json")):
     r = json.loads(path.read_text())
     steps = r["step_latency_s"]
     runs[path.parent.name] = {"layout": r["layout"], "steps_s": steps, "median_after_first_s": statistics.median(steps[1:]) if len(steps) > 1 else None,
-                              "phases_s": r["phases_s"], "build_s": r["build_s"], "cuda_graph": r["cuda_graph"]}
+                              "phases_s": r["phases_s"], "build_s": r["build_s"], "cuda_graph": r["cuda_graph"],
+                              "one_time_s": r.get("one_time_s")}
     print(f"{path.parent.name:10s} {r['layout']:12s} median step after the first {1e3 * (runs[path.parent.name]['median_after_first_s'] or 0):7.1f} ms  "
-          f"first {1e3 * steps[0]:7.1f} ms  denoising {r['phases_s']['denoising']:.2f} s  graphs {r['cuda_graph']}")
+          f"first {1e3 * steps[0]:7.1f} ms  denoising {r['phases_s']['denoising']:.2f} s  graphs {r['cuda_graph']}  "
+          f"one-time {r.get('one_time_s')}")
 pathlib.Path(sys.argv[2]).write_text(json.dumps(runs, indent=2))
 PY
