@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize
 from streamfusion_diffusers.commands import generate
-from streamfusion_diffusers.runtime import worker
+from streamfusion_diffusers.runtime import startup, worker
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae.tiles import is_split
@@ -84,6 +84,8 @@ def test_generate_writes_the_image_and_run_json(pool, tmp_path):
     assert all(t > 0 for t in run["step_latency_s"]) and run["total_s"] >= sum(run["step_latency_s"])
     once = run["one_time_s"]  # the first step's one-time work, by kind (kernels are timed on GPUs only)
     assert {"layout choice", "process groups"} <= once.keys() and 0 < sum(once.values()) < run["generate_s"]
+    assert "build" in run["startup_s"] and set(run["startup_s"]) <= set(startup.STAGES)  # (a pool built before:
+    assert 0 < sum(run["startup_s"].values()) < 600  # its process and join were another build's)
     assert Path(run["outputs"][0]).name == "image.png" and (tmp_path / "image.png").stat().st_size > 0
 
 

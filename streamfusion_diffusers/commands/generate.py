@@ -29,6 +29,7 @@ from ..runtime import output, worker
 from ..runtime.arguments import DTYPES, add_arguments
 from ..runtime.job import Job, make_job, real_size
 from ..runtime.pool import run_job
+from ..runtime.startup import describe
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,13 @@ def _memory_line(job: Job) -> str:
             f"{job.world_size * each / 2**30:.0f} GiB of memory ({each / 2**30:.0f} GiB of {job.dtype} weights each)")
 
 
+def _startup(record: dict) -> str:
+    """Rank 0's start-up by stage, or the build alone where the stages are not known."""
+    if record["startup_s"]:
+        return "rank 0: " + describe(record["startup_s"])
+    return f"processes, imports, the pipeline's build {record['build_s']:.2f} s"
+
+
 def main(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     job = make_job(args)
@@ -88,8 +96,8 @@ def main(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - began
         print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}, "
               f"{record['backend']}), {len(steps)} steps, {pace}; {record['generate_s']:.2f} s "
-              f"generating, {wall - record['generate_s']:.2f} s start-up and writing (processes, imports, the "
-              f"pipeline's build {record['build_s']:.2f} s), {wall:.2f} s in all")
+              f"generating, {wall - record['generate_s']:.2f} s start-up and writing ({_startup(record)}), "
+              f"{wall:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
         if record["stack"]:
             print("stack: " + "; ".join(f"{part} {_stacked(value)}" for part, value in record["stack"].items()))

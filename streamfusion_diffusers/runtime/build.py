@@ -17,6 +17,7 @@ from .. import init_parallel
 from ..context import ParallelContext
 from ..kernels import dispatch
 from ..models.pipelines import family_of
+from . import startup
 from .invariant import rows_invariant
 from .arguments import DTYPES
 from .job import Job, real_size
@@ -55,6 +56,7 @@ class Prepared:
     prompt: dict[str, Any]  # {"prompt": text}, or the job's prompt encoded before the transformer was built
     stack: dict[str, Any]  # the cache, LoRAs and quantization that ran ({} for none)
     build_s: float
+    startup_s: dict[str, float]  # this rank's start-up by stage, the build included (startup.py)
 
 
 def prepare(job: Job) -> Prepared:
@@ -67,6 +69,7 @@ def prepare(job: Job) -> Prepared:
     from ..diffusers.parallel_pipeline import parallelize
     from ..diffusers.stack.apply import apply_stack
 
+    startup.mark("diffusers imported")
     family = family_of(job.model)
     rank = dist.get_rank()
     if rank != 0:  # progress (loading, denoising) on rank 0 only
@@ -116,7 +119,8 @@ def prepare(job: Job) -> Prepared:
     if job.compile:
         compile_transformers(pipe)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
-    return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started)
+    startup.mark("built")
+    return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started, startup.split())
 
 
 def _builds_on(model: str, device: torch.device) -> bool:
@@ -201,6 +205,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "attention": _attention_record(ctx, heads),
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds, "one_time_s": once or {},
         "generate_s": generate_s, "build_s": build_s,
+        "startup_s": prepared.startup_s if build_s else {},  # a one-request job's start-up, by stage
         "total_s": build_s + generate_s,
         "peak_memory_gib": torch.cuda.max_memory_allocated(prepared.device) / 2**30 if job.gpu else None,  # rank 0's
     }

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import worker
+from . import startup, worker
 from .job import Job
 from .pool import Pool, ProcessPool, RankFailure
 from .progress import StepNote
@@ -68,7 +68,8 @@ class Group:
             say(f"group {self.index}: {self.job.world_size} rank(s) started in {time.monotonic() - started:.1f} s")
             stage = "building the pipeline"
             self.info = pool.run_within(timeout_s - (time.monotonic() - started), worker.build, self.job)[0]
-            say(f"group {self.index}: pipeline built in {self.info['build_s']:.1f} s")
+            say(f"group {self.index}: pipeline built in {self.info['build_s']:.1f} s (rank 0's start-up: "
+                f"{startup.describe(self.info['startup_s'])})")
             stage = "warming up"
             self.info.update(pool.run_within(timeout_s - (time.monotonic() - started), worker.warm_up)[0])
         except RankFailure as err:

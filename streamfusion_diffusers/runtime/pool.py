@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 from ..core.config import DEFAULT_TIMEOUT_S
 from ..context import shutdown
 from ..core.join import join_job, launched
+from . import startup
 from .rank import parent_info, serve_rank
 
 POLL_S = 0.5  # how often the parent looks at its ranks while it waits
@@ -286,7 +287,9 @@ def run_job(fn: Callable[..., Any], world_size: int, *args: Any, gpu: bool,
     if not launched():
         return run_local(fn, world_size, *args, backend="nccl" if gpu else "gloo", timeout_s=timeout_s,
                          wait_s=wait_s)
+    startup.mark("imported")
     owned = join_job(gpu, timeout_s)
+    startup.mark("joined")
     try:
         result = fn(*args)
     except BaseException:

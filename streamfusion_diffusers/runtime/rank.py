@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from ..context import shutdown
 from ..core.logs import quiet_noisy_loggers
+from . import startup
 
 _OUTBOX: mp.Queue | None = None  # in a rank process: where `note` sends (the pool's outbox, set at start)
 _CANCEL: Any = None  # in a rank process: the pool's cancel value (the number of the call to stop)
@@ -53,6 +54,7 @@ def serve_rank(rank: int, join: Callable[[], None], parent: tuple[int, int, list
     """The rank process: `join` its process group (it sets RANK), say so, then run each (call, fn, args, kwargs)
     the parent sends and answer (rank, ok, result or traceback)."""
     global _OUTBOX, _CANCEL, _CALL
+    startup.mark("imported")
     _OUTBOX, _CANCEL = outbox, cancel
     pid, log_level, warning_filters = parent
     threading.Thread(target=exit_with, args=(pid,), daemon=True).start()
@@ -69,6 +71,7 @@ def serve_rank(rank: int, join: Callable[[], None], parent: tuple[int, int, list
     except Exception:  # noqa: BLE001 - report start-up failures to the parent instead of hanging it
         outbox.put((rank, False, traceback.format_exc()))
         return
+    startup.mark("joined")
     outbox.put((rank, True, None))
     while (task := inbox.get()) is not None:
         _CALL, fn, args, kwargs = task

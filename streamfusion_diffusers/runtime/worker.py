@@ -95,7 +95,8 @@ def build(job: Job, serving: bool = True) -> dict | None:
         prepared.pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server's log
     side = dist.new_group(backend="gloo") if serving and dist.get_world_size() > 1 else None
     _SERVED = Served(job, prepared, side, serving)
-    return {"build_s": prepared.build_s, "pid": os.getpid()} if dist.get_rank() == 0 else None
+    return {"build_s": prepared.build_s, "startup_s": prepared.startup_s, "pid": os.getpid()} \
+        if dist.get_rank() == 0 else None
 
 
 def warm_up() -> dict | None:
