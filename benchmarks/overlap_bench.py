@@ -1,14 +1,15 @@
-"""The pipelined Ulysses (ParallelConfig.overlap_groups) against the plain one: a real-size step, eager and from a
-CUDA graph, with the output checked against the plain path's.
+"""The all-to-all hidden or not: the stock Ulysses step against Flux.1's single blocks beside their MLP
+(ParallelConfig.overlap_mlp) and the pipelined Ulysses (overlap_groups G), a real-size step, eager and from a CUDA
+graph, with the output checked against the stock path's.
 
 One torchrun job (P = its world size, ulysses 1 x P): per workload the transformer is built once (bf16, random
-weights), then for each graph mode and each group count (1: off, the plain path; then the asked ones) it is
-parallelized and its steps timed (the slowest rank's median; CUDA events, one synchronize per step). Per row also
-the relative error of the step's output against the plain path's, the same mode. --profile adds one profiled step
-per row (rank 0's): each CUDA stream's busy time beside the wall (shard_bench.profile_step): with the exchanges
-hidden, the compute stream's busy time comes closer to the wall, and the NCCL stream's time overlaps it.
---trace DIR also writes each profiled step as a Chrome trace (open in Perfetto: the NCCL kernels of group g
-should run beside the projection GEMMs of group g+1). One JSON line per row on stdout, all rows in --out.
+weights), then for each graph mode and each variant ("stock": no overlap; "mlp": the single blocks' MLP beside
+the exchanges; an integer G: head groups pipelined, with the MLP overlap off) it is parallelized and its steps
+timed (the slowest rank's median of --repeats; CUDA events, one synchronize per step). Per row also the relative
+error of the step's output against the stock path's, the same mode. --profile adds one profiled step per row
+(rank 0's): each CUDA stream's busy time beside the wall (shard_bench.profile_step): with the exchanges hidden,
+the compute stream's busy time comes closer to the wall, and the NCCL stream's time overlaps it. --trace DIR also
+writes each profiled step as a Chrome trace (Perfetto). One JSON line per row on stdout, all rows in --out.
 
     torchrun --nproc-per-node 4 benchmarks/overlap_bench.py --workloads flux-dev:1024 qwen-image:1328 --profile
 """
@@ -54,7 +55,13 @@ def _step_ms(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, de
     return _worst(statistics.median(times))
 
 
-def run(spec: str, groups: list[int], graph_modes: list[bool], repeats: int, device: torch.device,
+def _config(variant: str) -> ParallelConfig:
+    if variant in ("stock", "mlp"):
+        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp")
+    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False)
+
+
+def run(spec: str, variants: list[str], graph_modes: list[bool], repeats: int, device: torch.device,
         profiled: bool, trace: str | None, cache: GroupCache) -> list[dict]:
     workload = parse_workload(spec)
     name = workload.model if device.type == "cuda" else TINY[workload.model]
@@ -65,10 +72,11 @@ def run(spec: str, groups: list[int], graph_modes: list[bool], repeats: int, dev
     rows = []
     for graph in graph_modes:
         plain = None
-        for g in [1] + [x for x in groups if x != 1]:
-            ctx = init_parallel(ParallelConfig(method="ulysses", overlap_groups=g), groups=cache)
+        for variant in ["stock"] + [v for v in variants if v != "stock"]:
+            config = _config(variant)
+            ctx = init_parallel(config, groups=cache)
             row = {"workload": workload.name, "ranks": dist.get_world_size(), "cuda_graph": graph,
-                   "overlap_groups": g}
+                   "variant": variant, "overlap_groups": config.overlap_groups, "overlap_mlp": config.overlap_mlp}
             with torch.no_grad():
                 parallelize(model, ctx, cuda_graph=graph)
                 out = model(**inputs)[0].clone()
@@ -78,7 +86,7 @@ def run(spec: str, groups: list[int], graph_modes: list[bool], repeats: int, dev
                     if dist.get_rank() == 0:
                         row["profile"] = prof
                 if trace and dist.get_rank() == 0:
-                    _trace(model, inputs, f"{trace}/{workload.model}-graph{int(graph)}-G{g}.json")
+                    _trace(model, inputs, f"{trace}/{workload.model}-graph{int(graph)}-{variant}.json")
                 elif trace:
                     model(**inputs)  # the peers' half of rank 0's traced step
                 unparallelize(model)
@@ -102,7 +110,8 @@ def _trace(model: torch.nn.Module, inputs: dict, path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=["flux-dev:1024", "qwen-image:1328"])
-    parser.add_argument("--groups", default="2,3", help="group counts beside 1 (the plain path), e.g. 2,3,6")
+    parser.add_argument("--variants", default="stock,mlp,2",
+                        help="stock (no overlap), mlp (single blocks beside their MLP), or head groups G, e.g. 2,3")
     parser.add_argument("--graph", default="eager,graph", help="eager, graph or both")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="profile one more step per row (rank 0's streams)")
@@ -113,11 +122,11 @@ def main() -> None:
     cache = GroupCache()
     ctx = init_parallel(ParallelConfig(method="ulysses"), groups=cache)  # joins torchrun's job
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    groups = [int(x) for x in args.groups.split(",")]
+    variants = args.variants.split(",")
     modes = [m == "graph" for m in args.graph.split(",")]
     rows = []
     for spec in args.workloads:
-        rows += run(spec, groups, modes, args.repeats, device, args.profile, args.trace, cache)
+        rows += run(spec, variants, modes, args.repeats, device, args.profile, args.trace, cache)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,4 +1,5 @@
-"""The pipelined Ulysses (head groups: all-to-all beside the projections) on 4 gloo processes, float32.
+"""The pipelined Ulysses (head groups: all-to-all beside the projections) and Flux.1's single blocks with the
+all-to-all beside their MLP projections, on 4 gloo processes, float32.
 
 The schedule alone against single-process attention of the whole projected sequence (float64, computed from
 the unsplit input), with uneven slices and joint tokens; tiny Flux.1 and Qwen-Image through `parallelize`
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from model_cases import Case as FluxCase
 from plan_cases import Case, context
 
+import streamfusion_diffusers.diffusers.overlap_mlp as overlap_mlp
 import streamfusion_diffusers.diffusers.processors.overlap as overlap_processors
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.attention.overlap import overlap_plan, run_overlapped
@@ -82,14 +84,17 @@ def _model(config: ParallelConfig, family: str, case: Any) -> dict[str, Any]:
     """On every rank: a tiny model parallelized, against itself unparallelized; the pipelined calls counted."""
     model = build_transformer(case.config, seed=0) if family == "flux" else case.model(0)
     inputs = case.inputs(1)
-    runs: list[int] = []
+    runs: list[int] = []  # the head groups of each pipelined attention call: the processors' and the MLP hook's
+    mlp_runs: list[int] = []
     real = overlap_processors.run_overlapped
 
-    def spy(ctx, plan, *args, **kwargs):
-        runs.append(plan.groups)
-        return real(ctx, plan, *args, **kwargs)
+    def spy(into: list[int]):
+        def run(ctx, plan, *args, **kwargs):
+            into.append(plan.groups)
+            return real(ctx, plan, *args, **kwargs)
+        return run
 
-    overlap_processors.run_overlapped = spy
+    overlap_processors.run_overlapped, overlap_mlp.run_overlapped = spy(runs), spy(mlp_runs)
     try:
         with torch.no_grad():
             reference = model(**inputs, return_dict=False)[0]
@@ -98,8 +103,8 @@ def _model(config: ParallelConfig, family: str, case: Any) -> dict[str, Any]:
             out = model(**inputs, return_dict=False)[0]
             unparallelize(model)
     finally:
-        overlap_processors.run_overlapped = real
-    return {"error": relative_error(out, reference), "runs": runs, "processors": processors}
+        overlap_processors.run_overlapped = overlap_mlp.run_overlapped = real
+    return {"error": relative_error(out, reference), "runs": runs, "mlp_runs": mlp_runs, "processors": processors}
 
 
 MODELS = {
@@ -112,9 +117,11 @@ MODELS = {
 @pytest.mark.parametrize("name", MODELS)
 def test_models_match_unparallelized(pool, name):
     family, case = MODELS[name]
-    blocks = case.config["num_layers"] + case.config["num_single_layers"] if family == "flux" else 1
+    joint = case.config["num_layers"] if family == "flux" else 1
+    single = case.config["num_single_layers"] if family == "flux" else 0
     for res in pool.run(_model, ULYSSES, family, case):
-        assert res["runs"] == [2] * blocks, res  # every attention pipelined, two groups of one head per rank
+        assert res["runs"] == [2] * joint, res  # every attention pipelined, two groups of one head per rank,
+        assert res["mlp_runs"] == [1] * single, res  # Flux's single blocks beside their MLP, one group
         assert res["error"] <= TOL, res
 
 
@@ -123,14 +130,23 @@ def test_one_group_and_the_default_run_the_stock_processors(pool, groups):
     family, case = MODELS["flux-uneven"]
     for res in pool.run(_model, ParallelConfig(method="ulysses", overlap_groups=groups), family, case):
         assert res["processors"] == ["FluxAttnProcessor"] and res["runs"] == [], res
+        assert res["mlp_runs"] == [1] * case.config["num_single_layers"], res  # on by default
         assert res["error"] <= TOL, res
 
 
-def test_layouts_with_ring_stages_run_the_plain_path(pool):
-    family, case = MODELS["qwen-image-uneven-batch2"]
+def test_single_blocks_stock_without_overlap_mlp(pool):
+    family, case = MODELS["flux-uneven"]
+    for res in pool.run(_model, ParallelConfig(method="ulysses", overlap_mlp=False), family, case):
+        assert res["runs"] == res["mlp_runs"] == [] and res["error"] <= TOL, res
+
+
+@pytest.mark.parametrize("name", ["qwen-image-uneven-batch2", "flux-uneven"])
+def test_layouts_with_ring_stages_run_the_plain_path(pool, name):
+    family, case = MODELS[name]
     usp = ParallelConfig(machines=2, gpus_per_machine=2, method="usp", ulysses=2, ring=2, overlap_groups=2)
     for res in pool.run(_model, usp, family, case):
-        assert res["processors"] == ["QwenImageOverlapAttnProcessor"] and res["runs"] == [], res
+        assert res["processors"] == [f"{'QwenImage' if family != 'flux' else 'Flux'}OverlapAttnProcessor"], res
+        assert res["runs"] == res["mlp_runs"] == [], res
         assert res["error"] <= TOL, res
 
 

@@ -13,6 +13,10 @@ exactly. The schedule, on the compute stream with the exchanges on the transport
            post out(g) | wait out(g-1), out-project g-1  (out(g) travels)
     wait out(G-1), out-project G-1
 
+With one group nothing of the attention is left to pipeline; a caller with work of its own that needs no
+attention output passes it as `beside`: it runs while Q/K/V travel and while the output travels (a Flux single
+block's MLP projections, diffusers/overlap_mlp.py), with the projections whole.
+
 Only for pure Ulysses inside the attention (torus T = 1, ring R = 1) over a torch transport (NCCL or gloo): every
 wait is a stream wait, so the schedule is captured by a CUDA graph as it runs eagerly.
 """
@@ -52,12 +56,15 @@ class OverlapPlan:
 
 
 def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
-                 seq_lens: Sequence[int] | None = None) -> OverlapPlan | None:
+                 seq_lens: Sequence[int] | None = None, groups: int | None = None) -> OverlapPlan | None:
     """The pipeline for q shaped `like` ([B, J + L_local, H, D]; an expanded scalar will do), or None for the
-    plain path (not asked for, no all-to-all to hide, torus or ring stages, a one-sided transport). Collective on a
-    new shape (the layout choice and the shape agreement), like `sp_attention`."""
-    asked = ctx.config.overlap_groups
-    if asked is None or asked == 1 or ctx.world_size == 1 or not ctx.transport.name.startswith("torch"):
+    plain path (not asked for, no all-to-all to hide, torus or ring stages, a one-sided transport). groups: the
+    head groups (None: the config's overlap_groups; 1: one group, for a caller that hides the exchanges behind
+    work of its own, `run_overlapped`'s `beside`). Collective on a new shape (the layout choice and the shape
+    agreement), like `sp_attention`."""
+    asked = ctx.config.overlap_groups if groups is None else groups
+    if asked is None or (asked == 1 and groups is None) or ctx.world_size == 1 or \
+            not ctx.transport.name.startswith("torch"):
         return None
     rows = like[:, joint_len:]
     joint = (like[:, :joint_len],) * 3 if joint_len else (None, None, None)
@@ -75,9 +82,13 @@ def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
 
 
 def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, project: Project,
-                   out_project: OutProject | None = None, scale: float | None = None) -> Tensor | tuple[Tensor, ...]:
+                   out_project: OutProject | None = None, scale: float | None = None,
+                   beside: tuple[Callable[[], None], Callable[[], None]] | None = None
+                   ) -> Tensor | tuple[Tensor, ...]:
     """The attention of every head group over the whole sequence, pipelined with the projections. Returns the
-    sums of `out_project`'s tensors over the groups, or without it the attention output [B, J + L_local, H, D]."""
+    sums of `out_project`'s tensors over the groups, or without it the attention output [B, J + L_local, H, D].
+    beside: the caller's own work that needs no attention output, (first, last): `first` runs while the first
+    group's Q/K/V travel, `last` while the last group's output does (a Flux single block's MLP projections)."""
     b, _, heads, d = like.shape
     transport = ctx.transport
     transport.begin_layer(peer_bytes(plan.mesh.layout, plan.lens, b, heads, d, plan.joint, like.element_size()))
@@ -85,29 +96,36 @@ def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, projec
     signature = ("sp_attention", plan.mesh.layout, tuple(plan.lens), plan.joint, b, h, d, like.dtype)
     try:
         with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, like[:, :, :h], plan.kernel):
-            return _Pipeline(plan, transport, scale, project, out_project).run()
+            return _Pipeline(plan, transport, scale, project, out_project, beside).run()
     finally:
         transport.end_layer()  # also on an error: every transfer posted is over before it propagates
+
+
+def _nothing() -> None:
+    """No work beside the exchanges."""
 
 
 class _Pipeline:
     """One layer's schedule over the head groups (the module docstring draws it)."""
 
     def __init__(self, plan: OverlapPlan, transport: Transport, scale: float | None, project: Project,
-                 out_project: OutProject | None):
+                 out_project: OutProject | None, beside: tuple[Callable[[], None], Callable[[], None]] | None):
         self.mesh, self.transport, self.lens, self.joint = plan.mesh, transport, plan.lens, plan.joint
         self.groups, self.scale, self.kernel = plan.groups, scale, plan.kernel
         self.project, self.out_project = project, out_project
+        self.first, self.last = beside or (_nothing, _nothing)
 
     def run(self) -> Tensor | tuple[Tensor, ...]:
         groups = self.groups
         inbound, outbound, parts = self.post_in(0), [], []
+        self.first()  # in(0) travels meanwhile
         for g in range(groups):
             following = self.post_in(g + 1) if g + 1 < groups else None  # projected while in(g) travels
             outbound.append(self.attend(*inbound))  # in(g + 1) travels meanwhile
             inbound = following
             if g > 0:
                 parts.append(self.finish(g - 1, *outbound[g - 1]))  # while out(g) travels
+        self.last()  # out(G - 1) travels meanwhile
         parts.append(self.finish(groups - 1, *outbound[-1]))
         if self.out_project is None:
             return torch.cat(parts, dim=2)

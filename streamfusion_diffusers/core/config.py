@@ -59,7 +59,10 @@ class ParallelConfig:
     torch transport, eagerly and in CUDA graphs (compiled code runs the plain path). None or 1: off, the
     default: on the GPUs measured, the smaller projections and the exchanges sharing the SMs with them cost more
     than the exchanges they hide at the shares images are served at, and eager the pipeline doubles the Python
-    of an attention call; G > 1: on (G must divide the heads per rank).
+    of an attention call; G > 1: on (G must divide the heads per rank). overlap_mlp: Flux.1's single blocks
+    run their MLP projections while the Ulysses all-to-alls travel (diffusers/overlap_mlp.py: every GEMM
+    whole), where the attention is pure Ulysses over the torch transport and not compiled; True by default,
+    False runs the stock block order.
     """
 
     machines: int = 1
@@ -77,6 +80,7 @@ class ParallelConfig:
     cfg: int | Literal["auto"] = 1
     comm_dtype: str | None = None
     overlap_groups: int | None = None
+    overlap_mlp: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS + ("auto",):

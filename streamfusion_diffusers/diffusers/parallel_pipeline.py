@@ -20,6 +20,7 @@ from ..core.logs import say_once
 from .cfg import CFG_HOOK, cfg_hook
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .plans import ModelPlan, plan_for
+from .overlap_mlp import overlap_mlp_hooks
 from .routing import route_attention
 from .sharded_weights import CANNOT_UNDO, is_sharded, shard_pipeline
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
@@ -111,6 +112,8 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
     """One transformer's hooks and attention routing, as its plan says."""
     state = PlanState()
     hooks = plan_hooks(transformer, plan, ctx, state)  # innermost first
+    if ctx.config.overlap_mlp:  # on blocks nothing else hooks: inner to every hook on the transformer
+        hooks = overlap_mlp_hooks(transformer) + hooks
     original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
         hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))

@@ -43,6 +43,17 @@ def _cols(linear: torch.nn.Linear, o: Tensor, g: int, groups: int) -> Tensor:
     return F.linear(o, linear.weight[:, g * n:(g + 1) * n], linear.bias if g == 0 else None)
 
 
+def pipeline_plan(route: Route, like: Tensor, masked: bool, groups: int | None = None) -> OverlapPlan | None:
+    """The pipeline for an attention call of `route` shaped `like`, or None: run the stock call (a mask, a swapped
+    attention, compiled code, text after the image, or a layout with nothing to hide). groups: as overlap_plan's."""
+    layout = route.state.layout
+    if masked or route.attention is not None or torch.compiler.is_compiling() or \
+            (layout is not None and layout.joint_last):
+        return None
+    joint, lens = (layout.joint, layout.seq_lens) if layout is not None else (0, None)
+    return overlap_plan(route.ctx, like, joint, lens, groups)
+
+
 class _Overlapped:
     """What both processors share: when the pipeline runs, and the joint blocks' output projection."""
 
@@ -50,14 +61,11 @@ class _Overlapped:
 
     def _plan(self, attn: torch.nn.Module, like: Tensor, masked: bool, *linears: torch.nn.Module | None
               ) -> OverlapPlan | None:
-        """The pipeline for this call; None: run the stock call."""
-        route = self._parallel_config
-        layout = route.state.layout
-        if masked or route.attention is not None or torch.compiler.is_compiling() or not _plain(*linears) \
-                or getattr(attn, "fused_projections", False) or (layout is not None and layout.joint_last):
+        """The pipeline for this call; None: run the stock call (also where the projections are not plain
+        layers whose weights can be sliced by head group)."""
+        if not _plain(*linears) or getattr(attn, "fused_projections", False):
             return None
-        joint, lens = (layout.joint, layout.seq_lens) if layout is not None else (0, None)
-        return overlap_plan(route.ctx, like, joint, lens)
+        return pipeline_plan(self._parallel_config, like, masked)
 
     def _run(self, plan: OverlapPlan, like: Tensor, project: Callable[[int], QKV],
              out_project: Callable[[int, Tensor], tuple[Tensor, ...]] | None) -> Tensor | tuple[Tensor, ...]:
@@ -155,4 +163,4 @@ class QwenImageOverlapAttnProcessor(_Overlapped, QwenDoubleStreamAttnProcessor2_
 OVERLAPPED: dict[type, type] = {FluxAttnProcessor: FluxOverlapAttnProcessor,
                                 QwenDoubleStreamAttnProcessor2_0: QwenImageOverlapAttnProcessor}
 
-__all__ = ["OVERLAPPED", "FluxOverlapAttnProcessor", "QwenImageOverlapAttnProcessor"]
+__all__ = ["OVERLAPPED", "FluxOverlapAttnProcessor", "QwenImageOverlapAttnProcessor", "pipeline_plan"]
