@@ -38,6 +38,9 @@ CLIENTS = 4  # concurrent clients of the throughput run (the queue never empties
 PROMPT = "a photo of a red cat on a quiet street at sunset"
 
 
+STAGE = re.compile(r"group \d+: (.* started in|pipeline built in|warm-up done in)")
+
+
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "streamfusion_diffusers", *args]
 
@@ -61,7 +64,7 @@ def expected_latency(model: str, steps: int, size: list[str], cpu: list[str], ou
 
 def start(model: str, size: list[str], cpu: list[str]) -> tuple[subprocess.Popen, str, str, float, list[str]]:
     started = time.monotonic()
-    proc = subprocess.Popen(command("serve", "--model", model, "--port", "0", "--max-queue", "256", *size, *cpu),
+    proc = subprocess.Popen(command("-v", "serve", "--model", model, "--port", "0", "--max-queue", "256", *size, *cpu),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err: list[str] = []
     threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
@@ -119,6 +122,7 @@ def measure(model: str, steps: int, requests: int, size: list[str], cpu: list[st
         "metrics_peak_bytes": metric(metrics, "streamfusion_gpu_memory_peak_bytes"),
         "metrics_ready_s": metric(metrics, "streamfusion_ready_seconds"),
         "drain_exit_code": code, "stderr_tail": "".join(err)[-500:] if code else "",
+        "startup": [line.strip() for line in err if STAGE.search(line)],  # the group's start-up, by stage
     }
 
 

@@ -140,6 +140,36 @@ def test_single_blocks_stock_without_overlap_mlp(pool):
         assert res["runs"] == res["mlp_runs"] == [] and res["error"] <= TOL, res
 
 
+def _parallelized_again(case: Any) -> dict[str, Any]:
+    """On every rank: a model parallelized, put back, then parallelized again: the MLP overlap runs the second
+    time too."""
+    model = build_transformer(case.config, seed=0)
+    with torch.no_grad():
+        parallelize(model, context(ParallelConfig(method="ulysses")))
+        unparallelize(model)  # the single blocks keep an empty hook registry
+        runs: list[int] = []
+        real = overlap_mlp.run_overlapped
+
+        def spy(ctx, plan, *args, **kwargs):
+            runs.append(plan.groups)
+            return real(ctx, plan, *args, **kwargs)
+
+        overlap_mlp.run_overlapped = spy
+        try:
+            parallelize(model, context(ParallelConfig(method="ulysses")))
+            model(**case.inputs(1))
+            unparallelize(model)
+        finally:
+            overlap_mlp.run_overlapped = real
+    return {"mlp_runs": runs}
+
+
+def test_a_model_parallelized_again_gets_the_overlap(pool):
+    _, case = MODELS["flux-uneven"]
+    for res in pool.run(_parallelized_again, case):
+        assert res["mlp_runs"] == [1] * case.config["num_single_layers"], res
+
+
 @pytest.mark.parametrize("name", ["qwen-image-uneven-batch2", "flux-uneven"])
 def test_layouts_with_ring_stages_run_the_plain_path(pool, name):
     family, case = MODELS[name]

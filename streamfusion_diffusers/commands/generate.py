@@ -61,11 +61,14 @@ def _memory_line(job: Job) -> str:
             f"{job.world_size * each / 2**30:.0f} GiB of memory ({each / 2**30:.0f} GiB of {job.dtype} weights each)")
 
 
-def _startup(record: dict) -> str:
-    """Rank 0's start-up by stage, or the build alone where the stages are not known."""
-    if record["startup_s"]:
-        return "rank 0: " + describe(record["startup_s"])
-    return f"processes, imports, the pipeline's build {record['build_s']:.2f} s"
+def _around(record: dict, ran: float, wall: float) -> str:
+    """Where the time beside the generation went: rank 0's start-up by stage, the ranks' teardown (what the ranks'
+    run took beyond both), and the rest (this process's checks and the files written)."""
+    started = sum(record["startup_s"].values())
+    stages = describe(record["startup_s"]) if record["startup_s"] else \
+        f"processes, imports, the pipeline's build {record['build_s']:.2f} s"
+    return (f"start-up: {stages}; teardown {max(0.0, ran - started - record['generate_s']):.1f} s; writing and "
+            f"checks {wall - ran:.1f} s")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -82,8 +85,10 @@ def main(args: argparse.Namespace) -> int:
               f"; start-up (processes, imports, the pipeline's build) comes first", flush=True)
     # no bound on the whole run: a rank that fails or dies ends it, and one that stalls makes its peers'
     # collectives fail after timeout_s
+    ran = time.perf_counter()
     answer = run_job(worker.generate, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
                      wait_s=math.inf)[0]
+    ran = time.perf_counter() - ran  # the ranks' start-up, the generation and their teardown
     if answer is not None:  # rank 0's (under a launcher, the other ranks return None)
         record = write_outputs(job, answer)
         steps = record["step_latency_s"]
@@ -96,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - began
         print(f"streamfusion generate: {record['model']} on {record['world_size']} ranks ({cfg}{record['layout']}, "
               f"{record['backend']}), {len(steps)} steps, {pace}; {record['generate_s']:.2f} s "
-              f"generating, {wall - record['generate_s']:.2f} s start-up and writing ({_startup(record)}), "
+              f"generating, {wall - record['generate_s']:.2f} s around it ({_around(record, ran, wall)}), "
               f"{wall:.2f} s in all")
         print("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in record["phases_s"].items()))
         if record["stack"]:

@@ -86,7 +86,13 @@ class OverlapMlpHook(ModelHook):
 def overlap_mlp_hooks(transformer: torch.nn.Module) -> list[tuple[torch.nn.Module, ModelHook, str]]:
     """The hooks for a transformer's Flux single blocks that nothing else hooks (none for other models)."""
     return [(block, OverlapMlpHook(), MLP_HOOK) for block in transformer.modules()
-            if type(block) is FluxSingleTransformerBlock and getattr(block, "_diffusers_hook", None) is None]
+            if type(block) is FluxSingleTransformerBlock and not _hooked(block)]
+
+
+def _hooked(block: torch.nn.Module) -> bool:
+    """Whether another hook wraps the block (a registry stays on a module after its last hook is removed)."""
+    registry = getattr(block, "_diffusers_hook", None)
+    return registry is not None and bool(registry.hooks)
 
 
 __all__ = ["MLP_HOOK", "OverlapMlpHook", "overlap_mlp_hooks"]
