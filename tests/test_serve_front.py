@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import httpx
 
@@ -128,3 +129,48 @@ def test_flux2_refuses_references_its_pipeline_cannot_take_before_any_rank(sizes
         checker.edit(EditRequest(prompt="a red cat"), {"image": [_png(*size) for size in sizes]})
     assert refused.value.status == 400 and refused.value.param == "image"
     assert refused.value.message.startswith(words), refused.value.message
+
+
+def test_requests_wait_for_the_limits_found_beside_the_start():
+    """On GPUs the memory planner finds the request limits while the ranks start (serve/command.py): a request
+    that comes before waits for them (the loop stays free: /health answers meanwhile), then is checked against
+    them; a planner that failed answers 503."""
+    import argparse
+    from concurrent.futures import Future
+
+    from streamfusion_diffusers.serve.app import make_app
+    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+    from streamfusion_diffusers.serve.service import Service
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "tiny-flux", "--cpu"])
+    job, devices = serve_job(args)
+
+    async def run(found: Future, answer_with) -> tuple[int, int, dict]:
+        service = Service(job, found, devices, 4, 60.0, lambda _: None, lambda _: None)  # never started: no ranks
+        app = make_app(service, None, 1 << 20)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8000") as c:
+            asking = asyncio.create_task(c.post("/v1/images/generations",
+                                                json={"prompt": "a", "size": "256x256"}))
+            await asyncio.sleep(0.3)
+            health = await c.get("/health")  # answered while the request waits
+            assert not asking.done()
+            answer_with(found)
+            answer = await asyncio.wait_for(asking, 10)
+        return health.status_code, answer.status_code, answer.json()
+
+    def bounded(answer_with) -> tuple[int, int, dict]:  # a loop held by a blocking wait fails, not hangs, the test
+        got: list = []
+        thread = threading.Thread(target=lambda: got.append(asyncio.run(run(Future(), answer_with))), daemon=True)
+        thread.start()
+        thread.join(30)
+        assert got, "the request's wait for the limits held the server's loop"
+        return got[0]
+
+    small = limits(parser.parse_args(["--model", "tiny-flux", "--cpu", "--max-pixels", "4096"]), job)
+    health, status, body = bounded(lambda f: f.set_result(small))
+    assert health == 503 and status == 400, body  # starting; then refused by the limits that came late
+    assert body["error"]["param"] == "size" and "at most 4096" in body["error"]["message"], body
+    health, status, body = bounded(lambda f: f.set_exception(ValueError("does not fit")))
+    assert status == 503 and "could not start" in body["error"]["message"], body

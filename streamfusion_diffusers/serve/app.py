@@ -58,6 +58,7 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         body = BODIES.get(request.url.path, ImageRequest)
+        await service.planned()
         return error_response(service.checker.refusal(err.errors(), tuple(body.model_fields)))
 
     @app.exception_handler(HTTPException)
@@ -69,6 +70,7 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> str:
+        await service.planned()
         spec = service.job.spec
         config = {"model": service.job.model, "video": spec.video, "width": service.job.width,
                   "height": service.job.height, "steps": service.job.steps, "frames": service.job.frames,

@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 import threading
+from concurrent.futures import Future
 
 import torch
 
@@ -166,6 +167,21 @@ def limits(args: argparse.Namespace, job: Job) -> Limits:
                   max_frames=args.max_frames or frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
 
 
+def planned_limits(args: argparse.Namespace, job: Job) -> Future:
+    """`limits`, found in a thread: on GPUs the memory planner (diffusers imported, the pipeline built on the meta
+    device, sizes bisected) takes about as long as the ranks' own start, beside which it now runs."""
+    found: Future = Future()
+
+    def plan() -> None:
+        try:
+            found.set_result(limits(args, job))
+        except BaseException as err:  # noqa: BLE001 - said by the command when the start fails on it
+            found.set_exception(err)
+
+    threading.Thread(target=plan, name="streamfusion-limits", daemon=True).start()
+    return found
+
+
 def listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before any rank starts (a busy port is one line, not a failed job)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -272,7 +288,7 @@ def main(args: argparse.Namespace) -> int:
                       job.parallel.timeout_s)
         threading.Thread(target=run_host, args=(*join_address(args), 0, 0, False), daemon=True).start()
         hosts = [Hosts(front, tuple(slots)) for slots in group_slots(machines, per_machine, args.replicas)]
-    service = Service(job, limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop, keep,
+    service = Service(job, planned_limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop, keep,
                       max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000,
                       build_timeout_s=args.build_timeout or math.inf, drain_timeout_s=args.drain_timeout,
                       hosts=hosts)

@@ -55,6 +55,7 @@ def image_routes(service: Service) -> APIRouter:
     @router.post("/v1/images/generations", response_model=None)
     async def images(body: ImageRequest, request: Request) -> ImagesResponse | StreamingResponse:
         service.taking()
+        await service.planned()
         return await answer("image_generation", body, service.checker.image(body), request)
 
     @router.post("/v1/images/edits", response_model=None)
@@ -63,6 +64,7 @@ def image_routes(service: Service) -> APIRouter:
         an optional `mask`, and the text fields of EditRequest, read by python-multipart through Starlette's form
         parser (as /v1/videos: a field not taken is refused, which FastAPI's `Form()` parameters would drop)."""
         service.taking()
+        await service.planned()
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise ApiError(415, "POST /v1/images/edits takes multipart/form-data (curl: -F image=@photo.png -F "
                                 "prompt=...)", code="unsupported_media_type")

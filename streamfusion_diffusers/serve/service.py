@@ -15,6 +15,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from ..runtime.batch import unbatched_why
@@ -37,12 +38,17 @@ logger = logging.getLogger(__name__)
 class Service(Supervision, Running, Following):
     """The served job on `len(devices)` groups, behind one bounded queue."""
 
-    def __init__(self, job: Job, limits: Limits, devices: list[list[str] | None], max_queue: int,
+    def __init__(self, job: Job, limits: Limits | Future, devices: list[list[str] | None], max_queue: int,
                  request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
                  keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0,
                  build_timeout_s: float = math.inf, drain_timeout_s: float = math.inf,
                  hosts: list[Hosts] | None = None):
-        self.job, self.checker = job, Checker(job, limits)
+        self.job = job
+        if isinstance(limits, Limits):
+            limits, known = Future(), limits
+            limits.set_result(known)
+        self.limits = limits  # the memory planner's, found beside the ranks' start (`planned`)
+        self._checker: Checker | None = None
         if max_batch > 1 and (why := unbatched_why(job)):
             logger.info("every request runs as its own pipeline call: %s", why)
             max_batch = 1
@@ -69,6 +75,21 @@ class Service(Supervision, Running, Following):
         self._tasks: list[asyncio.Task] = []
         self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
+
+    async def planned(self) -> None:
+        """Wait, without holding the server's loop, until the request limits are known: on GPUs the memory planner
+        finds them while the ranks start. Every route that checks a request waits here first."""
+        if not self.limits.done():
+            await asyncio.wait([asyncio.wrap_future(self.limits)])
+        if self.limits.exception(timeout=0) is not None:  # the server is stopping: the command says why
+            raise ApiError(503, "the server could not start: no request limits", code="unavailable")
+
+    @property
+    def checker(self) -> Checker:
+        """The checks of every request, against the limits (a route has waited for them: `planned`)."""
+        if self._checker is None:
+            self._checker = Checker(self.job, self.limits.result(timeout=0))
+        return self._checker
 
     def taking(self) -> None:
         """Refuse a new request while the server drains (503)."""

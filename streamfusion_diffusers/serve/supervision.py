@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from ..runtime.batch import batch_key
 from ..runtime.group import Group
@@ -46,6 +47,7 @@ class Supervision:
     max_batch: int
     batch_wait_s: float
     build_timeout_s: float
+    limits: Future  # the request limits (serve/command.py: found while the ranks start)
     started: float
     ready_once: bool
     draining: bool
@@ -73,6 +75,9 @@ class Supervision:
                     await asyncio.sleep(wait)
                 try:
                     await asyncio.to_thread(group.start, self.build_timeout_s, logger.info)
+                    if not self.limits.done():  # the memory planner, run beside the ranks' start
+                        await asyncio.wait([asyncio.wrap_future(self.limits)])
+                    self.limits.result()  # a planner's refusal fails the start: the command says it
                 except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
                     group.stop(now=True)
                     if self.draining or self.queue.closed:

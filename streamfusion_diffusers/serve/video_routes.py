@@ -26,6 +26,7 @@ def video_routes(service: Service) -> APIRouter:
         """JSON, or OpenAI's multipart form (its client's way), read by python-multipart through Starlette's form
         parser: one route taking both cannot declare FastAPI's `Form()` parameters."""
         service.taking()
+        await service.planned()
         try:
             if request.headers.get("content-type", "").startswith("multipart/form-data"):
                 async with request.form(max_files=1, max_fields=32) as form:
