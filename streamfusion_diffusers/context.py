@@ -246,9 +246,10 @@ def context_of(handle: int) -> ParallelContext:
     return ctx
 
 
-def shutdown(ctx: ParallelContext | None = None) -> None:
+def shutdown(ctx: ParallelContext | None = None, destroy: bool = True) -> None:
     """Empty the context's caches (ctx.close), finalize NVSHMEM (when it was started) and destroy the process
     group; every rank calls it at the end. The job is over: messages said once are said again in the next.
+    destroy=False leaves the process group to the process's exit (a rank process about to end: runtime/rank.py).
 
     Both are collective; the barrier first bounds the wait for late ranks by the process group's timeout.
     NVSHMEM is one runtime per process (backends/nvshmem_runtime.py), shared by every context, so it is torn down
@@ -260,7 +261,7 @@ def shutdown(ctx: ParallelContext | None = None) -> None:
         ctx.close()
     nvshmem.close()
     forget_said()
-    if dist.is_initialized():
+    if destroy and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -39,3 +39,39 @@ def test_a_second_build_reports_its_own_stages():
 def test_an_unknown_mark_is_refused():
     with pytest.raises(ValueError, match="one of imported, joined"):
         startup.mark("loaded")
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def test_ranks_leave_at_once_after_the_job_rank_0_last(capfd):
+    """A job that is over ends its rank processes without their teardown, and the rank hosting the store (0)
+    goes last, so that no peer alive finds the store gone (torch logs "recvValue failed ... TCPStore" then)."""
+    import threading
+
+    from streamfusion_diffusers.runtime.pool import ProcessPool
+
+    pool = ProcessPool(3)
+    procs = list(pool._procs)
+    assert pool.run(_rank) == [0, 1, 2]
+    ended: dict[int, float] = {}
+
+    def watch() -> None:
+        while len(ended) < len(procs):
+            for rank, proc in enumerate(procs):
+                if rank not in ended and proc.exitcode is not None:
+                    ended[rank] = time.monotonic()
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    began = time.monotonic()
+    watcher.start()
+    pool.close()
+    watcher.join(10)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert max(ended.values()) - began < 2.0, ended  # no teardown of the interpreter or the process group
+    assert ended[0] >= max(ended[1], ended[2]), ended
+    assert "TCPStore" not in capfd.readouterr().err

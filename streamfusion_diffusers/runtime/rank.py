@@ -28,6 +28,7 @@ from . import startup
 _OUTBOX: mp.Queue | None = None  # in a rank process: where `note` sends (the pool's outbox, set at start)
 _CANCEL: Any = None  # in a rank process: the pool's cancel value (the number of the call to stop)
 _CALL = 0  # in a rank process: the number of the call it runs
+LEAVING = "streamfusion_leaving"  # the store's count of the ranks leaving a job that is over
 
 
 def exit_with(parent: int) -> None:
@@ -80,14 +81,48 @@ def serve_rank(rank: int, join: Callable[[], None], parent: tuple[int, int, list
             outbox.put((rank, True, fn(*args, **kwargs)))
         except Exception:  # noqa: BLE001
             outbox.put((rank, False, traceback.format_exc()))
-    shutdown()
-    # nothing is left to run: skip the interpreter's teardown (collecting every module, the CUDA context's
-    # destruction), which the parent, waiting for its ranks to exit, would wait for; what was said is flushed first
+    # the job is over: meet the peers, then end the process without tearing down what its end releases anyway
+    # (the NCCL communicators, whose destruction can wait on every peer's, the CUDA context, every module), which
+    # the parent, waiting for its ranks to exit, would wait for
+    shutdown(destroy=False)
+    leave(outbox)
+
+
+def leave(outbox: mp.Queue, wait_s: float = 5.0) -> None:
+    """End this rank's process at once, what it said flushed. The rank whose process hosts the job's store
+    (rank 0 of a local pool) goes last, once every peer has said it is leaving (at most `wait_s`): a peer still
+    alive would find the store gone and log the loss."""
+    import torch.distributed as dist
+
+    store = _store()
+    if store is not None:
+        try:
+            if dist.get_rank() != 0:
+                store.add(LEAVING, 1)
+            else:
+                ends = time.monotonic() + wait_s
+                while store.add(LEAVING, 0) < dist.get_world_size() - 1 and time.monotonic() < ends:
+                    time.sleep(0.01)
+                time.sleep(0.05)  # from a peer's word to its exit
+        except Exception:  # noqa: BLE001 - a peer already gone took the store with it: nothing left to order
+            pass
     outbox.close()
     outbox.join_thread()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(0)
+
+
+def _store() -> Any:
+    """The default process group's store, where one is up (None otherwise)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def parent_info() -> tuple[int, int, list]:
