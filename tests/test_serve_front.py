@@ -174,3 +174,32 @@ def test_requests_wait_for_the_limits_found_beside_the_start():
     assert body["error"]["param"] == "size" and "at most 4096" in body["error"]["message"], body
     health, status, body = bounded(lambda f: f.set_exception(ValueError("does not fit")))
     assert status == 503 and "could not start" in body["error"]["message"], body
+
+
+def test_a_planner_that_refuses_the_job_ends_the_start_at_once():
+    """The limits' planner runs beside the ranks' start: its refusal (the model fits no size) stops the server at
+    once, with the planner's error for the command to say, not after the ranks have built."""
+    import argparse
+    from concurrent.futures import Future
+
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.service import Service
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    job, _ = serve_job(parser.parse_args(["--model", "tiny-flux", "--cpu"]))
+    exits: list[int] = []
+
+    async def run() -> Service:
+        found: Future = Future()
+        service = Service(job, found, [], 4, 60.0, lambda _: None, exits.append)  # no group: no ranks to start
+        await service.start()
+        threading.Thread(target=found.set_exception, args=(ValueError("fits no size"),)).start()
+        for _ in range(100):
+            if exits:
+                break
+            await asyncio.sleep(0.02)
+        return service
+
+    service = asyncio.run(run())
+    assert exits == [1] and str(service.failure) == "fits no size"

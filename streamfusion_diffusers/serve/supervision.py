@@ -63,6 +63,15 @@ class Supervision:
         self._tasks = [asyncio.create_task(self._supervise(g)) for g in self.groups]
         for task in self._tasks:
             task.add_done_callback(_said)
+        loop = self.loop
+        self.limits.add_done_callback(lambda found: loop.call_soon_threadsafe(self._planned, found))
+
+    def _planned(self, found: Future) -> None:
+        """The request limits are known: a planner that refused the job ends the start at once, while the ranks
+        still start (the command says why)."""
+        if found.exception() is not None and not self.ready_once and self.failure is None:
+            self.failure = found.exception()
+            self.on_exit(1)
 
     async def _supervise(self, group: Group) -> None:
         failures = 0
