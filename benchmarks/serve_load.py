@@ -38,7 +38,7 @@ CLIENTS = 4  # concurrent clients of the throughput run (the queue never empties
 PROMPT = "a photo of a red cat on a quiet street at sunset"
 
 
-STAGE = re.compile(r"group \d+: (.* started in|pipeline built in|warm-up done in)")
+STAGE = re.compile(r"group \d+: (.* started in|pipeline built|warm-up done in)")
 
 
 def command(*args: str) -> list[str]:

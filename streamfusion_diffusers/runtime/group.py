@@ -68,8 +68,7 @@ class Group:
             say(f"group {self.index}: {self.job.world_size} rank(s) started in {time.monotonic() - started:.1f} s")
             stage = "building the pipeline"
             self.info = pool.run_within(timeout_s - (time.monotonic() - started), worker.build, self.job)[0]
-            say(f"group {self.index}: pipeline built in {self.info['build_s']:.1f} s (rank 0's start-up: "
-                f"{startup.describe(self.info['startup_s'])})")
+            say(f"group {self.index}: pipeline built (rank 0's start-up: {startup.describe(self.info['startup_s'])})")
             stage = "warming up"
             self.info.update(pool.run_within(timeout_s - (time.monotonic() - started), worker.warm_up)[0])
         except RankFailure as err:
