@@ -63,8 +63,11 @@ def _memory_line(job: Job) -> str:
 
 def _around(record: dict, ran: float, wall: float) -> str:
     """Where the time beside the generation went: rank 0's start-up by stage, the ranks' teardown (what the ranks'
-    run took beyond both), and the rest (this process's checks and the files written)."""
+    run took beyond both), and the rest (this process's checks and the files written). Under a launcher this
+    process is rank 0: its process start and imports came before the run."""
     started = sum(record["startup_s"].values())
+    if launched():
+        started -= record["startup_s"].get("process and imports", 0.0)
     stages = describe(record["startup_s"]) if record["startup_s"] else \
         f"processes, imports, the pipeline's build {record['build_s']:.2f} s"
     return (f"start-up: {stages}; teardown {max(0.0, ran - started - record['generate_s']):.1f} s; writing and "
