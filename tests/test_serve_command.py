@@ -72,7 +72,8 @@ def test_groups_of_a_job_across_machines_are_whole_machines_or_a_share_of_each()
 def test_on_the_cpu_a_tiny_model_admits_512x512_by_default():
     import argparse
 
-    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.limits import limits
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -63,7 +63,8 @@ def test_a_loopback_server_answers_only_loopback_names():
 def test_magcache_refuses_a_step_count_other_than_the_servers_saying_why():
     import argparse
 
-    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.limits import limits
     from streamfusion_diffusers.serve.errors import ApiError
     from streamfusion_diffusers.serve.protocol import ImageRequest
     from streamfusion_diffusers.serve.validation import Checker
@@ -87,7 +88,8 @@ def test_magcache_refuses_a_step_count_other_than_the_servers_saying_why():
 def _checker(*argv: str):
     import argparse
 
-    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.limits import limits
     from streamfusion_diffusers.serve.validation import Checker
 
     parser = argparse.ArgumentParser()
@@ -139,7 +141,8 @@ def test_requests_wait_for_the_limits_found_beside_the_start():
     from concurrent.futures import Future
 
     from streamfusion_diffusers.serve.app import make_app
-    from streamfusion_diffusers.serve.command import add_arguments, limits, serve_job
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.limits import limits
     from streamfusion_diffusers.serve.service import Service
 
     parser = argparse.ArgumentParser()

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
@@ -92,8 +93,6 @@ def leave(outbox: mp.Queue, wait_s: float = 5.0) -> None:
     """End this rank's process at once, what it said flushed. The rank whose process hosts the job's store
     (rank 0 of a local pool) goes last, once every peer has said it is leaving (at most `wait_s`): a peer still
     alive would find the store gone and log the loss."""
-    import torch.distributed as dist
-
     store = _store()
     if store is not None:
         try:
@@ -115,8 +114,6 @@ def leave(outbox: mp.Queue, wait_s: float = 5.0) -> None:
 
 def _store() -> Any:
     """The default process group's store, where one is up (None otherwise)."""
-    import torch.distributed as dist
-
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     try:

@@ -23,7 +23,6 @@ import os
 import socket
 import sys
 import threading
-from concurrent.futures import Future
 
 import torch
 
@@ -34,7 +33,7 @@ from ..runtime.job import Job, cluster, make_job, real_size
 from ..core.extras import install_hint
 from ..core.join import launched
 from ..models.pipelines import family_of
-from .validation import Limits
+from .limits import planned_limits
 from .videos import Keep
 
 API_KEY_ENV = "STREAMFUSION_API_KEY"
@@ -144,42 +143,6 @@ def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
     if launched():  # each launched process's GPU is its LOCAL_RANK's
         return job, [None] * args.replicas
     return job, group_devices(args.replicas, job.world_size, gpu)
-
-
-CPU_PIXELS = 64  # on the CPU, requests up to 64 x the model's own pixels (8 x each side): no GPU memory to plan
-
-
-def limits(args: argparse.Namespace, job: Job) -> Limits:
-    """The request limits: as given, else on GPUs what the memory planner says fits one GPU of the group (the
-    largest square image, the most frames at the model's own size), else on the CPU CPU_PIXELS x the model's."""
-    pixels, frames = CPU_PIXELS * job.spec.height * job.spec.width, 2 * job.spec.frames
-    if job.gpu and (args.max_pixels is None or args.max_frames is None):
-        from ..models.memory import GIB, largest_size
-
-        gib = torch.cuda.get_device_properties(0).total_memory / GIB
-        pixels, frames = largest_size(job.model, job.world_size, gib, cfg=job.parallel.cfg,
-                                      sharded=job.shard_weights)
-        if pixels == 0:
-            raise ValueError(f"{job.model} does not fit {gib:.0f} GiB GPUs on {job.world_size} rank(s) at any size "
-                             f"(streamfusion plan --memory says why): add --shard-weights or ranks, or give "
-                             f"--max-pixels to try anyway")
-    return Limits(max_n=args.max_n, max_steps=args.max_steps, max_pixels=args.max_pixels or pixels,
-                  max_frames=args.max_frames or frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
-
-
-def planned_limits(args: argparse.Namespace, job: Job) -> Future:
-    """`limits`, found in a thread: on GPUs the memory planner (diffusers imported, the pipeline built on the meta
-    device, sizes bisected) takes about as long as the ranks' own start, beside which it now runs."""
-    found: Future = Future()
-
-    def plan() -> None:
-        try:
-            found.set_result(limits(args, job))
-        except BaseException as err:  # noqa: BLE001 - said by the command when the start fails on it
-            found.set_exception(err)
-
-    threading.Thread(target=plan, name="streamfusion-limits", daemon=True).start()
-    return found
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -79,10 +79,10 @@ class Service(Supervision, Running, Following):
     async def planned(self) -> None:
         """Wait, without holding the server's loop, until the request limits are known: on GPUs the memory planner
         finds them while the ranks start. Every route that checks a request waits here first."""
-        if not self.limits.done():
-            await asyncio.wait([asyncio.wrap_future(self.limits)])
-        if self.limits.exception(timeout=0) is not None:  # the server is stopping: the command says why
-            raise ApiError(503, "the server could not start: no request limits", code="unavailable")
+        try:
+            await self.limits_known()
+        except Exception:  # noqa: BLE001 - the server is stopping: the command says why
+            raise ApiError(503, "the server could not start: no request limits", code="unavailable") from None
 
     @property
     def checker(self) -> Checker:

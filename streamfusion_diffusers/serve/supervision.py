@@ -26,6 +26,7 @@ from ..runtime.group import Group
 from ..runtime.job import Job
 from .errors import ApiError
 from .metrics import Metrics
+from .validation import Limits
 from .work import WorkQueue
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class Supervision:
     max_batch: int
     batch_wait_s: float
     build_timeout_s: float
-    limits: Future  # the request limits (serve/command.py: found while the ranks start)
+    limits: Future  # the request limits (serve/limits.py: found while the ranks start)
     started: float
     ready_once: bool
     draining: bool
@@ -65,6 +66,12 @@ class Supervision:
             task.add_done_callback(_said)
         loop = self.loop
         self.limits.add_done_callback(lambda found: loop.call_soon_threadsafe(self._planned, found))
+
+    async def limits_known(self) -> Limits:
+        """The request limits once the planner has them (serve/limits.py), awaited without holding the loop; a
+        waiter cancelled (a client gone) leaves the planner's future as it is. Raises the planner's error."""
+        await asyncio.wait([asyncio.wrap_future(self.limits)])
+        return self.limits.result()
 
     def _planned(self, found: Future) -> None:
         """The request limits are known: a planner that refused the job ends the start at once, while the ranks
@@ -84,9 +91,7 @@ class Supervision:
                     await asyncio.sleep(wait)
                 try:
                     await asyncio.to_thread(group.start, self.build_timeout_s, logger.info)
-                    if not self.limits.done():  # the memory planner, run beside the ranks' start
-                        await asyncio.wait([asyncio.wrap_future(self.limits)])
-                    self.limits.result()  # a planner's refusal fails the start: the command says it
+                    await self.limits_known()  # a planner's refusal fails the start: the command says it
                 except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
                     group.stop(now=True)
                     if self.draining or self.queue.closed:
