@@ -14,7 +14,7 @@ import pytest
 from streamfusion_diffusers.choice.choose import gpu_of
 from streamfusion_diffusers.choice.recipe import load_recipe
 from streamfusion_diffusers.choice.replicas import RECORDS, record_path, records_of, replica_shape, step_s
-from streamfusion_diffusers.commands.cli import main
+from streamfusion_diffusers.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = gpu_of(load_recipe("flux-dev").calibration)
@@ -84,14 +84,16 @@ def test_a_served_request_on_four_gpus_is_the_measured_one(capsys):
 
 
 def test_eager_steps_wait_on_the_host(capsys):
-    """--no-cuda-graph: at 4 ranks a flux-dev 1024 step is the host's issue time, longer than the graphed step."""
+    """--no-cuda-graph: at 4 ranks a flux-dev 1024 step is the host's issue time, longer than the graphed step;
+    sharded weights replay from graphs like whole ones."""
     argv = ["plan", "--serve", "--json", "--gpus-per-machine", "4", "--model", "flux-dev"]
-    steps = []
+    steps, graphs = [], []
     for flag in ([], ["--no-cuda-graph"], ["--shard-weights"]):
         assert main(argv + flag) == 0
         plan = json.loads(capsys.readouterr().out)
         steps.append(plan["splits"][0]["step_s"])
-    assert steps[1] == steps[2] > 1.5 * steps[0]
+        graphs.append(plan["cuda_graph"]["on"])
+    assert steps[1] > 1.5 * steps[0] and graphs == [True, False, True]
 
 
 def test_table_for_flux_dev_on_four_gpus(capsys):

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default=None, metavar="NAME[:VALUE]",
                         help="--serve: the cache serve runs with (its steps run eager)")
     parser.add_argument("--shard-weights", action="store_true",
-                        help="--serve: the group runs with sharded weights (its steps run eager)")
+                        help="--serve: the group runs with sharded weights (gathered in place, inside the graphs)")
     parser.add_argument("--cfg", type=int, choices=(1, 2), default=1, help="--memory: the CFG split's degree")
     parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                         help="--memory: GiB per GPU the sharded run may take; its row shows which blocks stay "

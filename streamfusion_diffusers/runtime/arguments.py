@@ -89,8 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-vae-split decodes untiled on rank 0 only")
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="replay the transformer forward from a CUDA graph, captured once per shape (default on "
-                             "GPUs, where it is exact: not with --cache or --shard-weights, which then run eager "
-                             "and say why; --no-cuda-graph runs every step eager)")
+                             "GPUs, where it is exact, sharded weights' in-place gathers included: not with --cache, "
+                             "which then runs eager and says why; --no-cuda-graph runs every step eager)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the transformer's repeated blocks (fullgraph, diffusers' "
                              "compile_repeated_blocks), replayed from the CUDA graph where graphs are on")

@@ -185,8 +185,6 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
         return False, "no GPU (CUDA graphs need one)"
     if blockers:
         return False, f"eager: {blockers[0][0]}"
-    if args.shard_weights:  # capturable by construction (gathers into fixed buffers), not yet run in a graph on GPUs
-        return False, "eager: --shard-weights gathers are not yet measured inside a CUDA graph (--cuda-graph asks)"
     return True, "the default on GPUs"
 
 
