@@ -75,3 +75,45 @@ def test_ranks_leave_at_once_after_the_job_rank_0_last(capfd):
     assert max(ended.values()) - began < 2.0, ended  # no teardown of the interpreter or the process group
     assert ended[0] >= max(ended[1], ended[2]), ended
     assert "TCPStore" not in capfd.readouterr().err
+
+
+_SEEN_AHEAD: dict[str, str | None] = {}
+
+
+def _ahead() -> None:
+    import os
+
+    _SEEN_AHEAD["visible"] = os.environ.get("STREAMFUSION_TEST_VISIBLE")
+
+
+def _what_ran_ahead() -> tuple[dict[str, str | None], bool]:
+    import sys
+
+    return dict(_SEEN_AHEAD), "diffusers" in sys.modules
+
+
+def test_a_pool_starts_ahead_in_its_environment_before_the_join():
+    """A job's ranks start `ahead` (the pipeline's imports) beside the join, after the pool's environment is set:
+    CUDA reads CUDA_VISIBLE_DEVICES once, and an import that starts CUDA would read it before the join sets it."""
+    from streamfusion_diffusers.runtime.pool import ProcessPool
+
+    with ProcessPool(2, env={"STREAMFUSION_TEST_VISIBLE": "1"}, ahead=_ahead) as pool:
+        assert pool.run(_what_ran_ahead) == [({"visible": "1"}, False)] * 2
+
+
+def _imports_ahead() -> tuple[bool, bool]:
+    import sys
+
+    from streamfusion_diffusers.runtime import build
+
+    assert build._ahead is not None
+    build._ahead.join(120)
+    return not build._ahead.is_alive(), "diffusers.models" in sys.modules
+
+
+def test_a_job_pool_imports_the_pipeline_modules_ahead():
+    from streamfusion_diffusers.runtime.build import import_ahead
+    from streamfusion_diffusers.runtime.pool import ProcessPool
+
+    with ProcessPool(2, ahead=import_ahead) as pool:
+        assert pool.run(_imports_ahead) == [(True, True)] * 2
