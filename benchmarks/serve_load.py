@@ -39,6 +39,7 @@ PROMPT = "a photo of a red cat on a quiet street at sunset"
 
 
 STAGE = re.compile(r"group \d+: (.* started in|pipeline built|warm-up done in)")
+TRACE = re.compile(r"Traceback|recvValue|TCPStore")  # what a clean stop must not print
 
 
 def command(*args: str) -> list[str]:
@@ -85,7 +86,9 @@ def request(http: httpx.Client, steps: int, seed: int) -> dict:
     body = answer.json()
     run = body["streamfusion"]["runs"][0]
     assert base64.b64decode(body["data"][0]["b64_json"])[:8] == b"\x89PNG\r\n\x1a\n"
-    return {"status": 200, "seconds": seconds, "server_s": body["streamfusion"]["seconds"],
+    said = body["streamfusion"]
+    return {"status": 200, "seconds": seconds, "server_s": said["seconds"], "queued_s": said["queued_s"],
+            "running_s": said["running_s"], "encode_s": said["encode_s"], "phases_s": run["phases_s"],
             "peak_gib": run["peak_memory_gib"], "total_s": run["total_s"]}
 
 
@@ -114,6 +117,7 @@ def measure(model: str, steps: int, requests: int, size: list[str], cpu: list[st
     return {
         "model": model, "steps": steps, "layout": layout, "ready_s": ready_s, **expected,
         "latency_s": [r["seconds"] for r in sequential], "latency_median_s": latency,
+        "sequential": sequential,  # each answer's split: queued, the group's call, PNG, and the call's phases
         "latency_over_expected": latency / expected["expected_s"],
         "requests": requests, "ok": len(ok), "errors": [r for r in load if r["status"] != 200][:3],
         "requests_per_minute": 60 * len(ok) / elapsed, "load_s": elapsed,
@@ -123,6 +127,7 @@ def measure(model: str, steps: int, requests: int, size: list[str], cpu: list[st
         "metrics_ready_s": metric(metrics, "streamfusion_ready_seconds"),
         "drain_exit_code": code, "stderr_tail": "".join(err)[-500:] if code else "",
         "startup": [line.strip() for line in err if STAGE.search(line)],  # the group's start-up, by stage
+        "stop_traces": [line.strip() for line in err if TRACE.search(line)][:10],
     }
 
 
@@ -155,7 +160,8 @@ def main() -> int:
         print(f"{model} {r['height']}x{r['width']} {r['steps']} steps on {r['world_size']} rank(s) ({r['layout']}): "
               f"ready in {r['ready_s']:.1f} s; latency {r['latency_median_s']:.2f} s vs generate's "
               f"{r['expected_s']:.2f} s (x{r['latency_over_expected']:.2f}); {r['requests_per_minute']:.1f} "
-              f"requests/min over {r['ok']}/{r['requests']}; peak memory {peak}; drain exit {r['drain_exit_code']}",
+              f"requests/min over {r['ok']}/{r['requests']}; peak memory {peak}; drain exit {r['drain_exit_code']}"
+              f" ({len(r['stop_traces'])} trace lines)",
               flush=True)
     return 0 if all("error" not in r and r["ok"] == r["requests"] for r in results) else 1
 

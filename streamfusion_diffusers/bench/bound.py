@@ -1,8 +1,9 @@
 """The two bounds a timed row is held against, and "x bound", its time over the larger.
 
 Compute: the no-communication bound's attention, a rank's share (its L/P queries against all L keys) through the
-fastest kernel there is for it without the log-sum-exp (cuDNN, flash or efficient SDPA, measured once per shape),
-so that the bound is no slower than any method could be: our schedule needs the LSE to merge chunks, xDiT's Ulysses
+fastest kernel there is for it: SDPA without the log-sum-exp by its fastest backend (cuDNN, flash or efficient), or
+our fused kernel where it is faster (long sequences, as at Wan's and CogVideoX's), each timed once per shape, so
+that the bound is no slower than any method could be: our schedule needs the LSE to merge chunks, xDiT's Ulysses
 not. Link: over an emulated link, the time the busiest rank's inter-machine bytes and messages take on it alone
 (choice/costmodel.py's link_bound, the volumes the emulated transport counts), whatever overlaps them.
 
@@ -19,6 +20,7 @@ from torch import Tensor
 from ..choice.costmodel import link_bound
 from ..choice.workloads import Workload
 from ..core.links import parse_link
+from ..kernels import Partial, attend_chunks
 from ..kernels.sdpa import attention_sdpa
 
 # The bench process's, not a context's: the bound communicates nothing, so no ParallelContext runs it.
@@ -26,9 +28,15 @@ _keys: dict[tuple, tuple[Tensor, Tensor]] = {}  # (device, dtype, k shape) -> th
 
 
 def fastest_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
-    """Attention of q over (k, v), [B, L, H, D], without the LSE, by the fastest SDPA backend for these shapes
-    (kernels.sdpa.attention_sdpa: each timed once per shape; off CUDA, PyTorch's default SDPA)."""
-    return attention_sdpa(q, k, v, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    """Attention of q over (k, v), [B, L, H, D], by the fastest kernel for these shapes: the kernels' "auto"
+    choice for one chunk with nothing to merge after it, SDPA without the LSE (kernels.sdpa.attention_sdpa) against
+    the fused kernel, each timed once per shape; off CUDA, PyTorch's default SDPA."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if not q.is_cuda:
+        return attention_sdpa(q, k, v, scale)
+    partial = Partial()
+    attend_chunks([partial], [q], [(k, v)], scale, "auto", finalize=True)
+    return partial.result(q.dtype)
 
 
 @torch.library.custom_op("streamfusion::local_attention", mutates_args=())

@@ -28,6 +28,7 @@ from ..core.join import launched
 from ..runtime import output, worker
 from ..runtime.arguments import DTYPES, add_arguments
 from ..runtime.job import Job, make_job, real_size
+from ..runtime.build import import_ahead
 from ..runtime.pool import run_job
 from ..runtime.startup import describe
 
@@ -90,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
     # collectives fail after timeout_s
     ran = time.perf_counter()
     answer = run_job(worker.generate, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
-                     wait_s=math.inf)[0]
+                     wait_s=math.inf, ahead=import_ahead)[0]
     ran = time.perf_counter() - ran  # the ranks' start-up, the generation and their teardown
     if answer is not None:  # rank 0's (under a launcher, the other ranks return None)
         record = write_outputs(job, answer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -59,8 +60,37 @@ class Prepared:
     startup_s: dict[str, float]  # this rank's start-up by stage, the build included (startup.py)
 
 
+_ahead: threading.Thread | None = None  # import_ahead's thread, in a rank that started one
+
+
+def import_ahead() -> None:
+    """Start importing what `prepare` imports (diffusers, and transformers for the text encoders: most of a rank's
+    start-up) in a thread, so that it runs while the process group's join waits on the peers and NCCL's set-up.
+    `prepare` waits for it; an import that fails here fails again in `prepare`, which reports it."""
+    global _ahead
+
+    def run() -> None:
+        try:
+            _pipeline_modules()
+        except BaseException:  # noqa: BLE001 - prepare's own import raises it where it is reported
+            pass
+
+    _ahead = threading.Thread(target=run, name="streamfusion-import-ahead", daemon=True)
+    _ahead.start()
+
+
+def _pipeline_modules() -> None:
+    from diffusers.utils import logging  # noqa: F401 - diffusers is an extra: imported only to run
+
+    from ..diffusers import compiled, parallel_pipeline  # noqa: F401
+    from ..diffusers.stack import apply  # noqa: F401
+    from ..models import build, full  # noqa: F401
+
+
 def prepare(job: Job) -> Prepared:
     """Build the job's pipeline on this rank and parallelize it."""
+    if _ahead is not None:
+        _ahead.join()
     from diffusers.utils import logging as diffusers_logging  # diffusers is an extra: imported only to run
 
     from ..models.build import build_pipeline, load_pipeline

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import startup, worker
+from .build import import_ahead
 from .job import Job
 from .pool import Pool, ProcessPool, RankFailure
 from .progress import StepNote
@@ -57,7 +58,8 @@ class Group:
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices else None
         if self.hosts is None:
             pool: Pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
-                                     timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env, wait=False)
+                                     timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env, wait=False,
+                                     ahead=import_ahead)
         else:
             pool = self._join(say)
         self.pool = pool

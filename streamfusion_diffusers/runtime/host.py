@@ -20,6 +20,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from ..core.join import join_store
+from .build import import_ahead
 from .rank import exit_with, parent_info, serve_rank
 from .remote import BEAT_S, join_key
 
@@ -45,7 +46,8 @@ class Child:
         self.inbox, outbox, self.cancel = ctx.Queue(), ctx.Queue(), ctx.Value("q", 0, lock=False)
         join = partial(join_group, rank, world, master, store_port, prefix, gpu, timeout_s,
                        int(os.environ.get("LOCAL_RANK", 0)))
-        self.proc = ctx.Process(target=serve_rank, args=(rank, join, parent_info(), self.inbox, outbox, self.cancel),
+        self.proc = ctx.Process(target=serve_rank, args=(rank, join, parent_info(), self.inbox, outbox, self.cancel,
+                                                          import_ahead),
                                 daemon=True)
         self.proc.start()
         self.pool, self.stopped = pool, False

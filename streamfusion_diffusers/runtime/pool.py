@@ -83,6 +83,13 @@ def _init(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
     join_job(gpu=backend == "nccl", timeout_s=timeout_s)
 
 
+def _ahead_in(env: dict[str, str], ahead: Callable[[], None]) -> None:
+    """A rank's `ahead`, started in the pool's environment: what it starts may read it before the join sets it
+    (CUDA reads CUDA_VISIBLE_DEVICES once, when it starts)."""
+    os.environ.update(env)
+    ahead()
+
+
 class Pool:
     """The parent's side of a pool of ranks joined in one process group, running functions on every rank on
     request, whatever started the ranks (this machine's `ProcessPool`, or the launched processes of a job across
@@ -200,11 +207,13 @@ class ProcessPool(Pool):
     timeout_s: the process group's (how long a collective waits for a peer). wait_s: see `Pool` (None: timeout_s).
     env: variables set in every rank before it joins (e.g. CUDA_VISIBLE_DEVICES: which GPUs the pool's ranks get).
     wait: wait here for every rank to join; else the caller calls `wait_started` (meanwhile another thread may
-    `close` the pool, e.g. a server stopping during its start-up).
+    `close` the pool, e.g. a server stopping during its start-up). ahead: what each rank starts before it joins
+    (`serve_rank`).
     """
 
     def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True):
+                 wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True,
+                 ahead: Callable[[], None] | None = None):
         super().__init__(world_size, timeout_s, wait_s)
         ctx = mp.get_context("spawn")
         port = free_port()
@@ -214,7 +223,8 @@ class ProcessPool(Pool):
         self._procs = [
             ctx.Process(target=serve_rank, daemon=True,
                         args=(r, partial(_init, r, world_size, port, backend, timeout_s, dict(env or {})),
-                              parent_info(), self._inboxes[r], self._outbox, self._cancel))
+                              parent_info(), self._inboxes[r], self._outbox, self._cancel,
+                              partial(_ahead_in, dict(env or {}), ahead) if ahead else None))
             for r in range(world_size)
         ]
         for p in self._procs:
@@ -261,9 +271,10 @@ class ProcessPool(Pool):
 
 
 def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None, **kwargs: Any) -> list[Any]:
+              timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None,
+              ahead: Callable[[], None] | None = None, **kwargs: Any) -> list[Any]:
     """Start `world_size` local processes, run fn on each rank once, and return the per-rank results."""
-    with ProcessPool(world_size, backend=backend, timeout_s=timeout_s, wait_s=wait_s) as pool:
+    with ProcessPool(world_size, backend=backend, timeout_s=timeout_s, wait_s=wait_s, ahead=ahead) as pool:
         return pool.run(fn, *args, **kwargs)
 
 
@@ -278,16 +289,20 @@ def job_shape(default_world: int, cpu_only: bool = False) -> tuple[int, bool]:
 
 
 def run_job(fn: Callable[..., Any], world_size: int, *args: Any, gpu: bool,
-            timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None) -> list[Any]:
+            timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None,
+            ahead: Callable[[], None] | None = None) -> list[Any]:
     """Run fn on every rank: join the torchrun job this process belongs to, or spawn `world_size` local ranks.
+    ahead: what each rank starts before it joins (`serve_rank`).
 
     Under torchrun the list holds this rank's result only (every rank returns); locally, every rank's. Under
     torchrun a rank that fails exits, and torchrun stops the others.
     """
     if not launched():
         return run_local(fn, world_size, *args, backend="nccl" if gpu else "gloo", timeout_s=timeout_s,
-                         wait_s=wait_s)
+                         wait_s=wait_s, ahead=ahead)
     startup.mark("imported")
+    if ahead is not None:
+        ahead()
     owned = join_job(gpu, timeout_s)
     startup.mark("joined")
     try:

@@ -53,11 +53,14 @@ def cancelled() -> bool:
 
 
 def serve_rank(rank: int, join: Callable[[], None], parent: tuple[int, int, list], inbox: mp.Queue,
-               outbox: mp.Queue, cancel: Any) -> None:
+               outbox: mp.Queue, cancel: Any, ahead: Callable[[], None] | None = None) -> None:
     """The rank process: `join` its process group (it sets RANK), say so, then run each (call, fn, args, kwargs)
-    the parent sends and answer (rank, ok, result or traceback)."""
+    the parent sends and answer (rank, ok, result or traceback). `ahead`: started before the join, what may run
+    beside it (a job's pool imports its pipeline's modules: runtime/build.py's `import_ahead`)."""
     global _OUTBOX, _CANCEL, _CALL
     startup.mark("imported")
+    if ahead is not None:
+        ahead()
     _OUTBOX, _CANCEL = outbox, cancel
     pid, log_level, warning_filters = parent
     threading.Thread(target=exit_with, args=(pid,), daemon=True).start()
