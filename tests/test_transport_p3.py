@@ -51,3 +51,39 @@ def test_every_piece_lands_in_its_view(pool, config):
     for rank, result in enumerate(pool.run(pieces_job, config)):
         wrong = [(src, n, bad) for src, n, bad in result if bad]
         assert not wrong, f"rank {rank}: (source, piece, wrong elements) {wrong}"
+
+
+def packed_job(config: ParallelConfig) -> tuple[list[int], int]:
+    """Pieces end to end in one buffer each way (one per peer, uneven lengths, an empty one): (wrong elements per
+    source, the all_to_all_single calls it took)."""
+    ctx = context(config)
+    group, me = ctx.mesh(None).ulysses_intra, dist.get_rank()
+    lens = [[(src + 2 * dst) % 4 for dst in range(WORLD)] for src in range(WORLD)]  # (0, 0) and others empty
+    send = torch.cat([torch.full((lens[me][j], 3), 100.0 * me + j) for j in range(WORLD)])
+    recv = torch.full((sum(lens[j][me] for j in range(WORLD)), 3), -1.0)
+    starts = [sum(lens[i][me] for i in range(j)) for j in range(WORLD + 1)]
+    sent = [sum(lens[me][:j]) for j in range(WORLD + 1)]
+    calls, real = [0], dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_to_all_single = counted
+    try:
+        ctx.transport.begin_layer(0)
+        ctx.transport.all_to_all([[send[sent[j]:sent[j + 1]]] for j in range(WORLD)],
+                                 [[recv[starts[j]:starts[j + 1]]] for j in range(WORLD)], group).wait()
+        ctx.transport.end_layer()
+    finally:
+        dist.all_to_all_single = real
+    wrong = [int((recv[starts[j]:starts[j + 1]] != 100.0 * j + me).sum()) for j in range(WORLD)]
+    return wrong, calls[0]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["one-machine", "emulated-link"])
+def test_pieces_end_to_end_go_as_one_collective(pool, config):
+    """Ulysses packs what goes to each peer end to end in one buffer and receives likewise: the torch transport
+    moves it with one all_to_all_single (not a send and a receive per peer), every piece where it belongs."""
+    for rank, (wrong, calls) in enumerate(pool.run(packed_job, config)):
+        assert wrong == [0] * WORLD and calls == 1, f"rank {rank}: wrong elements {wrong}, {calls} collective(s)"

@@ -34,7 +34,7 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, s
     """`scatter_heads` in two halves: post the all-to-all now, and return the call that waits for it, so that
     other work runs while it travels."""
     lay = mesh.layout
-    n_t, n_u, me = lay.torus, lay.ulysses_intra, mesh.u
+    n_t, n_u = lay.torus, lay.ulysses_intra
     b, length, heads, d = xs[0].shape
     h = heads // (n_t * n_u)
     if front and n_t > 1:
@@ -43,37 +43,32 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, s
     if n_u == 1 and not front:
         out = [p[0].contiguous() for p in parts]
         return lambda: out
-    # one all-to-all for all of xs (Q, K and V together) and one copy each way: the pieces for the other peers
-    # packed once, and every piece, the local one too, received straight into its rows of the result
-    lens = _peer_lens(mesh, seq_lens)
-    skip = front[0].shape[1] if front else 0
-    starts = list(accumulate(lens[:-1], initial=skip))
-    out = [x.new_empty((n_t, b, skip + sum(lens), h, d)) for x in xs]
-    packed = _pack_others(parts, me)
-    sends = [[p[me, tau] for p in parts for tau in range(n_t)] + list(front) if j == me else
-             [p[j - (j > me), tau] for p in packed for tau in range(n_t)] for j in range(n_u)]
-    recvs = [[o[tau, :, starts[j]:starts[j] + lens[j]] for o in out for tau in range(n_t)] for j in range(n_u)]
-    recvs[me] += [o[0, :, :skip] for o in out[: len(front)]]
-    handle = transport.all_to_all(sends, recvs, mesh.ulysses_intra)
+    # one piece each way per peer: what goes to every peer packed peer-major in one copy, [U', n, T, B, L, h, D],
+    # and what comes from peer j into its own [n, T, B, L_j, h, D] run of one buffer (the transport copies the
+    # local piece); the result is laid out once the pieces are in, the front rows meanwhile
+    n, lens, skip = len(xs), _peer_lens(mesh, seq_lens), front[0].shape[1] if front else 0
+    send = torch.stack(parts, dim=1)
+    row = n * n_t * b * h * d  # elements of one sequence row of every tensor's pieces
+    received = xs[0].new_empty(row * sum(lens))
+    runs = list(accumulate(lens, initial=0))
+    pieces = [received[row * runs[j]:row * runs[j + 1]].view(n, n_t, b, lens[j], h, d) for j in range(n_u)]
+    handle = transport.all_to_all([[send[j]] for j in range(n_u)], [[piece] for piece in pieces], mesh.ulysses_intra)
+    out = xs[0].new_empty((n, n_t, b, skip + runs[-1], h, d))
+    for i, rows in enumerate(front):
+        out[i, 0, :, :skip].copy_(rows)
 
     def finish() -> list[Tensor]:
         handle.wait()
-        return out
+        rows = out[:, :, :, skip:]
+        if min(lens) == max(lens):  # one copy: [U', n, T, B, L, h, D] -> [n, T, B, U' L, h, D]
+            rows.unflatten(3, (n_u, lens[0])).copy_(received.view(n_u, n, n_t, b, lens[0], h, d).permute(
+                1, 2, 3, 0, 4, 5, 6))
+        else:
+            for j, piece in enumerate(pieces):
+                rows[:, :, :, runs[j]:runs[j + 1]].copy_(piece)
+        return list(out.unbind(0))
 
     return finish
-
-
-def _pack_others(parts: Sequence[Tensor], me: int) -> Tensor:
-    """[n, U' - 1, T, B, L, h, D]: each tensor's pieces for every peer but `me`, contiguous (two copies at most)."""
-    n_u = parts[0].shape[0]
-    packed = parts[0].new_empty((len(parts), n_u - 1, *parts[0].shape[1:]))
-    for i, src in enumerate(parts):
-        dst = packed[i]
-        if me > 0:
-            dst[:me].copy_(src[:me])
-        if me < n_u - 1:
-            dst[me:].copy_(src[me + 1:])
-    return packed
 
 
 def gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport, seq_lens: Sequence[int]) -> Tensor:

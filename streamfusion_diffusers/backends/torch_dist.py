@@ -4,9 +4,11 @@ Every transfer is posted with async_op=True; NCCL runs it on its own stream, so 
 compute stream overlaps it until `wait()` adds the stream dependency. Hangs are bounded by the timeout the
 mesh's process groups were created with.
 
-Inside a CUDA-graph capture, transfers go as one all-to-all of bytes instead of NCCL send/recv: a captured
-send/recv pair hung at its first replay on 2 x H200 (usp U1R2, 2026-11-23) while a captured all_to_all_single
-replayed fine. The price is a pack and an unpack copy, paid only by graphed layers.
+An all-to-all whose pieces lie end to end in one buffer each way (one per peer, in peer order: Ulysses' packed
+buffers) goes as one `all_to_all_single`, eagerly and in CUDA graphs alike. Other transfers inside a CUDA-graph
+capture go as one all-to-all of bytes instead of NCCL send/recv: a captured send/recv pair hung at its first
+replay on 2 x H200 (usp U1R2, 2026-11-23) while a captured all_to_all_single replayed fine. The price is a pack
+and an unpack copy, paid only by graphed layers.
 """
 from __future__ import annotations
 
@@ -81,6 +83,13 @@ class TorchTransport:
 
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
+        packed = _end_to_end(sends)
+        if packed is not None:
+            unpacked = _end_to_end(recvs)
+            if unpacked is not None and unpacked[0].dtype == packed[0].dtype:
+                # one piece per peer each way, laid end to end in peer order (Ulysses' buffers): one collective
+                return dist.all_to_all_single(unpacked[0], packed[0], unpacked[1], packed[1], group=group.pg,
+                                              async_op=True)
         me, to_peers, from_peers = group.index, [], []
         for peer in range(len(group.ranks)):
             if peer != me:
@@ -99,6 +108,29 @@ class TorchTransport:
             return Done()
         flat = output.view(-1, *input.shape[1:])  # gloo wants the peers concatenated along dim 0, not stacked
         return _all_gather_single(flat, input.contiguous(), group=group.pg, async_op=True)
+
+
+def _end_to_end(pieces: Sequence[Sequence[Tensor]]) -> tuple[Tensor, list[int]] | None:
+    """The pieces as one flat tensor and each one's length, where every peer has one contiguous piece and they lie
+    end to end in peer order in one storage; else None."""
+    sizes, first, at = [], None, 0
+    for peer_pieces in pieces:  # a loop of attribute reads: this runs at every Ulysses all-to-all
+        if len(peer_pieces) != 1:
+            return None
+        t = peer_pieces[0]
+        sizes.append(t.nbytes // t.itemsize)
+        if not t.nbytes:  # an empty view has no address; it takes no room between its neighbours
+            continue
+        if first is None:
+            first, at = t, t.data_ptr()
+        elif t.data_ptr() != at or t.dtype is not first.dtype:
+            return None
+        if not t.is_contiguous():
+            return None
+        at += t.nbytes
+    if first is None:
+        return None if not pieces else (pieces[0][0].new_empty(0), sizes)
+    return torch.as_strided(first, (sum(sizes),), (1,)), sizes
 
 
 class _Unpacked:
