@@ -87,3 +87,38 @@ def test_pieces_end_to_end_go_as_one_collective(pool, config):
     moves it with one all_to_all_single (not a send and a receive per peer), every piece where it belongs."""
     for rank, (wrong, calls) in enumerate(pool.run(packed_job, config)):
         assert wrong == [0] * WORLD and calls == 1, f"rank {rank}: wrong elements {wrong}, {calls} collective(s)"
+
+
+def ulysses_collectives_job(batch: int) -> tuple[int, float]:
+    """One Ulysses layer (uneven slices, joint text, `batch`): its all_to_all_single calls after the first call
+    (which agrees the shapes), and its error against single-process attention."""
+    from sp_cases import Problem, reference, run_rank
+
+    from streamfusion_diffusers.core.exactness import relative_error
+
+    config = ParallelConfig(machines=1, gpus_per_machine=WORLD, method="ulysses")
+    problem = Problem(6, 16, batch, (3, 5, 4), joint=2, seed=7)
+    run_rank(config, problem)
+    calls, real = [0], dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_to_all_single = counted
+    try:
+        out, joint_out = run_rank(config, problem)
+    finally:
+        dist.all_to_all_single = real
+    ref, ref_joint = reference(problem)
+    me = dist.get_rank()
+    rows = slice(sum(problem.seq_lens[:me]), sum(problem.seq_lens[:me + 1]))
+    return calls[0], max(relative_error(out, ref[:, rows]), relative_error(joint_out, ref_joint))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_ulysses_layer_is_two_collectives(pool, batch):
+    """Q, K and V travel as one all_to_all_single and the output as another, at batch 1 and batch 2 (whose
+    output rows are packed per peer first), with uneven slices and joint text, exact."""
+    for rank, (calls, err) in enumerate(pool.run(ulysses_collectives_job, batch)):
+        assert calls == 2 and err < 1e-5, f"rank {rank}: {calls} collective(s), error {err}"

@@ -86,11 +86,27 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
         result = out[0] if n_t == 1 else torch.stack(list(out), dim=2).reshape(b, -1, n_t * h, d)
         return lambda: result
     lens = _peer_lens(mesh, seq_lens)
-    length, starts = lens[me], list(accumulate(lens[:-1], initial=0))
-    # each head part's rows of peer j go as they lie (views; batch 1 needs no copy) into one [U', T, B, L, h, D]
+    length, runs = lens[me], list(accumulate(lens, initial=0))
+    # one piece each way per peer, into one [U', T, B, L, h, D]: where one contiguous head part of batch 1 holds
+    # the rows of peer j end to end, they go as they lie; else packed peer-major, [T, B, L_j, h, D] runs of one
+    # buffer (the kernels' outputs are often strided: packing is the copy a strided send would make anyway)
     recv = out[0].new_empty((n_u, n_t, b, length, h, d))
-    sends = [[o[:, starts[j]:starts[j] + lens[j]] for o in out] for j in range(n_u)]
-    handle = transport.all_to_all(sends, [recv[j].unbind() for j in range(n_u)], mesh.ulysses_intra)
+    if n_t == 1 and b == 1 and out[0].is_contiguous():
+        sends = [[out[0][:, runs[j]:runs[j + 1]]] for j in range(n_u)]
+        recvs = [[recv[j, 0]] for j in range(n_u)]
+    else:
+        row = n_t * b * h * d
+        packed = out[0].new_empty(row * runs[-1])
+        pieces = [packed[row * runs[j]:row * runs[j + 1]].view(n_t, b, lens[j], h, d) for j in range(n_u)]
+        for t, o in enumerate(out):
+            if min(lens) == max(lens):  # one copy per head part: [B, U' L, h, D] -> [U', B, L, h, D]
+                packed.view(n_u, n_t, b, length, h, d)[:, t].copy_(o.unflatten(1, (n_u, length)).transpose(0, 1))
+            else:
+                for j, piece in enumerate(pieces):
+                    piece[t].copy_(o[:, runs[j]:runs[j + 1]])
+        sends = [[piece] for piece in pieces]
+        recvs = [[recv[j]] for j in range(n_u)]
+    handle = transport.all_to_all(sends, recvs, mesh.ulysses_intra)
 
     def finish() -> Tensor:
         handle.wait()
