@@ -134,7 +134,7 @@ class _Rank:
         peers_u = [lay.rank(t, u, self.r) for u in range(lay.ulysses_intra) if u != self.u]
         slice_heads = w.batch * self.s * n * self.h * w.head_dim  # one rank's slice, one peer's heads
         torus_peer = [lay.rank((t + k) % n, self.u, self.r) for k in range(n)]
-        time = self.send([(p, 3 * slice_heads, 3 * n) for p in peers_u])  # scatter heads (q, k, v per head part)
+        time = self.send([(p, 3 * slice_heads, 1) for p in peers_u])  # scatter heads: q, k, v packed per peer
         for k in range(1, n + 1):  # Pull Q
             transfer = self.send([(torus_peer[k], chunk, 1)]) if k < n else (
                 self.send([(torus_peer[1], 2 * chunk, 2)]) if n > 1 else 0.0)
@@ -149,7 +149,7 @@ class _Rank:
         if n > 1:  # Push O
             transfer = self.send([(torus_peer[k], chunk, 1) for k in range(1, n)])
             time += self.gpu.hidden(self.attend(self.lp, [self.lp] * ((n - 1) * lay.ring)), transfer)
-        time += self.send([(p, slice_heads, n) for p in peers_u])  # gather heads (o, per head part)
+        time += self.send([(p, slice_heads, 1) for p in peers_u])  # gather heads: o packed per peer
         if w.text_tokens:  # joint output all-gather over the world, each share padded to the longest
             share = w.batch * -(-w.text_tokens // lay.ring) * self.h * w.head_dim
             time += self.send([(p, share, 1) for p in range(lay.world_size) if p != self.rank])
