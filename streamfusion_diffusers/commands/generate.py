@@ -91,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
     # collectives fail after timeout_s
     ran = time.perf_counter()
     answer = run_job(worker.generate, job.world_size, job, gpu=job.gpu, timeout_s=job.parallel.timeout_s,
-                     wait_s=math.inf, ahead=import_ahead)[0]
+                     wait_s=math.inf, ahead=import_ahead if job.gpu else None)[0]
     ran = time.perf_counter() - ran  # the ranks' start-up, the generation and their teardown
     if answer is not None:  # rank 0's (under a launcher, the other ranks return None)
         record = write_outputs(job, answer)

@@ -65,7 +65,8 @@ _ahead: threading.Thread | None = None  # import_ahead's thread, in a rank that 
 
 def import_ahead() -> None:
     """Start importing what `prepare` imports (diffusers, and transformers for the text encoders: most of a rank's
-    start-up) in a thread, so that it runs while the process group's join waits on the peers and NCCL's set-up.
+    start-up) in a thread, so that it runs while the process group's join waits on the peers and NCCL's set-up
+    (GPU jobs: on the CPU the join is short and the import would only contend with the peers' for the cores).
     `prepare` waits for it; an import that fails here fails again in `prepare`, which reports it."""
     global _ahead
 

@@ -59,7 +59,7 @@ class Group:
         if self.hosts is None:
             pool: Pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
                                      timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env, wait=False,
-                                     ahead=import_ahead)
+                                     ahead=import_ahead if self.job.gpu else None)
         else:
             pool = self._join(say)
         self.pool = pool

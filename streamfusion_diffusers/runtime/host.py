@@ -47,7 +47,7 @@ class Child:
         join = partial(join_group, rank, world, master, store_port, prefix, gpu, timeout_s,
                        int(os.environ.get("LOCAL_RANK", 0)))
         self.proc = ctx.Process(target=serve_rank, args=(rank, join, parent_info(), self.inbox, outbox, self.cancel,
-                                                          import_ahead),
+                                                          import_ahead if gpu else None),
                                 daemon=True)
         self.proc.start()
         self.pool, self.stopped = pool, False
