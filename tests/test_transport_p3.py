@@ -122,3 +122,32 @@ def test_a_ulysses_layer_is_two_collectives(pool, batch):
     output rows are packed per peer first), with uneven slices and joint text, exact."""
     for rank, (calls, err) in enumerate(pool.run(ulysses_collectives_job, batch)):
         assert calls == 2 and err < 1e-5, f"rank {rank}: {calls} collective(s), error {err}"
+
+
+def alone_job() -> tuple[bool, int]:
+    """A group of this rank alone (a CFG branch of one rank, whose groups have no process group) in a larger job:
+    (whether the piece landed, the collectives it took)."""
+    from streamfusion_diffusers.core.mesh import Group
+
+    ctx = context(CONFIGS[0])
+    alone = Group((dist.get_rank(),), 0, None, "ulysses_intra")
+    send, recv = torch.arange(6.0) + dist.get_rank(), torch.full((6,), -1.0)
+    calls, real = [0], dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_to_all_single = counted
+    try:
+        ctx.transport.begin_layer(0)
+        ctx.transport.all_to_all([[send]], [[recv]], alone).wait()
+        ctx.transport.end_layer()
+    finally:
+        dist.all_to_all_single = real
+    return bool(torch.equal(send, recv)), calls[0]
+
+
+def test_a_group_of_one_copies_without_a_collective(pool):
+    """A one-rank group has no process group: a collective on it would go to the job's default group."""
+    assert pool.run(alone_job) == [(True, 0)] * WORLD

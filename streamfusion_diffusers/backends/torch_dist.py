@@ -83,7 +83,7 @@ class TorchTransport:
 
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
-        packed = _end_to_end(sends)
+        packed = _end_to_end(sends) if group.size > 1 else None  # alone, only the local copy below
         if packed is not None:
             unpacked = _end_to_end(recvs)
             if unpacked is not None and unpacked[0].dtype == packed[0].dtype:
