@@ -12,7 +12,7 @@ import argparse
 from collections import defaultdict
 
 from streamfusion_diffusers import ParallelConfig
-from streamfusion_diffusers.runtime.pool import run_local
+from streamfusion_diffusers.runtime.run import run_local
 from streamfusion_diffusers.commands.verify import DTYPES, Workload, _verify_rank
 from streamfusion_diffusers.core.config import METHODS
 from streamfusion_diffusers.core.exactness import threshold

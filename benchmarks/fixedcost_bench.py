@@ -35,7 +35,7 @@ from streamfusion_diffusers.bench.layer import Case, Setup, bench_layer, device_
 from streamfusion_diffusers.bench.model import ModelSetup, bench_model
 from streamfusion_diffusers.bench.variants import VARIANTS, with_variants
 from streamfusion_diffusers.choice.workloads import parse_workload, transformer_config
-from streamfusion_diffusers.runtime.pool import job_shape, run_job
+from streamfusion_diffusers.runtime.run import job_shape, run_job
 from streamfusion_diffusers.commands.timing import interleaved_ms
 from streamfusion_diffusers.core.sequence import split_sizes
 

@@ -9,7 +9,7 @@ import torch
 from streamfusion_diffusers.bench.report import auto_summary, noisy
 from streamfusion_diffusers.choice.workloads import parse_workload
 from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.runtime.pool import run_local
+from streamfusion_diffusers.runtime.run import run_local
 from streamfusion_diffusers.commands.timing import Stats, interleaved_ms
 from streamfusion_diffusers.core.exactness import threshold
 

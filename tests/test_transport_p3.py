@@ -36,9 +36,7 @@ def pieces_job(config: ParallelConfig) -> list[tuple[int, int, int]]:
     flat = [torch.full(piece(j, me, 0).shape, -1.0) for j in range(WORLD)]
     wide = torch.full((2 * WORLD + 1, 4 * WORLD + 2), -1.0)
     recvs = [[flat[j], wide[: piece(j, me, 1).shape[0], 4 * j + 1: 4 * j + 5]] for j in range(WORLD)]
-    ctx.transport.begin_layer(0)
-    ctx.transport.all_to_all(sends, recvs, group).wait()
-    ctx.transport.end_layer()
+    _all_to_all(ctx, sends, recvs, group)
     out = [(j, n, int((recvs[j][n] != piece(j, me, n)).sum())) for j in range(WORLD) for n in range(2)]
     padding = torch.ones(wide.shape, dtype=torch.bool)
     for j in range(WORLD):
@@ -53,6 +51,29 @@ def test_every_piece_lands_in_its_view(pool, config):
         assert not wrong, f"rank {rank}: (source, piece, wrong elements) {wrong}"
 
 
+def _count_all_to_all_single(run) -> int:
+    """How many `dist.all_to_all_single` calls `run()` makes."""
+    calls, real = [0], dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_to_all_single = counted
+    try:
+        run()
+    finally:
+        dist.all_to_all_single = real
+    return calls[0]
+
+
+def _all_to_all(ctx, sends, recvs, group) -> None:
+    """One all-to-all through the context's transport, as a layer posts it, waited for."""
+    ctx.transport.begin_layer(0)
+    ctx.transport.all_to_all(sends, recvs, group).wait()
+    ctx.transport.end_layer()
+
+
 def packed_job(config: ParallelConfig) -> tuple[list[int], int]:
     """Pieces end to end in one buffer each way (one per peer, uneven lengths, an empty one): (wrong elements per
     source, the all_to_all_single calls it took)."""
@@ -63,22 +84,10 @@ def packed_job(config: ParallelConfig) -> tuple[list[int], int]:
     recv = torch.full((sum(lens[j][me] for j in range(WORLD)), 3), -1.0)
     starts = [sum(lens[i][me] for i in range(j)) for j in range(WORLD + 1)]
     sent = [sum(lens[me][:j]) for j in range(WORLD + 1)]
-    calls, real = [0], dist.all_to_all_single
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    dist.all_to_all_single = counted
-    try:
-        ctx.transport.begin_layer(0)
-        ctx.transport.all_to_all([[send[sent[j]:sent[j + 1]]] for j in range(WORLD)],
-                                 [[recv[starts[j]:starts[j + 1]]] for j in range(WORLD)], group).wait()
-        ctx.transport.end_layer()
-    finally:
-        dist.all_to_all_single = real
+    calls = _count_all_to_all_single(lambda: _all_to_all(ctx, [[send[sent[j]:sent[j + 1]]] for j in range(WORLD)],
+                                                        [[recv[starts[j]:starts[j + 1]]] for j in range(WORLD)], group))
     wrong = [int((recv[starts[j]:starts[j + 1]] != 100.0 * j + me).sum()) for j in range(WORLD)]
-    return wrong, calls[0]
+    return wrong, calls
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=["one-machine", "emulated-link"])
@@ -99,21 +108,13 @@ def ulysses_collectives_job(batch: int) -> tuple[int, float]:
     config = ParallelConfig(machines=1, gpus_per_machine=WORLD, method="ulysses")
     problem = Problem(6, 16, batch, (3, 5, 4), joint=2, seed=7)
     run_rank(config, problem)
-    calls, real = [0], dist.all_to_all_single
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    dist.all_to_all_single = counted
-    try:
-        out, joint_out = run_rank(config, problem)
-    finally:
-        dist.all_to_all_single = real
+    results = []
+    calls = _count_all_to_all_single(lambda: results.append(run_rank(config, problem)))
+    out, joint_out = results[0]
     ref, ref_joint = reference(problem)
     me = dist.get_rank()
     rows = slice(sum(problem.seq_lens[:me]), sum(problem.seq_lens[:me + 1]))
-    return calls[0], max(relative_error(out, ref[:, rows]), relative_error(joint_out, ref_joint))
+    return calls, max(relative_error(out, ref[:, rows]), relative_error(joint_out, ref_joint))
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -132,20 +133,8 @@ def alone_job() -> tuple[bool, int]:
     ctx = context(CONFIGS[0])
     alone = Group((dist.get_rank(),), 0, None, "ulysses_intra")
     send, recv = torch.arange(6.0) + dist.get_rank(), torch.full((6,), -1.0)
-    calls, real = [0], dist.all_to_all_single
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    dist.all_to_all_single = counted
-    try:
-        ctx.transport.begin_layer(0)
-        ctx.transport.all_to_all([[send]], [[recv]], alone).wait()
-        ctx.transport.end_layer()
-    finally:
-        dist.all_to_all_single = real
-    return bool(torch.equal(send, recv)), calls[0]
+    calls = _count_all_to_all_single(lambda: _all_to_all(ctx, [[send]], [[recv]], alone))
+    return bool(torch.equal(send, recv)), calls
 
 
 def test_a_group_of_one_copies_without_a_collective(pool):

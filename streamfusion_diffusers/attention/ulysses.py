@@ -98,8 +98,9 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
         row = n_t * b * h * d
         packed = out[0].new_empty(row * runs[-1])
         pieces = [packed[row * runs[j]:row * runs[j + 1]].view(n_t, b, lens[j], h, d) for j in range(n_u)]
+        even = min(lens) == max(lens)
         for t, o in enumerate(out):
-            if min(lens) == max(lens):  # one copy per head part: [B, U' L, h, D] -> [U', B, L, h, D]
+            if even:  # one copy per head part: [B, U' L, h, D] -> [U', B, L, h, D]
                 packed.view(n_u, n_t, b, length, h, d)[:, t].copy_(o.unflatten(1, (n_u, length)).transpose(0, 1))
             else:
                 for j, piece in enumerate(pieces):

@@ -25,10 +25,10 @@ import torch
 
 from ..choice.costmodel import candidate_layouts
 from ..choice.workloads import Workload, parse_workload, transformer_config, workload_specs
-from ..runtime.pool import DEFAULT_TIMEOUT_S, job_shape, run_job
+from ..runtime.run import job_shape, run_job
 from ..commands.timing import ITERS, SAMPLE_MS, WARMUP
 from ..commands.verify import DTYPES
-from ..core.config import METHODS, ParallelConfig, resolve_layout
+from ..core.config import DEFAULT_TIMEOUT_S, METHODS, ParallelConfig, resolve_layout
 from ..core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD, threshold
 from ..core.links import parse_link
 from ..core.mesh import GroupCache

@@ -24,7 +24,8 @@ import torch
 from ..choice.workloads import parse_workload, workload_specs
 from ..runtime.arguments import DEFAULT_PROMPT
 from ..runtime.job import guided
-from ..runtime.pool import DEFAULT_TIMEOUT_S, job_shape, run_job
+from ..core.config import DEFAULT_TIMEOUT_S
+from ..runtime.run import job_shape, run_job
 from ..commands.verify import DTYPES
 from ..core.extras import install_hint
 from ..core.links import parse_link

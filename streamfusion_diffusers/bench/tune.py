@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..runtime.pool import job_shape, run_job
+from ..runtime.run import job_shape, run_job
 from ..commands.timing import ITERS, SAMPLE_MS, WARMUP
 from ..commands.verify import DTYPES
 from ..choice.calibrate import fit

@@ -29,7 +29,7 @@ from ..runtime import output, worker
 from ..runtime.arguments import DTYPES, add_arguments
 from ..runtime.job import Job, make_job, real_size
 from ..runtime.build import import_ahead
-from ..runtime.pool import run_job
+from ..runtime.run import run_job
 from ..runtime.startup import describe
 
 logger = logging.getLogger(__name__)

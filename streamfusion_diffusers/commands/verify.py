@@ -23,7 +23,7 @@ from ..core.config import METHODS, resolve_layout
 from ..core.exactness import passes, reference_attention, relative_error, threshold
 from ..core.mesh import GroupCache
 from ..core.sequence import split_sizes
-from ..runtime.pool import job_shape, run_job
+from ..runtime.run import job_shape, run_job
 from .timing import median_ms
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

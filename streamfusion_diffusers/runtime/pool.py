@@ -1,8 +1,8 @@
 """Pools of rank processes, the parent's side: local multi-process jobs on one machine (gloo on the CPU, NCCL
 with one GPU per process), and the protocol every pool speaks (`Pool`; a job across machines: remote.py).
 
-`run_job` runs a command's work on every rank: it joins the launcher's job under torchrun, else spawns local
-ranks (`run_local`). `ProcessPool` keeps the same ranks and process group alive across many calls: a served
+`ProcessPool` keeps the same ranks and process group alive across many calls (a command's work run once on
+every rank: run.py): a served
 job's group builds its pipeline once and runs every request on it (group.py), and a test module pays the start-up
 cost once. Nothing waits on a rank that is gone: a rank that dies (killed, out of
 memory, exited) or raises ends the whole job within seconds, naming the rank and the cause, and its peers are
@@ -27,9 +27,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from ..core.config import DEFAULT_TIMEOUT_S
-from ..context import shutdown
-from ..core.join import join_job, launched
-from . import startup
+from ..core.join import join_job
 from .rank import parent_info, serve_rank
 
 POLL_S = 0.5  # how often the parent looks at its ranks while it waits
@@ -268,51 +266,3 @@ class ProcessPool(Pool):
                 proc.join()
         self._procs = []
         self._closed = True
-
-
-def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None,
-              ahead: Callable[[], None] | None = None, **kwargs: Any) -> list[Any]:
-    """Start `world_size` local processes, run fn on each rank once, and return the per-rank results."""
-    with ProcessPool(world_size, backend=backend, timeout_s=timeout_s, wait_s=wait_s, ahead=ahead) as pool:
-        return pool.run(fn, *args, **kwargs)
-
-
-def job_shape(default_world: int, cpu_only: bool = False) -> tuple[int, bool]:
-    """(world size, whether to use GPUs) for a job: torchrun's world, or `default_world` local processes that
-    get a GPU each when there are enough of them (and `cpu_only` is not asked for)."""
-    import torch
-
-    if launched():
-        return int(os.environ["WORLD_SIZE"]), torch.cuda.is_available() and not cpu_only
-    return default_world, torch.cuda.is_available() and torch.cuda.device_count() >= default_world and not cpu_only
-
-
-def run_job(fn: Callable[..., Any], world_size: int, *args: Any, gpu: bool,
-            timeout_s: float = DEFAULT_TIMEOUT_S, wait_s: float | None = None,
-            ahead: Callable[[], None] | None = None) -> list[Any]:
-    """Run fn on every rank: join the torchrun job this process belongs to, or spawn `world_size` local ranks.
-    ahead: what each rank starts before it joins (`serve_rank`).
-
-    Under torchrun the list holds this rank's result only (every rank returns); locally, every rank's. Under
-    torchrun a rank that fails exits, and torchrun stops the others.
-    """
-    if not launched():
-        return run_local(fn, world_size, *args, backend="nccl" if gpu else "gloo", timeout_s=timeout_s,
-                         wait_s=wait_s, ahead=ahead)
-    startup.mark("imported")
-    if ahead is not None:
-        ahead()
-    owned = join_job(gpu, timeout_s)
-    startup.mark("joined")
-    try:
-        result = fn(*args)
-    except BaseException:
-        if owned:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-        raise
-    if owned:  # together, so that no rank tears down its transport while a peer still uses it
-        shutdown()
-    return [result]
