@@ -4,6 +4,7 @@ per call; a cancel stops a running call on every rank at the same step and the r
 from __future__ import annotations
 
 import argparse
+import gc
 import threading
 import time
 
@@ -94,3 +95,8 @@ def test_a_cancel_stops_every_rank_at_one_step_and_the_next_call_runs(pool):
     assert answer[1:] == [None] * (WORLD - 1)
     after = pool.run(worker.run, [_request("a", 1)])[0]  # the old cancel does not stop the next call
     assert len(after["pixels"]) == 1 and after["records"][0]["request_id"]
+
+
+def test_a_built_rank_keeps_its_pipeline_out_of_the_collectors_full_passes(pool):
+    pool.run(worker.build, _job("tiny-flux"))
+    assert all(frozen > 10_000 for frozen in pool.run(gc.get_freeze_count))

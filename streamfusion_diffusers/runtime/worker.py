@@ -12,6 +12,7 @@ the previews its requests asked for at that step). `generate` is one request to 
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -91,6 +92,10 @@ def build(job: Job, serving: bool = True) -> dict | None:
     if serving:  # Ctrl-C reaches the whole terminal: the server drains, not its ranks
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     prepared = prepare(job)
+    # what is built by now (the pipeline, the libraries' import-time objects) lives as long as the rank: frozen,
+    # the cyclic collector's full passes no longer walk it all in the middle of a step
+    gc.collect()
+    gc.freeze()
     if serving:
         prepared.pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server's log
     side = dist.new_group(backend="gloo") if serving and dist.get_world_size() > 1 else None
