@@ -84,12 +84,17 @@ class _Event:
         return self.done
 
 
-def test_the_watchdog_thread_runs_only_while_something_is_pending():
-    watchdog, event = Watchdog(poll_s=0.01), _Event()
+def test_the_watchdog_thread_runs_while_something_is_pending_and_a_little_after():
+    watchdog, event = Watchdog(poll_s=0.01, idle_s=1.0), _Event()
     watchdog.watch(event, "a transfer", time.monotonic(), 60.0)
     thread = watchdog._thread
     assert thread is not None and thread.is_alive()
     event.done = True
+    time.sleep(0.1)
+    later = _Event()
+    later.done = True
+    watchdog.watch(later, "the next layer's transfer", time.monotonic(), 60.0)
+    assert watchdog._thread is thread and thread.is_alive()  # one thread for transfers that follow each other
     thread.join(timeout=5)
     assert not thread.is_alive() and watchdog._thread is None  # nothing pending: the thread ended
     watchdog.watch(_Event(), "another transfer", time.monotonic(), 60.0)  # pending until close()

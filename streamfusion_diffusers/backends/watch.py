@@ -13,8 +13,9 @@ timeout_s in the way the device allows:
   block holding the GIL (nvshmem4py's on-stream calls do). Where the host is stuck in a CUDA call instead (a
   synchronize), a watchdog thread logs the same error at 90 % of timeout_s, before torch's NCCL watchdog
   speaks with no names, and ends the process as torch's would: the stream it waits on can never drain.
-The watchdog belongs to its WatchedTransport (so to its ParallelContext): its thread runs only while transfers
-are pending, and `close()` (from shutdown()) stops it. `waiting_line()` names, for a deadline that expired
+The watchdog belongs to its WatchedTransport (so to its ParallelContext): its thread runs while transfers are
+pending and a little after (a generation's layers post one after another: one thread for all, none started per
+layer), and `close()` (from shutdown()) stops it. `waiting_line()` names, for a deadline that expired
 elsewhere (commands/timing.py), the oldest transfer any live watchdog still waits for.
 """
 from __future__ import annotations
@@ -105,11 +106,11 @@ _LIVE: weakref.WeakSet[Watchdog] = weakref.WeakSet()
 
 class Watchdog:
     """A host thread that watches CUDA events against deadlines; past one, it ends the process. The thread runs
-    while events are pending (it ends at the first poll that finds none, and the next `watch` starts another).
+    while events are pending (it ends once it found none for `idle_s`, and the next `watch` starts another).
     It also knows the transfer the host is blocked on right now (`waiting`: gloo waits block the host)."""
 
-    def __init__(self, poll_s: float = 0.2):
-        self.poll_s = poll_s
+    def __init__(self, poll_s: float = 0.2, idle_s: float = 5.0):
+        self.poll_s, self.idle_s = poll_s, idle_s
         self.waiting: tuple[float, Label | str] | None = None  # (since, what) of a wait blocking the host
         _LIVE.add(self)
         # (posted, timeout_s, event, what), oldest first
@@ -153,6 +154,7 @@ class Watchdog:
             thread.join()
 
     def _run(self) -> None:
+        busy = time.monotonic()  # when something was last pending
         while not self._closed.wait(self.poll_s):
             late = self.oldest()
             if late is not None and time.monotonic() - late[0] > GPU_MARGIN * late[1]:
@@ -161,8 +163,10 @@ class Watchdog:
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 os._exit(EXIT_CODE)
             with self._lock:
-                if not self._pending and self._thread is threading.current_thread():
-                    self._thread = None  # nothing to watch: end; the next watch starts a thread again
+                if self._pending:
+                    busy = time.monotonic()
+                elif time.monotonic() - busy > self.idle_s and self._thread is threading.current_thread():
+                    self._thread = None  # nothing to watch for a while: end; the next watch starts a thread again
                     return
 
 
