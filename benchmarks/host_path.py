@@ -10,7 +10,8 @@ On GPUs (NCCL, bf16, Flux-dev's heads; the microseconds are the host's time to i
         --heads 24 --head-dim 128 --grid 64x64 --text 512
 
 Rank 0 prints one row per layout and what (plain diffusers first: the whole sequence on one process, SDPA), and
-writes every figure to $OUT/host_path_<label>.json (or the current folder); --label names the code that ran.
+writes every figure to $OUT/host_path_<label>.json (or the current folder), with the Python functions one attention
+call runs, in order; --label names the code that ran.
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def main() -> None:
         json.dump({"shape": dataclasses.asdict(shape), "layouts": layouts,
                    "results": [{"label": m.label, **{w: {k: v for k, v in dataclasses.asdict(getattr(m, w)).items()
                                                           if k != "functions"}
-                                                      for w in ("attention", "joint_block", "single_block", "forward")}}
+                                                      for w in ("attention", "joint_block", "single_block", "forward")},
+                                "attention_functions": m.attention.functions}
                                for m in results]}, f, indent=1)
     print(f"wrote {path}")
 

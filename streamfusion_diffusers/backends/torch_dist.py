@@ -21,6 +21,9 @@ from torch import Tensor
 from ..core.mesh import Group
 from .base import Done, Handle, Handles, Placed
 
+_ASYNC = dist.AllToAllOptions()  # a collective posted on a process group itself: returns at once, waited on later
+_ASYNC.asyncOp = True
+
 # torch >= 2.13 renames all_gather_into_tensor; the old name still works on 2.9 - 2.12
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -87,9 +90,9 @@ class TorchTransport:
         if packed is not None:
             unpacked = _end_to_end(recvs)
             if unpacked is not None and unpacked[0].dtype == packed[0].dtype:
-                # one piece per peer each way, laid end to end in peer order (Ulysses' buffers): one collective
-                return dist.all_to_all_single(unpacked[0], packed[0], unpacked[1], packed[1], group=group.pg,
-                                              async_op=True)
+                # one piece per peer each way, laid end to end in peer order (Ulysses' buffers): one collective,
+                # posted on the process group itself (dist.all_to_all_single's checks cost a layer host time)
+                return group.pg.alltoall_base(unpacked[0], packed[0], unpacked[1], packed[1], _ASYNC)
         me, to_peers, from_peers = group.index, [], []
         for peer in range(len(group.ranks)):
             if peer != me:

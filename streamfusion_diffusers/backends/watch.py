@@ -127,13 +127,14 @@ class Watchdog:
                 self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
                 self._thread.start()
 
-    def watch_stream(self, what: Label | str, timeout_s: float, posted: float | None = None
-                     ) -> torch.cuda.Event | None:
-        """Watch the work queued so far on the current CUDA stream (not while a CUDA graph is being captured)."""
+    def watch_stream(self, what: Label | str, timeout_s: float, posted: float | None = None,
+                     stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
+        """Watch the work queued so far on `stream` (default: the current CUDA stream; not while a CUDA graph is
+        being captured)."""
         if torch.cuda.is_current_stream_capturing():
             return None
         event = torch.cuda.Event()
-        event.record()
+        event.record(stream)
         self.watch(event, what, time.monotonic() if posted is None else posted, timeout_s)
         return event
 
@@ -194,21 +195,21 @@ def _late(what: Label | str, timeout_s: float) -> str:
 class Watched:
     """A Handle whose wait names its transfer when it fails and, on a GPU, is watched until it completes."""
 
-    def __init__(self, inner: Handle, what: Label, watchdog: Watchdog, on_gpu: bool, timeout_s: float):
-        self.inner, self.what, self.watchdog, self.timeout_s = inner, what, watchdog, timeout_s
-        self.on_gpu = on_gpu
+    def __init__(self, inner: Handle, what: Label, owner: WatchedTransport, on_gpu: bool):
+        self.inner, self.what, self.owner, self.on_gpu = inner, what, owner, on_gpu
         self.posted = time.monotonic()
 
     def wait(self) -> None:
-        self.watchdog.waiting = (self.posted, self.what)
+        watchdog = self.owner.watchdog
+        watchdog.waiting = (self.posted, self.what)
         try:
             self.inner.wait()
         except Exception as err:  # noqa: BLE001 - gloo / NCCL raise RuntimeError subclasses of their own
             raise _failed(self.what, err) from err
         finally:
-            self.watchdog.waiting = None
+            watchdog.waiting = None
         if self.on_gpu:  # a GPU transfer
-            self.watchdog.watch_stream(self.what, self.timeout_s, self.posted)
+            watchdog.watch_stream(self.what, self.owner.timeout_s, self.posted, self.owner.stream())
 
 
 class WatchedTransport:
@@ -220,6 +221,7 @@ class WatchedTransport:
         self.layer = 0
         self._on_gpu = False  # this layer moved CUDA tensors
         self._ends: collections.deque[torch.cuda.Event] = collections.deque()  # GPU: each layer's end, in order
+        self._stream: torch.cuda.Stream | None = None  # this layer's CUDA stream, once read
         self.watchdog = Watchdog()
 
     def __getattr__(self, name: str):
@@ -227,6 +229,7 @@ class WatchedTransport:
 
     def begin_layer(self, peer_bytes: int) -> None:
         self.layer += 1
+        self._stream = None
         while len(self._ends) >= RUN_AHEAD and not torch.cuda.is_current_stream_capturing():
             self._drain(self._ends.popleft())  # (only GPU layers fill _ends; no host waits inside a capture)
         self.inner.begin_layer(peer_bytes)
@@ -236,9 +239,18 @@ class WatchedTransport:
         if self._on_gpu:
             self._on_gpu = False
             extra = " (BARRIERALL, signals nobody waited on)" if self.name.startswith("nvshmem") else ""
-            end = self.watchdog.watch_stream(f"attention layer {self.layer}, end of layer{extra}", self.timeout_s)
+            end = self.watchdog.watch_stream(f"attention layer {self.layer}, end of layer{extra}", self.timeout_s,
+                                             stream=self.stream())
             if end is not None:
                 self._ends.append(end)
+        self._stream = None
+
+    def stream(self) -> torch.cuda.Stream:
+        """The CUDA stream this layer's waits are ordered on, read once per layer: torch's lookup of the current
+        stream is a long chain of Python calls, which every watched wait would pay."""
+        if self._stream is None:
+            self._stream = torch.cuda.current_stream()
+        return self._stream
 
     def _drain(self, end: torch.cuda.Event) -> None:
         """Wait (polling, the GIL free) until the GPU finished a layer; raise naming what is late."""
@@ -265,7 +277,7 @@ class WatchedTransport:
             raise _failed(what, err) from err
         on_gpu = like is not None and like.is_cuda
         self._on_gpu |= on_gpu
-        return Watched(handle, what, self.watchdog, on_gpu, self.timeout_s)
+        return Watched(handle, what, self, on_gpu)
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
