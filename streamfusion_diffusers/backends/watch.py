@@ -222,6 +222,7 @@ class WatchedTransport:
         self._on_gpu = False  # this layer moved CUDA tensors
         self._ends: collections.deque[torch.cuda.Event] = collections.deque()  # GPU: each layer's end, in order
         self._stream: torch.cuda.Stream | None = None  # this layer's CUDA stream, once read
+        self._device = 0  # the CUDA device of the last GPU transfer
         self.watchdog = Watchdog()
 
     def __getattr__(self, name: str):
@@ -249,7 +250,7 @@ class WatchedTransport:
         """The CUDA stream this layer's waits are ordered on, read once per layer: torch's lookup of the current
         stream is a long chain of Python calls, which every watched wait would pay."""
         if self._stream is None:
-            self._stream = torch.cuda.current_stream()
+            self._stream = torch.cuda.current_stream(self._device)  # (by index: the current device's is a longer way)
         return self._stream
 
     def _drain(self, end: torch.cuda.Event) -> None:
@@ -276,7 +277,8 @@ class WatchedTransport:
         except Exception as err:  # noqa: BLE001
             raise _failed(what, err) from err
         on_gpu = like is not None and like.is_cuda
-        self._on_gpu |= on_gpu
+        if on_gpu:
+            self._on_gpu, self._device = True, like.device.index
         return Watched(handle, what, self, on_gpu)
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
