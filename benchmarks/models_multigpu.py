@@ -6,7 +6,9 @@ the models' text encoders are not run). Every case gets a fresh transformer (dif
 cannot be undone; compiled blocks neither): ours at method "auto" and at each --layouts layout (`parallelize`),
 diffusers-cp (`enable_parallelism`, cuDNN attention for its ring's LSE), cache-dit (`cache_dit.enable_cache` with
 parallelism only, caching off), cache-dit-fp8 (its FP8 all-to-all: lossy) and cache-dit-async where it has one;
-compiled = `compile_repeated_blocks(fullgraph=True)`, as diffusers users compile. One line per case on rank 0 and
+compiled = `compile_repeated_blocks(fullgraph=True)`, as diffusers users compile; ours also replayed from CUDA graphs
+(`graph`, what `generate` and `serve` run by default on GPUs, and `compile-graph`: compiled blocks under the graph;
+the baselines have no graph path of their own and run eager and compiled only). One line per case on rank 0 and
 every row in --out (JSON); a case that cannot run says why in its row. --cpu: a dry run of ours on gloo (tiny
 models). Needs the models of issue 23 (streamfusion_diffusers.models.TRANSFORMERS and models.inputs). Under
 torchrun, e.g. on 1 x 2:
@@ -62,12 +64,18 @@ def _cases(systems: list[str], layouts: list[str], world: int, heads: int, famil
     return cases
 
 
-def _install(model: torch.nn.Module, system: str, u: int, r: int) -> str:
-    """Parallelize a fresh transformer the case's way; returns its layout as said in the row."""
+def _variants(system: str, variants: list[str]) -> list[str]:
+    """The variants a system runs: CUDA graphs are ours only."""
+    return variants if system == "ours" else [v for v in variants if v in ("eager", "compile")]
+
+
+def _install(model: torch.nn.Module, system: str, u: int, r: int, graph: bool = False) -> str:
+    """Parallelize a fresh transformer the case's way (ours replayed from CUDA graphs with `graph`); returns its
+    layout as said in the row."""
     if system == "ours":
         config = ParallelConfig(method="auto") if u == 0 else ParallelConfig(method="usp", ulysses=u)
         ctx = init_parallel(config)
-        parallelize(model, ctx)
+        parallelize(model, ctx, cuda_graph=graph)
         return "auto" if u == 0 else f"U{u}R{r}"
     if system == "diffusers-cp":
         from diffusers import ContextParallelConfig
@@ -122,13 +130,13 @@ def run_model(item: str, systems: list[str], layouts: list[str], variants: list[
     model = None
     rows = []
     for system, u, r in _cases(systems, layouts, world, heads, spec.family):
-        for variant in variants:
+        for variant in _variants(system, variants):
             _free(gpu)  # the reference's or the last case's model: one copy per GPU at a time
             row = dict(model=item, tokens=grid, system=system, variant=variant, world=world)
             try:
                 model = build(spec.family, spec.transformer, dtype=dtype, device=device)
-                row["layout"] = _install(model, system, u, r)
-                if variant == "compile":
+                row["layout"] = _install(model, system, u, r, graph=variant.endswith("graph"))
+                if variant.startswith("compile"):
                     model.compile_repeated_blocks(fullgraph=True)
                 times, out = _time(model, args, repeats, device)
                 peak = torch.tensor(torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0, device=device)
@@ -142,7 +150,7 @@ def run_model(item: str, systems: list[str], layouts: list[str], variants: list[
                     traceback.print_exc()
             finally:
                 model = None
-                if variant == "compile":
+                if variant.startswith("compile"):
                     torch._dynamo.reset()  # its compiled code holds the case's blocks, weights included
             if dist.get_rank() == 0:
                 print(json.dumps(row), flush=True)
@@ -156,7 +164,8 @@ def main() -> None:
                         help="comma-separated TRANSFORMERS names, image models optionally :SIZE (square pixels)")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--layouts", default="", help="our layouts besides auto, e.g. U2R1,U1R2 (default: none)")
-    parser.add_argument("--variants", default="eager,compile")
+    parser.add_argument("--variants", default="eager,graph,compile,compile-graph",
+                        help="eager, graph (ours: CUDA graphs), compile, compile-graph (ours)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="models_multigpu.json")
     parser.add_argument("--cpu", action="store_true", help="a dry run: gloo, float32, ours only (tiny models)")
@@ -170,8 +179,9 @@ def main() -> None:
     # the baselines place rank r on GPU r (diffusers' context parallelism, under cache-dit's too)
     systems = [s for s in split(args.systems) if s == "ours" or not args.cpu and (
         s == "diffusers-cp" or cachedit.missing() is None)]
+    variants = [v for v in split(args.variants) if not (args.cpu and v.endswith("graph"))]  # graphs need a GPU
     rows = [row for item in split(args.models)
-            for row in run_model(item, systems, split(args.layouts), split(args.variants), args.repeats, device)]
+            for row in run_model(item, systems, split(args.layouts), variants, args.repeats, device)]
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
