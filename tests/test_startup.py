@@ -92,7 +92,18 @@ def _what_ran_ahead() -> tuple[dict[str, str | None], bool]:
     return dict(_SEEN_AHEAD), "diffusers" in sys.modules
 
 
-def test_a_pool_starts_ahead_in_its_environment_before_the_join():
+@pytest.fixture
+def spawned(monkeypatch):
+    """Pools whose ranks are spawned as GPU ranks are (each a fresh interpreter: what `ahead` is for), not forked
+    from the CPU's fork server, which imported the pipeline's modules already."""
+    import torch.multiprocessing as mp
+
+    from streamfusion_diffusers.runtime import pool
+
+    monkeypatch.setattr(pool, "_start_method", lambda gpu: mp.get_context("spawn"))
+
+
+def test_a_pool_starts_ahead_in_its_environment_before_the_join(spawned):
     """A job's ranks start `ahead` (the pipeline's imports) beside the join, after the pool's environment is set:
     CUDA reads CUDA_VISIBLE_DEVICES once, and an import that starts CUDA would read it before the join sets it."""
     from streamfusion_diffusers.runtime.pool import ProcessPool
@@ -111,9 +122,28 @@ def _imports_ahead() -> tuple[bool, bool]:
     return not build._ahead.is_alive(), "diffusers.models" in sys.modules
 
 
-def test_a_job_pool_imports_the_pipeline_modules_ahead():
+def test_a_job_pool_imports_the_pipeline_modules_ahead(spawned):
     from streamfusion_diffusers.runtime.build import import_ahead
     from streamfusion_diffusers.runtime.pool import ProcessPool
 
     with ProcessPool(2, ahead=import_ahead) as pool:
         assert pool.run(_imports_ahead) == [(True, True)] * 2
+
+
+def _rank_sees() -> tuple[str | None, bool]:
+    import os
+    import sys
+
+    return os.environ.get("STREAMFUSION_TEST_LATER"), "diffusers.models" in sys.modules
+
+
+def test_cpu_ranks_start_imported_and_in_the_parents_environment_of_now(monkeypatch):
+    """CPU ranks fork from a server that imported the pipeline's modules once (at the first pool of this process),
+    and still see the parent's environment as it is when their pool starts, not as it was when the server did."""
+    from streamfusion_diffusers.runtime.pool import ProcessPool
+
+    with ProcessPool(2) as pool:
+        pool.run(_rank_sees)
+    monkeypatch.setenv("STREAMFUSION_TEST_LATER", "set after the first pool")
+    with ProcessPool(2) as pool:
+        assert pool.run(_rank_sees) == [("set after the first pool", True)] * 2

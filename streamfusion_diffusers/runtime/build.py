@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import threading
@@ -80,12 +81,15 @@ def import_ahead() -> None:
     _ahead.start()
 
 
-def _pipeline_modules() -> None:
-    from diffusers.utils import logging  # noqa: F401 - diffusers is an extra: imported only to run
+# what `prepare` imports: diffusers (an extra: imported only to run) and transformers through it, and ours on them
+PIPELINE_MODULES = ("diffusers.utils.logging", "streamfusion_diffusers.diffusers.compiled",
+                    "streamfusion_diffusers.diffusers.parallel_pipeline", "streamfusion_diffusers.diffusers.stack.apply",
+                    "streamfusion_diffusers.models.build", "streamfusion_diffusers.models.full")
 
-    from ..diffusers import compiled, parallel_pipeline  # noqa: F401
-    from ..diffusers.stack import apply  # noqa: F401
-    from ..models import build, full  # noqa: F401
+
+def _pipeline_modules() -> None:
+    for name in PIPELINE_MODULES:
+        importlib.import_module(name)
 
 
 def prepare(job: Job) -> Prepared:

@@ -52,18 +52,21 @@ def cancelled() -> bool:
     return _CANCEL is not None and _CANCEL.value == _CALL
 
 
-def serve_rank(rank: int, join: Callable[[], None], parent: tuple[int, int, list], inbox: mp.Queue,
+def serve_rank(rank: int, join: Callable[[], None], parent: tuple[dict[str, str], int, list], inbox: mp.Queue,
                outbox: mp.Queue, cancel: Any, ahead: Callable[[], None] | None = None) -> None:
     """The rank process: `join` its process group (it sets RANK), say so, then run each (call, fn, args, kwargs)
     the parent sends and answer (rank, ok, result or traceback). `ahead`: started before the join, what may run
     beside it (a job's pool imports its pipeline's modules: runtime/build.py's `import_ahead`)."""
     global _OUTBOX, _CANCEL, _CALL
+    environ, log_level, warning_filters = parent
+    os.environ.clear()  # the parent's as it is now (a fork server's children would have the server's, from its start)
+    os.environ.update(environ)
     startup.mark("imported")
     if ahead is not None:
         ahead()
     _OUTBOX, _CANCEL = outbox, cancel
-    pid, log_level, warning_filters = parent
-    threading.Thread(target=exit_with, args=(pid,), daemon=True).start()
+    # the process that started this one: the parent, or the fork server that ends with it
+    threading.Thread(target=exit_with, args=(os.getppid(),), daemon=True).start()
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
     warnings.filters[:] = warning_filters
     if os.environ.get("STREAMFUSION_QUIET"):
@@ -125,10 +128,10 @@ def _store() -> Any:
         return None
 
 
-def parent_info() -> tuple[int, int, list]:
-    """What a rank takes from the process that spawns it: its pid (the rank exits when it is gone), its log level
-    and its warning filters."""
-    return os.getpid(), logging.getLogger().getEffectiveLevel(), list(warnings.filters)
+def parent_info() -> tuple[dict[str, str], int, list]:
+    """What a rank takes from the process that starts it: its environment, its log level and its warning
+    filters."""
+    return dict(os.environ), logging.getLogger().getEffectiveLevel(), list(warnings.filters)
 
 
 __all__ = ["cancelled", "exit_with", "note", "parent_info", "serve_rank"]
