@@ -22,6 +22,17 @@ CHROMIUM = Path("/usr/bin/chromium")  # Debian's package; playwright is never le
 START_S = 180.0  # ranks started, pipeline built and warmed (a few seconds on 2 idle cores; CI is slower)
 
 
+def is_rank(process: psutil.Process) -> bool:
+    """A rank process: spawned by its pool (GPU), or forked by the pool's fork server (CPU)."""
+    try:
+        if "spawn_main" in " ".join(process.cmdline()):
+            return True
+        parent = process.parent()
+        return parent is not None and "forkserver" in " ".join(parent.cmdline())
+    except psutil.Error:
+        return False
+
+
 class Server:
     """`python -m streamfusion_diffusers serve --port 0 ARGS`; `url` once ready, `stderr` what it said."""
 
@@ -64,8 +75,7 @@ class Server:
 
     def rank_pids(self) -> list[int]:
         """The ranks now running, in rank order (started in that order; /health shows no pids)."""
-        children = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
-                    if "spawn_main" in " ".join(p.cmdline())]
+        children = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if is_rank(p)]
         return [p.pid for p in sorted(children, key=lambda p: (p.create_time(), p.pid))]
 
     def left(self) -> list[int]:

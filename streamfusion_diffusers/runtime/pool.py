@@ -15,6 +15,8 @@ cancel that comes after its call has ended never stops the next one.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import queue
 import signal
@@ -22,6 +24,7 @@ import socket
 import time
 from collections.abc import Callable
 from functools import partial
+from multiprocessing import forkserver
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -44,9 +47,24 @@ def _start_method(gpu: bool) -> Any:
     from .build import PIPELINE_MODULES
 
     server = mp.get_context("forkserver")
-    server.set_forkserver_preload(["streamfusion_diffusers.runtime.rank", "streamfusion_diffusers.runtime.worker",
-                                   *PIPELINE_MODULES])  # a module that is not installed is skipped
+    if not _server_stopper:
+        _server_stopper.append(atexit.register(_stop_fork_server))
+    server.set_forkserver_preload(["streamfusion_diffusers.runtime.preload", "streamfusion_diffusers.runtime.rank",
+                                   "streamfusion_diffusers.runtime.worker", *PIPELINE_MODULES])  # (one not installed
+    # is skipped)
     return server
+
+
+_server_stopper: list = []  # the exit hook, once registered
+
+
+def _stop_fork_server() -> None:
+    """End this process's fork server as this process ends: left to itself it outlives it by its imports, if it is
+    still making them, and by its own interpreter's teardown."""
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)  # (multiprocessing's own)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def free_port() -> int:

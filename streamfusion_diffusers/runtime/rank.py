@@ -32,11 +32,47 @@ _CALL = 0  # in a rank process: the number of the call it runs
 LEAVING = "streamfusion_leaving"  # the store's count of the ranks leaving a job that is over
 
 
-def exit_with(parent: int) -> None:
-    """Exit this process when its parent is gone (killed before it could stop its children)."""
-    while os.getppid() == parent:
+def exit_with(owner: int) -> None:
+    """Exit this process when `owner` is gone (killed before it could stop its children): the process that started
+    it, or whose fork server did (which lives on while its children do)."""
+    while _alive(owner):
         time.sleep(1.0)
     os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: not Linux
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+class _Stdio:
+    """This process's stdout and stderr, for a rank to write to (a rank forked from a fork server would otherwise
+    write where the server's went when it started): pickled as duplicates of the descriptors, adopted where it is
+    unpickled, in the rank before its function runs."""
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing.reduction import DupFd
+
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        return _adopt_stdio, (DupFd(1), DupFd(2))
+
+
+def _adopt_stdio(out: Any, err: Any) -> None:
+    os.dup2(out.detach(), 1)
+    os.dup2(err.detach(), 2)
 
 
 def note(value: Any) -> None:
@@ -52,21 +88,21 @@ def cancelled() -> bool:
     return _CANCEL is not None and _CANCEL.value == _CALL
 
 
-def serve_rank(rank: int, join: Callable[[], None], parent: tuple[dict[str, str], int, list], inbox: mp.Queue,
-               outbox: mp.Queue, cancel: Any, ahead: Callable[[], None] | None = None) -> None:
+def serve_rank(rank: int, join: Callable[[], None], parent: tuple, inbox: mp.Queue, outbox: mp.Queue, cancel: Any,
+               ahead: Callable[[], None] | None = None) -> None:
     """The rank process: `join` its process group (it sets RANK), say so, then run each (call, fn, args, kwargs)
     the parent sends and answer (rank, ok, result or traceback). `ahead`: started before the join, what may run
     beside it (a job's pool imports its pipeline's modules: runtime/build.py's `import_ahead`)."""
     global _OUTBOX, _CANCEL, _CALL
-    environ, log_level, warning_filters = parent
+    owner, environ, log_level, warning_filters, asked_at, _ = parent  # (its stdio adopted as it was unpickled)
+    startup.asked(asked_at)
     os.environ.clear()  # the parent's as it is now (a fork server's children would have the server's, from its start)
     os.environ.update(environ)
     startup.mark("imported")
     if ahead is not None:
         ahead()
     _OUTBOX, _CANCEL = outbox, cancel
-    # the process that started this one: the parent, or the fork server that ends with it
-    threading.Thread(target=exit_with, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=exit_with, args=(owner,), daemon=True).start()
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")  # says what the parent says
     warnings.filters[:] = warning_filters
     if os.environ.get("STREAMFUSION_QUIET"):
@@ -128,10 +164,11 @@ def _store() -> Any:
         return None
 
 
-def parent_info() -> tuple[dict[str, str], int, list]:
-    """What a rank takes from the process that starts it: its environment, its log level and its warning
-    filters."""
-    return dict(os.environ), logging.getLogger().getEffectiveLevel(), list(warnings.filters)
+def parent_info() -> tuple:
+    """What a rank takes from the process that starts it: its pid (the rank exits when it is gone), its environment,
+    its log level and warning filters, when it asked for the rank, and its stdout and stderr."""
+    return (os.getpid(), dict(os.environ), logging.getLogger().getEffectiveLevel(), list(warnings.filters),
+            time.time(), _Stdio())
 
 
 __all__ = ["cancelled", "exit_with", "note", "parent_info", "serve_rank"]

@@ -3,9 +3,10 @@ joined, diffusers (and what the model needs of transformers) imported, the pipel
 
 A slow start is a question of which stage: spawning and importing (torch, CUDA), NCCL's communicator at the join,
 or the build (the model's modules imported, weights made or loaded, parallelized). Each rank marks the end of
-each stage with the wall clock (comparable between the processes of one machine); the process's own start comes
-from the kernel (Linux), so the first stage counts the interpreter's start-up and the imports before any of our
-code runs. `generate` and `serve` print rank 0's split, and run.json keeps it.
+each stage with the wall clock (comparable between the processes of one machine). The first stage starts when the
+parent asked for the rank (`asked`: a rank forked from a fork server was made after the server's imports, which
+count as its own), else at the process's own start, from the kernel (Linux): the interpreter's start-up and the
+imports before any of our code runs. `generate` and `serve` print rank 0's split, and run.json keeps it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ import time
 STAGES = ("process and imports", "join", "diffusers imports", "build")  # each ends at the mark in _ENDS' place
 _ENDS = ("imported", "joined", "diffusers imported", "built")
 _marks: dict[str, float] = {}
+_asked: float | None = None  # when the parent asked for this process (wall clock)
+
+
+def asked(at: float) -> None:
+    """The parent asked for this process at `at` (wall clock): where its first stage starts."""
+    global _asked
+    _asked = at
 
 
 def process_started() -> float | None:
@@ -41,7 +49,7 @@ def mark(end: str) -> None:
 
 def split() -> dict[str, float]:
     """Seconds each stage took on this rank, for the stages whose start and end are both known."""
-    seconds, start = {}, process_started() if _ENDS[0] in _marks else None
+    seconds, start = {}, (_asked or process_started()) if _ENDS[0] in _marks else None
     for stage, end in zip(STAGES, _ENDS):
         at = _marks.get(end)
         if start is not None and at is not None:
@@ -55,4 +63,4 @@ def describe(seconds: dict[str, float]) -> str:
     return ", ".join(f"{stage} {sec:.1f} s" for stage, sec in seconds.items())
 
 
-__all__ = ["STAGES", "describe", "mark", "process_started", "split"]
+__all__ = ["STAGES", "asked", "describe", "mark", "process_started", "split"]
