@@ -47,20 +47,16 @@ def _start_method(gpu: bool) -> Any:
     from .build import PIPELINE_MODULES
 
     server = mp.get_context("forkserver")
-    if not _server_stopper:
-        _server_stopper.append(atexit.register(_stop_fork_server))
+    # what the server imports, in this order, when it starts (a module that is not installed is skipped)
     server.set_forkserver_preload(["streamfusion_diffusers.runtime.preload", "streamfusion_diffusers.runtime.rank",
-                                   "streamfusion_diffusers.runtime.worker", *PIPELINE_MODULES])  # (one not installed
-    # is skipped)
+                                   "streamfusion_diffusers.runtime.worker", *PIPELINE_MODULES])
     return server
 
 
-_server_stopper: list = []  # the exit hook, once registered
-
-
+@atexit.register
 def _stop_fork_server() -> None:
-    """End this process's fork server as this process ends: left to itself it outlives it by its imports, if it is
-    still making them, and by its own interpreter's teardown."""
+    """End this process's fork server (if it started one) as this process ends: left to itself it outlives it by
+    its imports, if it is still making them, and by its own interpreter's teardown."""
     pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)  # (multiprocessing's own)
     if pid:
         with contextlib.suppress(OSError):
