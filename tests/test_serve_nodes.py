@@ -197,7 +197,8 @@ def wait_both_ready(nodes: Nodes) -> None:
 
 
 def test_a_stalled_or_killed_node_fails_its_group_fast_node_0_serves_on_and_its_group_comes_back():
-    with Nodes("--replicas", "2") as nodes:
+    # one request a call: two that arrive together would otherwise share one group's call, leaving the other idle
+    with Nodes("--replicas", "2", "--max-batch", "1") as nodes:
         assert [g["nodes"] for g in nodes.health()["groups"]] == [[0], [1]]
         failed, served = fail_node_1(nodes, lambda: nodes.signal(1, signal.SIGSTOP))
         assert "stalled" in failed.json()["error"]["message"]
