@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamfusion_diffusers import ParallelConfig, init_parallel
-from streamfusion_diffusers.backends.watch import EXIT_CODE
+from streamfusion_diffusers.backends.watchdog import EXIT_CODE
 from streamfusion_diffusers.runtime.pool import ProcessPool, RankFailure
 from streamfusion_diffusers.commands.timing import deadline
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, shutdown, sp_attention
-from streamfusion_diffusers.backends.watch import Watchdog
+from streamfusion_diffusers.backends.watchdog import Watchdog
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.context import context_of
 from streamfusion_diffusers.kernels import dispatch

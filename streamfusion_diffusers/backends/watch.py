@@ -15,21 +15,16 @@ timeout_s in the way the device allows:
   speaks with no names, and ends the process as torch's would: the stream it waits on can never drain.
 The watchdog belongs to its WatchedTransport (so to its ParallelContext): its thread runs while transfers are
 pending and a little after (a generation's layers post one after another: one thread for all, none started per
-layer), and `close()` (from shutdown()) stops it. `waiting_line()` names, for a deadline that expired
-elsewhere (commands/timing.py), the oldest transfer any live watchdog still waits for.
+layer), and `close()` (from shutdown()) stops it. The watchdog itself, and `waiting_line()` for a deadline that
+expired elsewhere, are in watchdog.py.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import contextvars
-import faulthandler
 import logging
-import os
-import sys
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -37,11 +32,10 @@ from torch import Tensor
 
 from ..core.mesh import Group
 from .base import Handle, Transport
+from .watchdog import Watchdog, late
 
 logger = logging.getLogger(__name__)
 
-EXIT_CODE = 70  # what a process ended by the watchdog exits with (EX_SOFTWARE, as NVSHMEM's start-up watchdog)
-GPU_MARGIN = 0.9  # the watchdog thread fires at this share of timeout_s, before torch's NCCL watchdog does
 HOST_MARGIN = 0.8  # begin_layer raises at this share, before the watchdog thread ends the process
 RUN_AHEAD = 4  # attention layers the host may queue ahead of the GPU
 POLL_S = 2e-4
@@ -98,98 +92,6 @@ class Label:
 def _failed(what: Label | str, err: BaseException) -> TransferFailed:
     return TransferFailed(f"streamfusion: {what} failed: {type(err).__name__}: {err}. A peer died, stalled or ran "
                           f"a different layer (see its log); ParallelConfig.timeout_s bounds every wait")
-
-
-# every live Watchdog, held weakly (a context's transport owns its own): what `waiting_line` looks at
-_LIVE: weakref.WeakSet[Watchdog] = weakref.WeakSet()
-
-
-class Watchdog:
-    """A host thread that watches CUDA events against deadlines; past one, it ends the process. The thread runs
-    while events are pending (it ends once it found none for `idle_s`, and the next `watch` starts another).
-    It also knows the transfer the host is blocked on right now (`waiting`: gloo waits block the host)."""
-
-    def __init__(self, poll_s: float = 0.2, idle_s: float = 5.0):
-        self.poll_s, self.idle_s = poll_s, idle_s
-        self.waiting: tuple[float, Label | str] | None = None  # (since, what) of a wait blocking the host
-        _LIVE.add(self)
-        # (posted, timeout_s, event, what), oldest first
-        self._pending: collections.deque[tuple[float, float, torch.cuda.Event, Label | str]] = collections.deque()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = threading.Event()
-
-    def watch(self, event: torch.cuda.Event, what: Label | str, posted: float, timeout_s: float) -> None:
-        with self._lock:
-            self._pending.append((posted, timeout_s, event, what))
-            if self._thread is None:
-                self._closed.clear()
-                self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
-                self._thread.start()
-
-    def watch_stream(self, what: Label | str, timeout_s: float, posted: float | None = None,
-                     stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
-        """Watch the work queued so far on `stream` (default: the current CUDA stream; not while a CUDA graph is
-        being captured)."""
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        event = torch.cuda.Event()
-        event.record(stream)
-        self.watch(event, what, time.monotonic() if posted is None else posted, timeout_s)
-        return event
-
-    def oldest(self) -> tuple[float, float, Label | str] | None:
-        """(posted, timeout_s, what) of the oldest watched transfer not yet complete; forgets completed ones."""
-        with self._lock:
-            while self._pending and self._pending[0][2].query():
-                self._pending.popleft()
-            return None if not self._pending else (self._pending[0][0], self._pending[0][1], self._pending[0][3])
-
-    def close(self) -> None:
-        """Stop watching: forget what is pending and end the thread."""
-        with self._lock:
-            self._pending.clear()
-            thread, self._thread = self._thread, None
-            self._closed.set()
-        if thread is not None:
-            thread.join()
-
-    def _run(self) -> None:
-        busy = time.monotonic()  # when something was last pending
-        while not self._closed.wait(self.poll_s):
-            late = self.oldest()
-            if late is not None and time.monotonic() - late[0] > GPU_MARGIN * late[1]:
-                logger.critical("%s; ending this process (exit code %d)", _late(late[2], late[1]), EXIT_CODE)
-                logging.shutdown()
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-                os._exit(EXIT_CODE)
-            with self._lock:
-                if self._pending:
-                    busy = time.monotonic()
-                elif time.monotonic() - busy > self.idle_s and self._thread is threading.current_thread():
-                    self._thread = None  # nothing to watch for a while: end; the next watch starts a thread again
-                    return
-
-
-def waiting_line() -> str:
-    """The oldest transfer a live watchdog waits for (blocking the host, or pending on the GPU), as one line."""
-    found = []
-    for dog in list(_LIVE):
-        if dog.waiting is not None:
-            found.append((dog.waiting[0], "the host waits for", dog.waiting[1]))
-        oldest = dog.oldest()
-        if oldest is not None:
-            found.append((oldest[0], "the GPU waits for", oldest[2]))
-    if not found:
-        return "no attention transfer was pending (the wait is elsewhere: see the stacks)"
-    since, how, what = min(found, key=lambda f: f[0])
-    return f"{how} {what}, posted {time.monotonic() - since:.1f} s ago"
-
-
-def _late(what: Label | str, timeout_s: float) -> str:
-    return (f"streamfusion: {what} did not complete within {timeout_s:.0f} s (ParallelConfig.timeout_s): a peer "
-            f"died, stalled or runs a different layer (see its log); raise timeout_s if a layer legitimately "
-            f"takes longer")
 
 
 class Watched:
@@ -256,9 +158,9 @@ class WatchedTransport:
     def _drain(self, end: torch.cuda.Event) -> None:
         """Wait (polling, the GIL free) until the GPU finished a layer; raise naming what is late."""
         while not end.query():
-            late = self.watchdog.oldest()
-            if late is not None and time.monotonic() - late[0] > HOST_MARGIN * late[1]:
-                raise TransferFailed(_late(late[2], late[1]))
+            oldest = self.watchdog.oldest()
+            if oldest is not None and time.monotonic() - oldest[0] > HOST_MARGIN * oldest[1]:
+                raise TransferFailed(late(oldest[2], oldest[1]))
             time.sleep(POLL_S)
 
     def close(self) -> None:

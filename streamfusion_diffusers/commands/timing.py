@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..backends.watch import EXIT_CODE, waiting_line
+from ..backends.watchdog import EXIT_CODE, waiting_line
 
 SPREAD_LIMIT = 0.05  # (max - min) / median above which a case is flagged as noisy
 SAMPLE_MS = 2.0  # a timed sample lasts at least this long (n back-to-back calls)
@@ -158,7 +158,7 @@ BACKSTOP_S = 5.0  # after the deadline, faulthandler's own thread ends a rank wh
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
     """Fail loudly instead of hanging: past `seconds`, print one line naming the transfer this rank waits for
-    (backends/watch.py), every thread's stack, and exit this rank with watch.EXIT_CODE; every rank runs its own
+    (backends/watchdog.py), every thread's stack, and exit this rank with watchdog.EXIT_CODE; every rank runs its own
     deadline, so every stuck rank says where it is. A thread that holds the GIL while blocked keeps that line
     from being written: faulthandler's C thread then dumps the stacks and exits BACKSTOP_S later."""
     timer = threading.Timer(seconds, _expired, args=(seconds,))
