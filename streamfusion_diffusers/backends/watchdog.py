@@ -12,14 +12,11 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from .watch import Label
-
 logger = logging.getLogger(__name__)
+
+What = object  # what a wait is for, as its message prints it (watch.py's Label, or a plain string)
 
 EXIT_CODE = 70  # what a process ended by the watchdog exits with (EX_SOFTWARE, as NVSHMEM's start-up watchdog)
 GPU_MARGIN = 0.9  # the watchdog thread fires at this share of timeout_s, before torch's NCCL watchdog does
@@ -35,15 +32,15 @@ class Watchdog:
 
     def __init__(self, poll_s: float = 0.2, idle_s: float = 5.0):
         self.poll_s, self.idle_s = poll_s, idle_s
-        self.waiting: tuple[float, Label | str] | None = None  # (since, what) of a wait blocking the host
+        self.waiting: tuple[float, What] | None = None  # (since, what) of a wait blocking the host
         _LIVE.add(self)
         # (posted, timeout_s, event, what), oldest first
-        self._pending: collections.deque[tuple[float, float, torch.cuda.Event, Label | str]] = collections.deque()
+        self._pending: collections.deque[tuple[float, float, torch.cuda.Event, What]] = collections.deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
 
-    def watch(self, event: torch.cuda.Event, what: Label | str, posted: float, timeout_s: float) -> None:
+    def watch(self, event: torch.cuda.Event, what: What, posted: float, timeout_s: float) -> None:
         with self._lock:
             self._pending.append((posted, timeout_s, event, what))
             if self._thread is None:
@@ -51,7 +48,7 @@ class Watchdog:
                 self._thread = threading.Thread(target=self._run, name="streamfusion-watchdog", daemon=True)
                 self._thread.start()
 
-    def watch_stream(self, what: Label | str, timeout_s: float, posted: float | None = None,
+    def watch_stream(self, what: What, timeout_s: float, posted: float | None = None,
                      stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
         """Watch the work queued so far on `stream` (default: the current CUDA stream; not while a CUDA graph is
         being captured)."""
@@ -62,7 +59,7 @@ class Watchdog:
         self.watch(event, what, time.monotonic() if posted is None else posted, timeout_s)
         return event
 
-    def oldest(self) -> tuple[float, float, Label | str] | None:
+    def oldest(self) -> tuple[float, float, What] | None:
         """(posted, timeout_s, what) of the oldest watched transfer not yet complete; forgets completed ones."""
         with self._lock:
             while self._pending and self._pending[0][2].query():
@@ -110,7 +107,7 @@ def waiting_line() -> str:
     return f"{how} {what}, posted {time.monotonic() - since:.1f} s ago"
 
 
-def late(what: Label | str, timeout_s: float) -> str:
+def late(what: What, timeout_s: float) -> str:
     return (f"streamfusion: {what} did not complete within {timeout_s:.0f} s (ParallelConfig.timeout_s): a peer "
             f"died, stalled or runs a different layer (see its log); raise timeout_s if a layer legitimately "
             f"takes longer")
