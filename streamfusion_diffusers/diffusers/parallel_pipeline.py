@@ -54,8 +54,8 @@ def transformers_of(target: Any) -> list[torch.nn.Module]:
 
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
-                waves: int | str | None = None, shard_weights: bool = False, weight_budget: int | None = None
-                ) -> torch.nn.Module:
+                waves: int | str | None = None, shard_weights: bool = False, weight_budget: int | None = None,
+                streamed: str = "gather") -> torch.nn.Module:
     """Run a pipeline's (or a bare) transformer sequence-parallel over ctx's ranks, as its plan splits it.
 
     cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
@@ -66,7 +66,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     and, for a pipeline, its text encoders' layers, over the job's ranks), as far as `weight_budget` (bytes of
     weights per rank; None: every block) needs; a sharded block is gathered in place just before it runs, the
     others are gathered once. Plain or quantized (torchao) weights, eager, compiled or in a CUDA graph; the same
-    output; `unparallelize` cannot undo it (it refuses).
+    output; `unparallelize` cannot undo it (it refuses). streamed="tensor": the streamed blocks of a model with a
+    diffusers tensor-parallel plan (Flux, Flux.2) keep their share of its cut projections and run tensor-parallel,
+    their tokens gathered instead of their weights (`tensor_blocks.py`: fewer bytes per step at image sizes).
 
     Checks the head count against the layout first, so a bad layout fails here, naming the fix, before any
     work. Every rank must call this and then run the same forward calls (same inputs on every rank).
@@ -85,6 +87,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
     if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
         raise ValueError("this transformer is already parallelized; call unparallelize(...) first")
+    if streamed not in ("gather", "tensor"):
+        raise ValueError(f"streamed={streamed!r}: pass 'gather' (weights gathered before each streamed block) or "
+                         f"'tensor' (streamed blocks run tensor-parallel)")
     if shard_weights and any(is_sharded(t) for t in transformers):
         raise ValueError("the transformer is already sharded: pass it unsharded to parallelize")
     # method "auto" chooses the layout at the first attention call; cfg "auto" is settled by that call's batch
@@ -96,7 +101,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph)
     transformer = transformers[0]
     if shard_weights:  # after the hooks: a refusal above leaves nothing sharded
-        sharded, transformer._streamfusion.split = shard_pipeline(target, transformers, ctx, weight_budget)
+        sharded, transformer._streamfusion.split = shard_pipeline(target, transformers, ctx, weight_budget,
+                                                                   streamed)
         transformer._streamfusion.sharded = tuple(sharded)
     if vae and getattr(target, "vae", None) is not None:  # over the ranks that hold the same latents
         group = ctx.pipeline_group

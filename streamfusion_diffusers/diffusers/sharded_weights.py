@@ -15,6 +15,11 @@ The resident unit is gathered once and kept; the transformers of one pipeline (W
 one resident region: the expert that runs is gathered into it at its first forward after the other ran (outside any
 captured graph: a model's own forward pre-hook), the other stays sharded. A model alone in its region keeps its
 resident unit whole, never sharded.
+
+With streamed="tensor", a transformer whose model has a tensor-parallel plan runs its streamed blocks
+tensor-parallel instead (tensor_blocks.py): they keep their share of the cut projections and move their tokens,
+not their weights; where they cannot (no plan, a cache wrapping them, LoRA or quantized projections, a guidance
+split), one line says why and they stream gathered.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from torch import Tensor, nn
 from ..context import ParallelContext
 from ..core.logs import say_once
 from .flat_units import FlatUnit, leaves, nbytes
+from .tensor_blocks import run_tensor_parallel, tensor_parallel_refusal
 from .weight_split import Split, blocks_of, choose_split, part_sizes, streamed_blocks
 
 logger = logging.getLogger(__name__)
@@ -75,28 +81,37 @@ class WeightPool:
             self.pending[other] = (next_unit, self.gather(next_unit, self.slots[other], async_op=True))
 
 
-class _Sharded:
-    """One model's units and the hooks that gather them."""
+def _streamed(model: nn.Module, keep: int) -> list[tuple[str, nn.Module]]:
+    """The blocks of `model` that stream when `keep` stay gathered, with their names."""
+    blocks = [b for group in blocks_of(model) for b in group]
+    names = {id(m): n for n, m in model.named_modules()}
+    return [(names[id(blocks[i])], blocks[i]) for i in streamed_blocks(len(blocks), keep)]
 
-    def __init__(self, model: nn.Module, keep: int, shared: bool, ranks: int):
-        blocks = [b for group in blocks_of(model) for b in group]
-        streamed = set(streamed_blocks(len(blocks), keep))
+
+class _Sharded:
+    """One model's units and the hooks that gather them (the streamed blocks of a tensor-parallel model: none)."""
+
+    def __init__(self, model: nn.Module, keep: int, shared: bool, ranks: int, tensor: bool = False):
+        named = _streamed(model, keep)
         self.model = model
-        self.blocks = [b for i, b in enumerate(blocks) if i in streamed]
+        self.tensor = named if tensor else []
+        self.blocks = [] if tensor else [b for _, b in named]
         self.streamed = [FlatUnit([b], (), ranks) for b in self.blocks]
-        self.resident = FlatUnit([model], self.blocks, ranks)
+        self.resident = FlatUnit([model], [b for _, b in named], ranks)
         self.shared = shared  # the resident region is shared with the pipeline's other transformers
         self.region: _Region | None = None
         self.pool: WeightPool | None = None
 
 
-def _setup(parts: Mapping[str, nn.Module], keep: Mapping[str, int], group: dist.ProcessGroup, ranks: int,
-           device: torch.device) -> WeightPool:
-    """Shard `parts` as `keep` says over `group` (collective-free: each rank cuts its own shards from the whole
+def _setup(parts: Mapping[str, nn.Module], split: Split, group: dist.ProcessGroup, ranks: int,
+           device: torch.device, ctx: ParallelContext) -> WeightPool:
+    """Shard `parts` as `split` says over `group` (collective-free: each rank cuts its own shards from the whole
     model it was given), moving everything onto `device` one unit at a time."""
     rank = dist.get_rank(group)
+    keep = split.keep
     experts = [n for n in keep if n.startswith("transformer")]
-    models = {name: _Sharded(parts[name], k, name in experts and len(experts) > 1, ranks) for name, k in keep.items()}
+    models = {name: _Sharded(parts[name], k, name in experts and len(experts) > 1, ranks, name in split.tensor)
+              for name, k in keep.items()}
     slot = max((u.size for m in models.values() for u in m.streamed), default=0)
     pool = WeightPool(group, [torch.empty(slot, dtype=torch.uint8, device=device) for _ in range(2)])
     shared_size = max((m.resident.size for m in models.values() if m.shared), default=0)
@@ -121,10 +136,27 @@ def _setup(parts: Mapping[str, nn.Module], keep: Mapping[str, int], group: dist.
         del flat
         for buf in m.model.buffers():  # buffers (rotary tables, ...) stay whole, on the device
             buf.data = buf.data.to(device)
+        if m.tensor:
+            installed = m.model._streamfusion
+            run_tensor_parallel(m.model, m.tensor, installed.state, ctx.cfg.sp.pg, device,
+                                _local_attention(m.model, installed.processors))
         _install_hooks(m, pool)
         m.pool = pool
         m.model._shards = m
     return pool
+
+
+def _local_attention(model: nn.Module, stock: Mapping[str, object]) -> Callable[[nn.Module], None]:
+    """Gives a block's attention modules back their stock processors (attention over tokens none of which are
+    split: local, exact)."""
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def restore(block: nn.Module) -> None:
+        prefix = names[id(block)] + "."
+        for key, processor in stock.items():
+            if key.startswith(prefix):
+                model.get_submodule(key.removesuffix(".processor")).set_processor(processor)
+    return restore
 
 
 def _install_hooks(m: _Sharded, pool: WeightPool) -> None:
@@ -161,10 +193,30 @@ def shardable_parts(target: nn.Module | object, transformers: list[nn.Module]) -
     return parts
 
 
+def tensor_parts(parts: Mapping[str, nn.Module], ctx: ParallelContext, ranks: int) -> list[str]:
+    """The transformers among `parts` whose streamed blocks can run tensor-parallel over the weight group; why
+    not, said once for each that cannot."""
+    found = []
+    transformers = [n for n in parts if n.startswith("transformer")]
+    for name in transformers:
+        model = parts[name]
+        why = ("the weights are sharded over more ranks than one forward's tokens (a guidance split)"
+               if ctx.world_size != ranks else
+               "Wan 2.2's experts share one resident region" if len(transformers) > 1 else
+               tensor_parallel_refusal(model, _streamed(model, 0), ranks))
+        if why:
+            say_once(logger, logging.WARNING, "shard_weights: %s streams its blocks gathered, not tensor-parallel: "
+                     "%s", name, why)
+        else:
+            found.append(name)
+    return found
+
+
 def shard_pipeline(target: nn.Module | object, transformers: list[nn.Module], ctx: ParallelContext,
-                   budget: int | None = None) -> tuple[list[str], Split | None]:
-    """Shard the parts as far as `budget` (bytes of weights per rank; None: every block streams) needs. Returns
-    the names of what was sharded and the split (None on one rank: nothing to shard)."""
+                   budget: int | None = None, streamed: str = "gather") -> tuple[list[str], Split | None]:
+    """Shard the parts as far as `budget` (bytes of weights per rank; None: every block streams) needs, the
+    streamed blocks gathered or (streamed="tensor", where they can) run tensor-parallel. Returns the names of what
+    was sharded and the split (None on one rank: nothing to shard)."""
     group = weight_group(ctx)
     if group is None:
         say_once(logger, logging.INFO, "shard_weights: one rank, nothing to shard")
@@ -172,10 +224,10 @@ def shard_pipeline(target: nn.Module | object, transformers: list[nn.Module], ct
     parts = shardable_parts(target, transformers)
     ranks = dist.get_world_size(group)
     sizes = {name: part_sizes(p) for name, p in parts.items()}
-    split = choose_split(sizes, ranks, budget)
+    split = choose_split(sizes, ranks, budget, tensor_parts(parts, ctx, ranks) if streamed == "tensor" else ())
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
-    _setup(parts, split.keep, group, ranks, device)
+    _setup(parts, split, group, ranks, device, ctx)
     say_once(logger, logging.INFO, "shard_weights over %d ranks: %s; %.2f GiB held per rank", ranks,
              split.describe(sizes), split.held / 2**30)
     return list(split.keep), split

@@ -1,0 +1,251 @@
+"""Streamed blocks run tensor-parallel: a sharded block whose tokens move instead of its weights.
+
+A streamed block gathered in place (sharded_weights.py) receives (P-1)/P of its weights at every forward, at image
+sizes many times the bytes of its tokens. Run tensor-parallel, it keeps 1/P of each projection the model's
+diffusers `_tp_plan` cuts (colwise: a share of its output features, so of its heads; rowwise: the matching share
+of its input features, the partial products summed over the ranks by all-reduce, the bias added after) and never
+gathers them. Its tokens are gathered instead: each input split over the sequence-parallel ranks is all-gathered
+whole at the block's entry, the block runs on every token with its share of the heads (the stock attention,
+local: inside the block nothing of the sequence is split) and each output is cut back to this rank's rows. A rank
+receives its inputs' other rows and the summed outputs, about 2.25 times the block's token bytes, instead of 3/4
+of its weights; it holds 1/P of the cut projections and the rest of the block whole.
+
+Which forward arguments and outputs are token rows, and of which stream (text, image, or both joined as
+[text ; image]; rotary tables are [text ; image] rows too), `BlockRows` says per block class. Exact up to the
+order of the row-parallel sums. Not for blocks that something else wraps (a cache that may skip them, LoRA
+layers, quantized weights): those stream gathered (`tensor_parallel_refusal`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..core.sequence import gather
+from .overlap_mlp import MLP_HOOK
+from .processors import ShardState, TokenLayout
+
+TEXT, IMAGE, JOINT, ROTARY = "text", "image", "joint", "rotary"
+
+
+@dataclass(frozen=True)
+class BlockRows:
+    """Which forward arguments of a block class are token rows, by name (their stream), and the stream of each
+    output in order (a block returning one tensor: one entry)."""
+
+    inputs: Mapping[str, str]
+    outputs: tuple[str, ...]
+
+
+# diffusers' transformer blocks whose models carry a `_tp_plan`, by class name
+_MMDIT = BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT, "image_rotary_emb": ROTARY},
+                   (TEXT, IMAGE))
+BLOCK_ROWS: dict[str, BlockRows] = {
+    "FluxTransformerBlock": _MMDIT,
+    "FluxSingleTransformerBlock": _MMDIT,  # joins [text ; image] inside, returns the two streams apart
+    "Flux2TransformerBlock": _MMDIT,
+    "Flux2SingleTransformerBlock": BlockRows({"hidden_states": JOINT, "image_rotary_emb": ROTARY}, (JOINT,)),
+}
+
+
+def _styles() -> tuple[type, type] | None:
+    try:
+        from diffusers.hooks.tensor_parallel import PackedColwiseParallel, PackedRowwiseParallel
+    except ImportError:  # diffusers before tensor-parallel plans
+        return None
+    return PackedColwiseParallel, PackedRowwiseParallel
+
+
+def block_plan(model: nn.Module, name: str, block: nn.Module) -> dict[nn.Linear, tuple[int, list[int]]]:
+    """The projections of `block` (named `name` in `model`) that its model's `_tp_plan` cuts: each Linear's cut
+    dim of its weight (0: colwise, 1: rowwise) and the sizes of the fused parts cut apart along it."""
+    styles = _styles()
+    plan = getattr(type(model), "_tp_plan", None)
+    if styles is None or not plan:
+        return {}
+    packed_col, packed_row = styles
+    found: dict[nn.Linear, tuple[int, list[int]]] = {}
+    for pattern, style in plan.items():
+        prefix, _, rest = pattern.partition(".*.")
+        if not rest or name.rpartition(".")[0] != prefix:
+            continue
+        linear = block.get_submodule(rest)
+        dim = 0 if style == "colwise" or isinstance(style, packed_col) else 1
+        parts = style.blocks if isinstance(style, (packed_col, packed_row)) else None
+        if parts is None and isinstance(style, (packed_col, packed_row)):
+            parts = getattr(linear, "_tp_packed_col_blocks" if dim == 0 else "_tp_packed_row_blocks")
+        size = linear.weight.shape[dim]
+        parts = parts or [size]
+        unit = size // sum(parts)
+        found[linear] = (dim, [p * unit for p in parts])
+    return found
+
+
+def sliced_bytes(plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> int:
+    """The bytes of what a block's plan cuts (the weights, and the colwise biases)."""
+    total = 0
+    for linear, (dim, _) in plan.items():
+        total += linear.weight.numel() * linear.weight.element_size()
+        if dim == 0 and linear.bias is not None:
+            total += linear.bias.numel() * linear.bias.element_size()
+    return total
+
+
+def tensor_parallel_refusal(model: nn.Module, named_blocks: Sequence[tuple[str, nn.Module]], ranks: int) -> str:
+    """Why `model`'s streamed blocks cannot run tensor-parallel over `ranks` ("" where they can)."""
+    if not getattr(type(model), "_tp_plan", None) or _styles() is None:
+        return f"{type(model).__name__} has no diffusers tensor-parallel plan (_tp_plan)"
+    heads = model.config.get("num_attention_heads")
+    if heads is None or heads % ranks:
+        return f"its {heads} attention heads do not divide over {ranks} ranks"
+    for name, block in named_blocks:
+        if type(block).__name__ not in BLOCK_ROWS:
+            return f"its block {type(block).__name__} has no row streams here"
+        if set(_hooks(block)) - {MLP_HOOK}:
+            return f"{name} is wrapped by a hook (a cache that may skip it)"
+        for linear, (dim, parts) in block_plan(model, name, block).items():
+            if type(linear) is not nn.Linear or type(linear.weight) is not nn.Parameter:
+                return f"{name} holds a LoRA-wrapped or quantized projection"
+            if any(p % ranks for p in parts):
+                return f"{name}'s projections of {parts} features do not divide over {ranks} ranks"
+    return ""
+
+
+def _hooks(block: nn.Module) -> list[str]:
+    registry = getattr(block, "_diffusers_hook", None)
+    return list(registry._hook_order) if registry is not None else []
+
+
+def _cut(t: Tensor, dim: int, parts: list[int], rank: int, ranks: int) -> Tensor:
+    """This rank's share of each fused part of `t` along `dim`, joined."""
+    pieces, offset = [], 0
+    for size in parts:
+        share = size // ranks
+        pieces.append(t.narrow(dim, offset + rank * share, share))
+        offset += size
+    return torch.cat(pieces, dim=dim).contiguous()
+
+
+class _SumRows:
+    """A rowwise projection's forward hook: the ranks' partial products summed, then the bias added once."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+
+    def __call__(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        dist.all_reduce(out, group=self.group)
+        return out if module.summed_bias is None else out + module.summed_bias
+
+
+def cut_block(plan: Mapping[nn.Linear, tuple[int, list[int]]], group: dist.ProcessGroup, device: torch.device
+              ) -> None:
+    """Keep this rank's share of each planned projection of a block (the rest of the block whole), on `device`."""
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    for linear, (dim, parts) in plan.items():
+        linear.weight = nn.Parameter(_cut(linear.weight.detach(), dim, parts, rank, ranks).to(device),
+                                     requires_grad=False)
+        bias = linear.bias
+        if dim == 0:
+            if bias is not None:
+                linear.bias = nn.Parameter(_cut(bias.detach(), 0, parts, rank, ranks).to(device), requires_grad=False)
+        else:
+            linear.bias = None
+            linear.register_parameter("summed_bias", None if bias is None else nn.Parameter(
+                bias.detach().to(device), requires_grad=False))
+            linear.register_forward_hook(_SumRows(group))
+
+
+class TokenRows:
+    """Turns a block's row arguments whole and its outputs back into this rank's rows, as the forward's token
+    layout says; a forward's rotary table is gathered once for all the blocks it enters."""
+
+    def __init__(self, state: ShardState, group: dist.ProcessGroup):
+        self.state = state
+        self.group = group
+        self._rotary: tuple[Any, Any] = (None, None)  # (the last table given, its whole rows)
+
+    @property
+    def layout(self) -> TokenLayout:
+        return self.state.layout
+
+    def _text_rows(self) -> int:
+        layout = self.layout
+        return layout.text_lens[layout.rank] if layout.text_sharded else layout.text_total
+
+    def whole(self, x: Tensor, stream: str, dim: int = 1) -> Tensor:
+        layout = self.layout
+        if stream == IMAGE:
+            return gather(x, list(layout.image_lens), self.group, dim)
+        if stream == TEXT:
+            return gather(x, layout.text_lens, self.group, dim) if layout.text_sharded else x
+        text = self._text_rows()
+        return torch.cat([self.whole(x.narrow(dim, 0, text), TEXT, dim),
+                          self.whole(x.narrow(dim, text, x.shape[dim] - text), IMAGE, dim)], dim=dim)
+
+    def mine(self, y: Tensor, stream: str, dim: int = 1) -> Tensor:
+        layout = self.layout
+        if stream == JOINT:
+            text = layout.text_total
+            return torch.cat([self.mine(y.narrow(dim, 0, text), TEXT, dim),
+                              self.mine(y.narrow(dim, text, y.shape[dim] - text), IMAGE, dim)], dim=dim)
+        start, stop = layout.image_range if stream == IMAGE else layout.text_range
+        return y.narrow(dim, start, stop - start).contiguous()
+
+    def rotary(self, table: Any) -> Any:
+        if table is self._rotary[0]:
+            return self._rotary[1]
+        whole = tuple(self.whole(t, JOINT, dim=0) for t in table) if isinstance(table, tuple) \
+            else self.whole(table, JOINT, dim=0)
+        self._rotary = (table, whole)
+        return whole
+
+
+def _bound(names: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any]:
+    return {**dict(zip(names, args)), **kwargs}
+
+
+def wrap_block(block: nn.Module, rows: BlockRows, tokens: TokenRows) -> None:
+    """The block's forward with its row arguments made whole and its outputs cut back to this rank's rows."""
+    import inspect
+
+    forward = block.forward
+    names = tuple(inspect.signature(forward).parameters)
+
+    def tensor_parallel_forward(*args: Any, **kwargs: Any) -> Any:
+        given = _bound(names, args, kwargs)
+        for name, stream in rows.inputs.items():
+            value = given.get(name)
+            if value is not None:
+                given[name] = tokens.rotary(value) if stream == ROTARY else tokens.whole(value, stream)
+        out = forward(**given)
+        if isinstance(out, tuple):
+            return tuple(tokens.mine(o, s) for o, s in zip(out, rows.outputs))
+        return tokens.mine(out, rows.outputs[0])
+
+    block.forward = tensor_parallel_forward
+
+
+def run_tensor_parallel(model: nn.Module, named_blocks: Sequence[tuple[str, nn.Module]], state: ShardState,
+                        group: dist.ProcessGroup, device: torch.device,
+                        local_attention: Callable[[nn.Module], None]) -> None:
+    """Cut each of `named_blocks` and run it tensor-parallel over `group` (the sequence-parallel ranks);
+    `local_attention(block)` gives the block's attention back its stock processor."""
+    tokens = TokenRows(state, group)
+    for name, block in named_blocks:
+        cut_block(block_plan(model, name, block), group, device)
+        for p in block.parameters():  # the rest of the block whole, on the device
+            p.data = p.data.to(device)
+        for b in block.buffers():
+            b.data = b.data.to(device)
+        local_attention(block)
+        if MLP_HOOK in _hooks(block):  # its all-to-alls beside the MLP: a tensor-parallel block has none
+            block._diffusers_hook.remove_hook(MLP_HOOK, recurse=False)
+        wrap_block(block, BLOCK_ROWS[type(block).__name__], tokens)
+
+
+__all__ = ["BLOCK_ROWS", "BlockRows", "TokenRows", "block_plan", "cut_block", "run_tensor_parallel",
+           "sliced_bytes", "tensor_parallel_refusal"]
