@@ -90,10 +90,11 @@ def weight_budget(max_memory_gib: float, activations_gib: float, vae: int, vae_d
 
 def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cfg: int = 1, sharded: bool = False,
              parts: dict[str, PartSizes] | None = None, bytes_per_value: int = 2,
-             max_memory: float | None = None) -> Estimate:
+             max_memory: float | None = None, streamed: str = "gather") -> Estimate:
     """One rank's peak memory for MODELS[model] at height x width (x frames) on `ranks` GPUs (cfg: the CFG split's
     degree), bf16 unless bytes_per_value says otherwise. Sharded, the split `shard_weights=True` takes within
-    `max_memory` GiB per GPU (None: every block streams)."""
+    `max_memory` GiB per GPU (None: every block streams), its streamed blocks run as `streamed` says (a
+    tensor-parallel block holds every token, with 1/P of the MLP's features)."""
     spec: ModelSpec = MODELS[model]
     family = family_of(model)
     parts = parts or pipeline_parts(model)
@@ -112,11 +113,16 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
     vae = rows * width * VAE_BYTES_PER_PIXEL[family.name] * bytes_per_value / 2
     size = f"{frames}x{height}x{width}" if spec.video else f"{height}x{width}"
     vae_weights = parts["vae"].total
+    tensor = [n for n in experts if parts[n].sliced and len(experts) == 1 and cfg == 1] \
+        if streamed == "tensor" and sharded and ranks > 1 else []
+    if tensor:
+        whole_tokens = batch * (image + text)
+        activations = max(activations, whole_tokens * hidden * (BLOCK_LIVE + 2 * mlp / ranks) * bytes_per_value)
     if sharded and ranks > 1:
         sizes = shardable(parts)
         budget = None if max_memory is None else weight_budget(max_memory, (activations + attention) / GIB,
                                                                vae_weights, vae / GIB)
-        split = choose_split(sizes, ranks, budget)
+        split = choose_split(sizes, ranks, budget, tensor)
         held = split.held - split.slots + vae_weights
         return Estimate(model, size, ranks, cfg, True, held / GIB, split.slots / GIB, activations / GIB,
                         attention / GIB, vae / GIB, (split.held + vae_weights) / GIB, split.describe(sizes),

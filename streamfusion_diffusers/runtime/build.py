@@ -37,6 +37,14 @@ def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
              "kernel": c.kernel, "why": c.why} for key, c in ctx.chosen.items()]
 
 
+def _layout_record(ctx: ParallelContext, heads: int) -> str:
+    """The SP layout that ran; with method "auto" and no sequence-parallel attention call (every block ran
+    tensor-parallel), none."""
+    if ctx.config.method == "auto" and not any(key[1] == heads for key in ctx.chosen):
+        return "none (no sequence-parallel attention ran)"
+    return str(ctx.layout(heads))
+
+
 def _output_size(job: Job, result: Any) -> dict:
     """The size the pipeline produced (what ran), as run.json records it."""
     if not job.spec.video:
@@ -143,6 +151,7 @@ def prepare(job: Job) -> Prepared:
     if not job.gpu:  # an image the same alone and in a batch (invariant.py); before parallelize's hooks wrap forward
         rows_invariant(pipe)
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights,
+                              streamed=job.streamed_blocks,
                               weight_budget=weight_budget(job, pipe, device) if shards else None)
     if rank == 0:
         logger.info("parallelized in %.1f s in all%s", time.perf_counter() - started,
@@ -236,7 +245,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "crossed": moved,
-        "layout": str(ctx.layout(heads)), "cfg": ctx.cfg.degree,
+        "layout": _layout_record(ctx, heads), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds, "one_time_s": once or {},
         "generate_s": generate_s, "build_s": build_s,
@@ -280,10 +289,12 @@ def weight_budget(job: Job, pipe: Any, device: torch.device) -> int | None:
 
 
 def _split_record(split: Any) -> dict | None:
-    """Blocks kept gathered per sharded part, GiB held per rank, GiB received per step (None: not sharded)."""
+    """Blocks kept gathered per sharded part, GiB held per rank, weight GiB received per step, the parts whose
+    streamed blocks ran tensor-parallel (None: not sharded)."""
     if split is None:
         return None
-    return {"keep": split.keep, "held_gib": split.held / 2**30, "received_gib_per_step": split.received / 2**30}
+    return {"keep": split.keep, "held_gib": split.held / 2**30, "received_gib_per_step": split.received / 2**30,
+            "tensor_parallel": list(split.tensor)}
 
 
 def no_autograd(job: Job) -> Any:
