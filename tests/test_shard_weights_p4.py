@@ -53,7 +53,7 @@ def _held(models: list[torch.nn.Module]) -> int:
 
 
 def _pipeline(name: str, config: ParallelConfig, cfg_kwargs: dict | None = None, budget: float | None = None,
-              quantized: bool = False) -> dict:
+              quantized: bool = False, streamed: str = "gather") -> dict:
     """On every rank: the final latents of a tiny pipeline parallelized, then of the same pipeline (rebuilt: a
     sharded one cannot be unparallelized) parallelized with its weights sharded (within `budget`, a share of the
     way from everything sharded to everything whole); the bytes each rank held after the run against the plan's,
@@ -68,9 +68,10 @@ def _pipeline(name: str, config: ParallelConfig, cfg_kwargs: dict | None = None,
         weight_budget = None
         if shard and budget is not None:
             parts = {n: part_sizes(m) for n, m in shardable_parts(pipe, transformers_of(pipe)).items()}
-            low, high = choose_split(parts, WORLD, None).held, sum(p.total for p in parts.values())
+            low, high = choose_split(parts, WORLD, None, ("transformer",)).held, sum(p.total for p in parts.values())
             weight_budget = int(low + budget * (high - low))
-        parallelize(pipe, init_parallel(config), vae=False, shard_weights=shard, weight_budget=weight_budget)
+        parallelize(pipe, init_parallel(config), vae=False, shard_weights=shard, weight_budget=weight_budget,
+                    streamed=streamed)
         with torch.no_grad():
             out = pipe(prompt="a red cat under a blue sky", num_inference_steps=2, output_type="latent",
                        generator=torch.Generator().manual_seed(0), **kwargs)[0]
@@ -82,12 +83,13 @@ def _pipeline(name: str, config: ParallelConfig, cfg_kwargs: dict | None = None,
     parts = list(shardable_parts(pipe, transformers_of(pipe)).values())
     experts = [t._shards for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
     planned = estimate(name, kwargs["height"], kwargs["width"], kwargs.get("num_frames", 1), WORLD, sharded=True,
-                       parts=pipeline_parts(name, dtype=out.dtype))  # what `plan --memory` says, from a meta build
+                       parts=pipeline_parts(name, dtype=out.dtype), streamed=streamed)  # `plan --memory`'s, from a
+    # meta build
     return {"error": relative_error(out, reference), "sharded": installed.sharded, "keep": installed.split.keep,
             "held": _held(parts), "planned": installed.split.held, "whole": held_bytes(parts)[1],
             "plan_memory": (planned.weights + planned.gathered) * GIB, "vae": _held([pipe.vae]),
             "owner": [m.region.owner is m for m in experts if m.region is not None],
-            "quantized": type(pipe.transformer.proj_out.weight).__name__}
+            "quantized": type(pipe.transformer.proj_out.weight).__name__, "tensor": installed.split.tensor}
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
@@ -102,22 +104,25 @@ def test_every_model_sharded_gives_the_parallel_output(pool, name):
         assert res["plan_memory"] == pytest.approx(res["held"] + res["vae"], rel=0.05), res  # and plan --memory's
 
 
-def _partial(share: float) -> dict:
+def _partial(share: float, streamed: str = "gather") -> dict:
     """On every rank: a tiny Flux of 2 + 6 blocks, parallelized, against the same model sharded within a budget
-    `share` of the way from everything streamed to everything whole: some blocks kept, the others streamed."""
+    `share` of the way from everything streamed to everything whole: some blocks kept, the others streamed (as
+    `streamed` says)."""
     case = Case("flux", (6, 5), text=8, overrides={"num_layers": 2, "num_single_layers": 6})
     inputs = case.inputs(4)
     sizes = {"transformer": part_sizes(build_transformer(case.config, seed=3))}
-    low, high = choose_split(sizes, WORLD, None).held, sizes["transformer"].total
+    tensor = ("transformer",) if streamed == "tensor" else ()
+    low, high = choose_split(sizes, WORLD, None, tensor).held, sizes["transformer"].total
     ctx = init_parallel(ULYSSES)
     with torch.no_grad():
         reference = parallelize(build_transformer(case.config, seed=3), ctx)(**inputs).sample
         model = build_transformer(case.config, seed=3)
-        parallelize(model, ctx, shard_weights=True, weight_budget=int(low + share * (high - low)))
+        parallelize(model, ctx, shard_weights=True, weight_budget=int(low + share * (high - low)), streamed=streamed)
         outs = [model(**inputs).sample for _ in range(2)]
     split = model._streamfusion.split
     return {"errors": [relative_error(o, reference) for o in outs], "keep": split.keep["transformer"],
-            "streamed": len(model._shards.streamed), "held": _held([model]), "planned": split.held, "whole": high}
+            "streamed": len(model._shards.streamed) + len(model._shards.tensor), "held": _held([model]),
+            "planned": split.held, "whole": high, "tensor": split.tensor}
 
 
 def test_a_partial_split_keeps_some_blocks_gathered(pool):
@@ -144,11 +149,12 @@ def test_wan_experts_share_one_resident_region(pool):
         assert res["held"] == res["planned"], res
 
 
-def _transformer(config: ParallelConfig, how: str) -> dict:
-    """On every rank: tiny Flux at an uneven token count, parallelized, against the same model parallelized with
-    its weights sharded, two forwards; `how` adds LoRA before or after the sharding, compiles the blocks, runs under
-    inference_mode, or makes a forward raise first."""
-    case = FLUX_CASES["text-sharded-uneven-image"]
+def _transformer(config: ParallelConfig, how: str, streamed: str = "gather", case: Case | None = None) -> dict:
+    """On every rank: tiny Flux at an uneven token count (or `case`), parallelized, against the same model
+    parallelized with its weights sharded, its streamed blocks run as `streamed` says, two forwards; `how` adds
+    LoRA before or after the sharding, compiles the blocks, runs under inference_mode, or makes a forward raise
+    first."""
+    case = case or FLUX_CASES["text-sharded-uneven-image"]
     inputs = case.inputs(4)
 
     def model(shard: bool) -> torch.nn.Module:
@@ -157,7 +163,7 @@ def _transformer(config: ParallelConfig, how: str) -> dict:
             _lora(m)
         if how == "compiled":
             m.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
-        parallelize(m, init_parallel(config), shard_weights=shard)
+        parallelize(m, init_parallel(config), shard_weights=shard, streamed=streamed)
         if how == "lora-after":  # the sharded parameters keep their whole shapes: peft sizes its adapters from them
             _lora(m)
         return m
@@ -173,7 +179,7 @@ def _transformer(config: ParallelConfig, how: str) -> dict:
                 handle.remove()
         outs = [sharded(**inputs).sample for _ in range(2)]
     return {"errors": [relative_error(o, reference) for o in outs], "held": _held([sharded]),
-            "planned": sharded._streamfusion.split.held}
+            "planned": sharded._streamfusion.split.held, "tensor": sharded._streamfusion.split.tensor}
 
 
 def _fail(*_: object) -> None:
@@ -328,3 +334,43 @@ def test_generate_with_sharded_weights_says_so(pool, tmp_path):
 def test_generate_shards_with_quantized_weights():
     job = generate.make_job(_args("--model", "tiny-wan", "--shard-weights", "--quantize", "int8", "--cpu"))
     assert job.shard_weights and job.stack.quantize == "int8"
+
+
+# Streamed blocks run tensor-parallel (tensor_blocks.py): the models with a diffusers tensor-parallel plan
+
+
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-flux2"])
+def test_tensor_parallel_blocks_give_the_parallel_output(pool, name):
+    """Every block tensor-parallel (its tokens gathered, 1/4 of its projections held), uneven token counts: the
+    unsharded parallel output, the plan's bytes to the byte, and plan --memory's within 5%."""
+    for res in pool.run(_pipeline, name, ULYSSES, streamed="tensor"):
+        assert res["error"] <= TOL and res["tensor"] == ("transformer",), res
+        assert res["held"] == res["planned"], res
+        assert res["plan_memory"] == pytest.approx(res["held"] + res["vae"], rel=0.05), res
+
+
+def test_tensor_parallel_blocks_beside_kept_ones(pool):
+    """A budget keeps some of tiny Flux's blocks gathered (they attend sequence-parallel), the rest run
+    tensor-parallel: the two kinds alternate in one forward."""
+    for res in pool.run(_partial, 0.5, "tensor"):
+        assert all(e <= TOL for e in res["errors"]) and res["tensor"] == ("transformer",), res
+        assert 0 < res["keep"] < 8 and res["streamed"] == 8 - res["keep"], res
+        assert res["held"] == res["planned"] < res["whole"], res
+
+
+@pytest.mark.parametrize(("config", "how", "case"), [(TORUS, "plain", None), (RING, "plain", None),
+                                                     (ULYSSES, "compiled", None), (TORUS, "inference-mode", None),
+                                                     (ULYSSES, "after-an-error", None),
+                                                     (ULYSSES, "plain", Case("flux", (8, 8), text=3, batch=2))],
+                         ids=["torus", "ring", "compiled", "inference-mode", "after-an-error", "text-whole-batch2"])
+def test_tensor_parallel_blocks_under_every_layout(pool, config, how, case):
+    """Torus and ring split the tokens as Ulysses does; a text shorter than the ranks stays whole on every rank."""
+    for res in pool.run(_transformer, config, how, "tensor", case):
+        assert all(e <= TOL for e in res["errors"]) and res["tensor"] == ("transformer",), res
+        assert res["held"] == res["planned"], res
+
+
+def test_blocks_tensor_parallel_cannot_run_are_gathered(pool):
+    """LoRA layers inside the blocks: they stream gathered instead, with the same output."""
+    for res in pool.run(_transformer, ULYSSES, "lora-before", "tensor"):
+        assert all(e <= TOL for e in res["errors"]) and res["tensor"] == (), res

@@ -196,11 +196,13 @@ class TokenRows:
         return y.narrow(dim, start, stop - start).contiguous()
 
     def rotary(self, table: Any) -> Any:
-        if table is self._rotary[0]:
+        compiling = torch.compiler.is_compiling()  # a compiled block gathers its own (no state across graphs)
+        if not compiling and table is self._rotary[0]:
             return self._rotary[1]
         whole = tuple(self.whole(t, JOINT, dim=0) for t in table) if isinstance(table, tuple) \
             else self.whole(table, JOINT, dim=0)
-        self._rotary = (table, whole)
+        if not compiling:
+            self._rotary = (table, whole)
         return whole
 
 
