@@ -5,7 +5,8 @@ One torchrun job (P = its world size) at the layout `method="auto"` picks, as `g
 forces one). Per workload the transformer (bf16, random weights, built on the GPU) is built once per weight
 variant and parallelized so: `whole`; `sharded` (every block streamed); `split`, the planner's partial split for
 --max-memory GiB per GPU (`weight_budget` as `generate --shard-weights --max-memory` computes it, without the text
-encoders: `choose_split` keeps gathered the most blocks that fit). Each variant is timed per mode: `eager`; `graph`,
+encoders: `choose_split` keeps gathered the most blocks that fit); `tensor` and `tensor-split`, the same two with
+the streamed blocks run tensor-parallel (`streamed="tensor"`: their tokens gathered, not their weights). Each variant is timed per mode: `eager`; `graph`,
 the forward captured in a CUDA graph (`parallelize(..., cuda_graph=True)`: a shape's first call runs eager, the
 second captures, later ones replay; the steady replays are timed, eager kernels); `compiled`
 (`compile_repeated_blocks(fullgraph=True)`, inductor). Where graphs are on, the eager and compiled modes pass
@@ -37,12 +38,13 @@ from streamfusion_diffusers.diffusers.graphs import check_graphable, graph_hooks
 from streamfusion_diffusers.diffusers.parallel_pipeline import parallelize
 from streamfusion_diffusers.diffusers.sharded_weights import held_bytes
 from streamfusion_diffusers.models.build import build_transformer
+from streamfusion_diffusers.runtime.build import layout_record
 from streamfusion_diffusers.models.configs import TINY
 from streamfusion_diffusers.models.memory import GIB, RUNTIME_GIB, Estimate, estimate, pipeline_parts, weight_budget
 
 GPU_WORKLOADS = ("flux-dev:1024", "qwen-image:1328", "flux2-dev:1024", "wan2.2-t2v-a14b:81:480:832")
 MODES = ("eager", "graph", "compiled")
-WEIGHTS = ("whole", "sharded", "split")
+WEIGHTS = ("whole", "sharded", "split", "tensor", "tensor-split")
 WARMUP = {"eager": 1, "graph": 3, "compiled": 2}  # graph: a shape's first call eager, the second captures
 
 
@@ -160,30 +162,31 @@ def run(spec: str, args: argparse.Namespace, ctx: ParallelContext, device: torch
     parts = {part: sizes for part, sizes in pipeline_parts(name, dtype).items() if part in ("transformer", "vae")}
     vae = parts["vae"].total  # in the plan's budget as in generate's, outside the measured transformer
 
-    def plan(sharded: bool, max_memory: float | None = None) -> Estimate:
+    def plan(sharded: bool, max_memory: float | None = None, streamed: str = "gather") -> Estimate:
         return estimate(name, *_size(sized), world, sharded=sharded, parts=parts, bytes_per_value=dtype.itemsize,
-                        max_memory=max_memory)
+                        max_memory=max_memory, streamed=streamed)
 
     max_memory = args.max_memory or _midway_gib(plan(False), plan(True))
     rows = []
     for weights in args.weights.split(","):
-        e = plan(weights != "whole", max_memory if weights == "split" else None)
-        budget = weight_budget(max_memory, e.activations + e.attention, vae, e.vae_decode) \
-            if weights == "split" else None
+        split, streamed = weights.endswith("split"), "tensor" if weights.startswith("tensor") else "gather"
+        e = plan(weights != "whole", max_memory if split else None, streamed)
+        budget = weight_budget(max_memory, e.activations + e.attention, vae, e.vae_decode) if split else None
         model = build_transformer(name, dtype=dtype, device=device)
         inputs = model_inputs(sized, dict(model.config), 1, dtype, device)
         if "compiled" in modes:
             model.compile_repeated_blocks(fullgraph=True, backend="inductor" if device.type == "cuda" else "aot_eager")
         parallelize(model, ctx, cuda_graph="graph" in modes and refused is None, shard_weights=weights != "whole",
-                    weight_budget=budget)
+                    weight_budget=budget, streamed=streamed)
         gc.collect()
         for mode in modes:
             row = {"workload": workload.name, "model": name, "ranks": world, "weights": weights, "mode": mode}
             if weights != "whole":
                 applied = model._streamfusion.split
                 row.update(split=e.split, kept=applied.keep if applied is not None else "one rank: whole",
-                           received_gib_per_step=round(e.received, 3))
-            if weights == "split":
+                           received_gib_per_step=round(e.received, 3),
+                           tensor_parallel=list(applied.tensor) if applied is not None else [])
+            if split:
                 row["max_memory_gib"] = round(max_memory, 2)
             if mode == "graph" and refused:
                 row["skipped"] = refused
@@ -221,7 +224,7 @@ def _measure(model: torch.nn.Module, inputs: dict, mode: str, args: argparse.Nam
             profiled = profile_step(model, inputs, device)
             if dist.get_rank() == 0:
                 out["profile"] = profiled
-    out.update(layout=str(ctx.layout(model.config.num_attention_heads)),
+    out.update(layout=layout_record(ctx, model.config.num_attention_heads),
                step_ms=round(1e3 * _worst(statistics.median(times)), 1),
                step_min_ms=round(1e3 * _worst(min(times)), 1), step_max_ms=round(1e3 * _worst(max(times)), 1))
     if mode == "graph":

@@ -48,11 +48,13 @@ def _cuda_inputs(case: Case, seed: int) -> dict:
                          case.inputs(seed))
 
 
-def graph_vs_eager(config: ParallelConfig, case: Case, seed: int, shard_weights: bool = False) -> list[float]:
+def graph_vs_eager(config: ParallelConfig, case: Case, seed: int, shard_weights: bool = False,
+                   streamed: str = "gather") -> list[float]:
     """On every rank: max abs difference between graph replays and eager forwards, over three fresh inputs
     (the first runs eager, the second captures, the third replays) and then a second shape twice (eager, then a
     second capture). shard_weights: each rank holds its shards of the weights, gathered in place inside the
-    graph (a sharded model cannot be put back: the eager and the graphed runs each build their own)."""
+    graph (a sharded model cannot be put back: the eager and the graphed runs each build their own), or its
+    streamed blocks run tensor-parallel (streamed="tensor": the token gathers and all-reduces captured)."""
     ctx = context(config)
     grown = Case(case.family, (case.grid[0] + 2, *case.grid[1:]), case.text, case.batch, case.overrides)
     calls = [_cuda_inputs(case, seed + i) for i in range(3)] + [_cuda_inputs(grown, seed + i) for i in (3, 4)]
@@ -61,7 +63,7 @@ def graph_vs_eager(config: ParallelConfig, case: Case, seed: int, shard_weights:
     with torch.inference_mode():
         for horizon in (0, None):  # 0: every call eager, the processors a graphed forward runs (no replay pays)
             model = build_transformer(case.config, seed=seed, dtype=torch.bfloat16, device=torch.device("cuda"))
-            parallelize(model, ctx, cuda_graph=True, shard_weights=shard_weights)
+            parallelize(model, ctx, cuda_graph=True, shard_weights=shard_weights, streamed=streamed)
             if horizon is not None:
                 set_horizon(model, horizon)
             runs.append([model(**inputs).sample for inputs in calls])
@@ -98,10 +100,12 @@ def test_graph_replay_is_bit_identical_to_eager(gpu_pool, case, method, backend)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 or more CUDA GPUs")
-def test_sharded_weights_replay_is_bit_identical_to_eager(gpu_pool):
-    """The gathers of sharded weights (into buffers at fixed addresses) captured with the forward."""
+@pytest.mark.parametrize("streamed", ["gather", "tensor"])
+def test_sharded_weights_replay_is_bit_identical_to_eager(gpu_pool, streamed):
+    """The gathers of sharded weights (into buffers at fixed addresses) captured with the forward; or, blocks
+    run tensor-parallel, their token gathers and all-reduces."""
     for rank, diffs in enumerate(gpu_pool.run(graph_vs_eager, ParallelConfig(method="ulysses"), CASES["flux"], 7,
-                                              True)):
+                                              True, streamed)):
         assert diffs[:-1] == [0.0] * 5, f"rank {rank}: {diffs}"
         assert diffs[-1] == 2, f"rank {rank}: expected one graph per shape, got {diffs[-1]}"
 

@@ -37,7 +37,7 @@ def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
              "kernel": c.kernel, "why": c.why} for key, c in ctx.chosen.items()]
 
 
-def _layout_record(ctx: ParallelContext, heads: int) -> str:
+def layout_record(ctx: ParallelContext, heads: int) -> str:
     """The SP layout that ran; with method "auto" and no sequence-parallel attention call (every block ran
     tensor-parallel), none."""
     if ctx.config.method == "auto" and not any(key[1] == heads for key in ctx.chosen):
@@ -245,7 +245,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
         "backend": f"{ctx.transport.name} over {dist.get_backend()}",  # after any fallback
         "crossed": moved,
-        "layout": _layout_record(ctx, heads), "cfg": ctx.cfg.degree,
+        "layout": layout_record(ctx, heads), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds, "one_time_s": once or {},
         "generate_s": generate_s, "build_s": build_s,
@@ -303,5 +303,6 @@ def no_autograd(job: Job) -> Any:
     return torch.inference_mode()
 
 
-__all__ = ["Prepared", "call_kwargs", "crossed", "crossed_since", "graph_record", "no_autograd", "pin_choices",
+__all__ = ["Prepared", "call_kwargs", "crossed", "crossed_since", "graph_record", "layout_record", "no_autograd",
+           "pin_choices",
            "prepare", "run_record", "weight_budget"]
