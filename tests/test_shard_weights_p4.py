@@ -272,29 +272,33 @@ def test_each_world_shards_over_its_own_ranks(pool):
         assert res["error"] <= 1e-4 and res["held"] == res["planned"] and res["size"] == 2, res
 
 
-def _cached(config: ParallelConfig) -> dict:
+def _cached(config: ParallelConfig, streamed: str = "gather") -> dict:
     """On every rank: tiny Flux with diffusers' FirstBlockCache (a threshold that skips the later blocks from the
     second step on), parallelized, unsharded against sharded; which runs computed the last block's attention."""
     from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache
 
-    calls = []
+    calls, tensor = [], []
 
     def run(shard: bool) -> torch.Tensor:
         pipe = build_pipeline("tiny-flux")
         pipe.set_progress_bar_config(disable=True)
         apply_first_block_cache(pipe.transformer, FirstBlockCacheConfig(threshold=1e6))
         pipe.transformer.single_transformer_blocks[0].attn.register_forward_pre_hook(lambda *_: calls.append(shard))
-        parallelize(pipe, init_parallel(config), vae=False, shard_weights=shard)
+        parallelize(pipe, init_parallel(config), vae=False, shard_weights=shard, streamed=streamed)
+        if shard:
+            tensor.append(pipe.transformer._streamfusion.split.tensor)
         with torch.no_grad():
             return pipe(prompt="a red cat", num_inference_steps=3, output_type="latent", height=36, width=36,
                         generator=torch.Generator().manual_seed(0))[0]
 
-    return {"error": relative_error(run(True), run(False)), "calls": calls}
+    return {"error": relative_error(run(True), run(False)), "calls": calls, "tensor": tensor}
 
 
-def test_first_block_cache_with_sharded_weights(pool):
-    for res in pool.run(_cached, ULYSSES):
-        assert res["error"] <= TOL, res
+@pytest.mark.parametrize("streamed", ["gather", "tensor"])
+def test_first_block_cache_with_sharded_weights(pool, streamed):
+    """Tensor-parallel blocks too: the cache's hooks see this rank's rows, outside the block's gathers."""
+    for res in pool.run(_cached, ULYSSES, streamed):
+        assert res["error"] <= TOL and res["tensor"] == [("transformer",) if streamed == "tensor" else ()], res
         assert res["calls"] == [True, False], res  # the later blocks ran at the first step only, then were skipped
 
 
@@ -339,7 +343,7 @@ def test_generate_shards_with_quantized_weights():
 # Streamed blocks run tensor-parallel (tensor_blocks.py): the models with a diffusers tensor-parallel plan
 
 
-@pytest.mark.parametrize("name", ["tiny-flux", "tiny-flux2"])
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-flux2", "tiny-qwen-image"])
 def test_tensor_parallel_blocks_give_the_parallel_output(pool, name):
     """Every block tensor-parallel (its tokens gathered, 1/4 of its projections held), uneven token counts: the
     unsharded parallel output, the plan's bytes to the byte, and plan --memory's within 5%."""

@@ -11,12 +11,15 @@ receives its inputs' other rows and the summed outputs, about 2.25 times the blo
 of its weights; it holds 1/P of the cut projections and the rest of the block whole.
 
 Which forward arguments and outputs are token rows, and of which stream (text, image, or both joined as
-[text ; image]; rotary tables are [text ; image] rows too), `BlockRows` says per block class. Exact up to the
-order of the row-parallel sums. Not for blocks that something else wraps (a cache that may skip them, LoRA
-layers, quantized weights): those stream gathered (`tensor_parallel_refusal`).
+[text ; image]), `BlockRows` says per block class; rotary tables are tuples of tables whose rows (their first dim)
+are tokens of a stream each. Exact up to the
+order of the row-parallel sums. The gathers and cuts wrap the block's own forward, inside every hook on the block
+(the plan's input splits, a cache that may skip it), which see this rank's rows as before. Not for LoRA-wrapped or
+quantized projections: those blocks stream gathered (`tensor_parallel_refusal`).
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,26 +32,30 @@ from ..core.sequence import gather
 from .overlap_mlp import MLP_HOOK
 from .processors import ShardState, TokenLayout
 
-TEXT, IMAGE, JOINT, ROTARY = "text", "image", "joint", "rotary"
+TEXT, IMAGE, JOINT = "text", "image", "joint"
 
 
 @dataclass(frozen=True)
 class BlockRows:
-    """Which forward arguments of a block class are token rows, by name (their stream), and the stream of each
-    output in order (a block returning one tensor: one entry)."""
+    """Which forward arguments of a block class are token rows, by name: a stream (a tensor's rows along dim 1),
+    or a stream per table of a tuple (rotary tables: rows along dim 0); and the stream of each output in order (a
+    block returning one tensor: one entry)."""
 
-    inputs: Mapping[str, str]
+    inputs: Mapping[str, str | tuple[str, ...]]
     outputs: tuple[str, ...]
 
 
 # diffusers' transformer blocks whose models carry a `_tp_plan`, by class name
-_MMDIT = BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT, "image_rotary_emb": ROTARY},
-                   (TEXT, IMAGE))
+_FLUX = BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT, "image_rotary_emb": (JOINT, JOINT)},
+                  (TEXT, IMAGE))
 BLOCK_ROWS: dict[str, BlockRows] = {
-    "FluxTransformerBlock": _MMDIT,
-    "FluxSingleTransformerBlock": _MMDIT,  # joins [text ; image] inside, returns the two streams apart
-    "Flux2TransformerBlock": _MMDIT,
-    "Flux2SingleTransformerBlock": BlockRows({"hidden_states": JOINT, "image_rotary_emb": ROTARY}, (JOINT,)),
+    "FluxTransformerBlock": _FLUX,
+    "FluxSingleTransformerBlock": _FLUX,  # joins [text ; image] inside, returns the two streams apart
+    "Flux2TransformerBlock": _FLUX,
+    "Flux2SingleTransformerBlock": BlockRows({"hidden_states": JOINT, "image_rotary_emb": (JOINT, JOINT)}, (JOINT,)),
+    "QwenImageTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
+                                            "encoder_hidden_states_mask": TEXT, "image_rotary_emb": (IMAGE, TEXT)},
+                                           (TEXT, IMAGE)),
 }
 
 
@@ -102,22 +109,17 @@ def tensor_parallel_refusal(model: nn.Module, named_blocks: Sequence[tuple[str, 
     heads = model.config.get("num_attention_heads")
     if heads is None or heads % ranks:
         return f"its {heads} attention heads do not divide over {ranks} ranks"
+    if model.config.get("zero_cond_t"):
+        return "its per-token modulation (zero_cond_t) indexes the split tokens"
     for name, block in named_blocks:
         if type(block).__name__ not in BLOCK_ROWS:
             return f"its block {type(block).__name__} has no row streams here"
-        if set(_hooks(block)) - {MLP_HOOK}:
-            return f"{name} is wrapped by a hook (a cache that may skip it)"
         for linear, (dim, parts) in block_plan(model, name, block).items():
             if type(linear) is not nn.Linear or type(linear.weight) is not nn.Parameter:
                 return f"{name} holds a LoRA-wrapped or quantized projection"
             if any(p % ranks for p in parts):
                 return f"{name}'s projections of {parts} features do not divide over {ranks} ranks"
     return ""
-
-
-def _hooks(block: nn.Module) -> list[str]:
-    registry = getattr(block, "_diffusers_hook", None)
-    return list(registry._hook_order) if registry is not None else []
 
 
 def _cut(t: Tensor, dim: int, parts: list[int], rank: int, ranks: int) -> Tensor:
@@ -161,12 +163,12 @@ def cut_block(plan: Mapping[nn.Linear, tuple[int, list[int]]], group: dist.Proce
 
 class TokenRows:
     """Turns a block's row arguments whole and its outputs back into this rank's rows, as the forward's token
-    layout says; a forward's rotary table is gathered once for all the blocks it enters."""
+    layout says; a forward's rotary tables are gathered once for all the blocks they enter."""
 
     def __init__(self, state: ShardState, group: dist.ProcessGroup):
         self.state = state
         self.group = group
-        self._rotary: tuple[Any, Any] = (None, None)  # (the last table given, its whole rows)
+        self._tables: tuple[Any, Any] = (None, None)  # (the last tables given, their whole rows)
 
     @property
     def layout(self) -> TokenLayout:
@@ -195,14 +197,13 @@ class TokenRows:
         start, stop = layout.image_range if stream == IMAGE else layout.text_range
         return y.narrow(dim, start, stop - start).contiguous()
 
-    def rotary(self, table: Any) -> Any:
+    def tables(self, tables: tuple[Tensor, ...], streams: tuple[str, ...]) -> tuple[Tensor, ...]:
         compiling = torch.compiler.is_compiling()  # a compiled block gathers its own (no state across graphs)
-        if not compiling and table is self._rotary[0]:
-            return self._rotary[1]
-        whole = tuple(self.whole(t, JOINT, dim=0) for t in table) if isinstance(table, tuple) \
-            else self.whole(table, JOINT, dim=0)
+        if not compiling and tables is self._tables[0]:
+            return self._tables[1]
+        whole = tuple(self.whole(t, stream, dim=0) for t, stream in zip(tables, streams))
         if not compiling:
-            self._rotary = (table, whole)
+            self._tables = (tables, whole)
         return whole
 
 
@@ -210,25 +211,38 @@ def _bound(names: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any]:
     return {**dict(zip(names, args)), **kwargs}
 
 
+def _wrap_innermost(block: nn.Module, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Wrap the block's own forward, inside the diffusers hooks on it (their chain ends in the forward the first
+    of them was given: a hook's `new_forward` calls it as `fn_ref.original_forward`)."""
+    registry = getattr(block, "_diffusers_hook", None)
+    refs = getattr(registry, "_fn_refs", None)
+    if not refs:
+        block.forward = wrap(block.forward)
+        return
+    where = "original_forward" if refs[0].original_forward is not None else "forward"
+    setattr(refs[0], where, wrap(getattr(refs[0], where)))
+
+
 def wrap_block(block: nn.Module, rows: BlockRows, tokens: TokenRows) -> None:
     """The block's forward with its row arguments made whole and its outputs cut back to this rank's rows."""
-    import inspect
+    names = tuple(inspect.signature(type(block).forward).parameters)[1:]
+    _wrap_innermost(block, lambda forward: _tensor_parallel(forward, names, rows, tokens))
 
-    forward = block.forward
-    names = tuple(inspect.signature(forward).parameters)
 
+def _tensor_parallel(forward: Callable[..., Any], names: tuple[str, ...], rows: BlockRows, tokens: TokenRows
+                     ) -> Callable[..., Any]:
     def tensor_parallel_forward(*args: Any, **kwargs: Any) -> Any:
         given = _bound(names, args, kwargs)
         for name, stream in rows.inputs.items():
             value = given.get(name)
             if value is not None:
-                given[name] = tokens.rotary(value) if stream == ROTARY else tokens.whole(value, stream)
+                given[name] = tokens.tables(value, stream) if isinstance(stream, tuple) else tokens.whole(value, stream)
         out = forward(**given)
         if isinstance(out, tuple):
             return tuple(tokens.mine(o, s) for o, s in zip(out, rows.outputs))
         return tokens.mine(out, rows.outputs[0])
 
-    block.forward = tensor_parallel_forward
+    return tensor_parallel_forward
 
 
 def run_tensor_parallel(model: nn.Module, named_blocks: Sequence[tuple[str, nn.Module]], state: ShardState,
@@ -244,8 +258,9 @@ def run_tensor_parallel(model: nn.Module, named_blocks: Sequence[tuple[str, nn.M
         for b in block.buffers():
             b.data = b.data.to(device)
         local_attention(block)
-        if MLP_HOOK in _hooks(block):  # its all-to-alls beside the MLP: a tensor-parallel block has none
-            block._diffusers_hook.remove_hook(MLP_HOOK, recurse=False)
+        registry = getattr(block, "_diffusers_hook", None)
+        if registry is not None and registry.get_hook(MLP_HOOK) is not None:  # its all-to-alls beside the MLP: a
+            registry.remove_hook(MLP_HOOK, recurse=False)  # tensor-parallel block has none
         wrap_block(block, BLOCK_ROWS[type(block).__name__], tokens)
 
 
