@@ -378,3 +378,38 @@ def test_blocks_tensor_parallel_cannot_run_are_gathered(pool):
     """LoRA layers inside the blocks: they stream gathered instead, with the same output."""
     for res in pool.run(_transformer, ULYSSES, "lora-before", "tensor"):
         assert all(e <= TOL for e in res["errors"]) and res["tensor"] == (), res
+
+
+def _gathers_per_forward(layers: tuple[int, int]) -> dict:
+    """On every rank: tiny Flux with `layers` (double, single) blocks, every block tensor-parallel; the token
+    gathers one forward makes, and its error against the unsharded parallel model."""
+    from streamfusion_diffusers.diffusers import tensor_blocks
+
+    case = Case("flux", (6, 5), text=8, overrides={"num_layers": layers[0], "num_single_layers": layers[1]})
+    inputs = case.inputs(4)
+    ctx = init_parallel(ULYSSES)
+    calls = []
+    gather = tensor_blocks.gather
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return gather(*args, **kwargs)
+
+    with torch.no_grad():
+        reference = parallelize(build_transformer(case.config, seed=3), ctx)(**inputs).sample
+        model = build_transformer(case.config, seed=3)
+        parallelize(model, ctx, shard_weights=True, streamed="tensor")
+        tensor_blocks.gather = counted
+        try:
+            out = model(**inputs).sample
+        finally:
+            tensor_blocks.gather = gather
+    return {"gathers": len(calls), "error": relative_error(out, reference)}
+
+
+def test_rows_a_tensor_parallel_block_cut_are_not_gathered_again(pool):
+    """Consecutive tensor-parallel blocks pass their whole rows on: a forward gathers its first block's inputs and
+    its rotary tables only, however many blocks follow."""
+    few, many = pool.run(_gathers_per_forward, (1, 1))[0], pool.run(_gathers_per_forward, (2, 6))[0]
+    assert few["error"] <= TOL and many["error"] <= TOL, (few, many)
+    assert few["gathers"] == many["gathers"] == 6, (few, many)  # image, text; each rotary table's text and image

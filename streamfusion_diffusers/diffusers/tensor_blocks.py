@@ -163,12 +163,15 @@ def cut_block(plan: Mapping[nn.Linear, tuple[int, list[int]]], group: dist.Proce
 
 class TokenRows:
     """Turns a block's row arguments whole and its outputs back into this rank's rows, as the forward's token
-    layout says; a forward's rotary tables are gathered once for all the blocks they enter."""
+    layout says. Nothing is gathered twice: a forward's rotary tables once for all the blocks they enter, and rows
+    a tensor-parallel block just cut out of its whole output (every rank computed the same whole rows) are taken
+    whole from that output by the next block they enter unchanged."""
 
     def __init__(self, state: ShardState, group: dist.ProcessGroup):
         self.state = state
         self.group = group
         self._tables: tuple[Any, Any] = (None, None)  # (the last tables given, their whole rows)
+        self._cut: list[tuple[Tensor, Tensor, str]] = []  # the last block's outputs: (its rows here, whole, stream)
 
     @property
     def layout(self) -> TokenLayout:
@@ -196,6 +199,21 @@ class TokenRows:
                               self.mine(y.narrow(dim, text, y.shape[dim] - text), IMAGE, dim)], dim=dim)
         start, stop = layout.image_range if stream == IMAGE else layout.text_range
         return y.narrow(dim, start, stop - start).contiguous()
+
+    def enter(self, x: Tensor, stream: str) -> Tensor:
+        """A block's row argument made whole."""
+        if not torch.compiler.is_compiling():  # a compiled block gathers its own (no state across graphs)
+            for mine, whole, cut_stream in self._cut:
+                if x is mine and cut_stream == stream:
+                    return whole
+        return self.whole(x, stream)
+
+    def leave(self, outputs: Sequence[Tensor], streams: Sequence[str]) -> list[Tensor]:
+        """A block's whole outputs cut back to this rank's rows."""
+        cut = [self.mine(y, stream) for y, stream in zip(outputs, streams)]
+        if not torch.compiler.is_compiling():
+            self._cut = list(zip(cut, outputs, streams))
+        return cut
 
     def tables(self, tables: tuple[Tensor, ...], streams: tuple[str, ...]) -> tuple[Tensor, ...]:
         compiling = torch.compiler.is_compiling()  # a compiled block gathers its own (no state across graphs)
@@ -236,11 +254,11 @@ def _tensor_parallel(forward: Callable[..., Any], names: tuple[str, ...], rows: 
         for name, stream in rows.inputs.items():
             value = given.get(name)
             if value is not None:
-                given[name] = tokens.tables(value, stream) if isinstance(stream, tuple) else tokens.whole(value, stream)
+                given[name] = tokens.tables(value, stream) if isinstance(stream, tuple) else tokens.enter(value, stream)
         out = forward(**given)
         if isinstance(out, tuple):
-            return tuple(tokens.mine(o, s) for o, s in zip(out, rows.outputs))
-        return tokens.mine(out, rows.outputs[0])
+            return tuple(tokens.leave(out, rows.outputs))
+        return tokens.leave([out], rows.outputs)[0]
 
     return tensor_parallel_forward
 
