@@ -335,6 +335,16 @@ def test_generate_with_sharded_weights_says_so(pool, tmp_path):
     assert run["shard_weights"] and run["sharded"] == ["transformer", "text_encoder"], run
 
 
+def test_generate_with_tensor_parallel_blocks_says_so(pool, tmp_path):
+    job = generate.make_job(_args("--model", "tiny-flux2", "--steps", "2", "--shard-weights", "--streamed-blocks",
+                                  "tensor", "--output", str(tmp_path)))
+    generate.write_outputs(job, pool.run(worker.generate, job)[0])
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["weight_split"]["tensor_parallel"] == ["transformer"], run
+    with pytest.raises(ValueError, match="add --shard-weights or drop it"):
+        generate.make_job(_args("--model", "tiny-flux2", "--streamed-blocks", "tensor"))
+
+
 def test_generate_shards_with_quantized_weights():
     job = generate.make_job(_args("--model", "tiny-wan", "--shard-weights", "--quantize", "int8", "--cpu"))
     assert job.shard_weights and job.stack.quantize == "int8"
