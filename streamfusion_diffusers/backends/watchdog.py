@@ -78,9 +78,9 @@ class Watchdog:
     def _run(self) -> None:
         busy = time.monotonic()  # when something was last pending
         while not self._closed.wait(self.poll_s):
-            late = self.oldest()
-            if late is not None and time.monotonic() - late[0] > GPU_MARGIN * late[1]:
-                logger.critical("%s; ending this process (exit code %d)", late(late[2], late[1]), EXIT_CODE)
+            oldest = self.oldest()
+            if oldest is not None and time.monotonic() - oldest[0] > GPU_MARGIN * oldest[1]:
+                logger.critical("%s; ending this process (exit code %d)", late(oldest[2], oldest[1]), EXIT_CODE)
                 logging.shutdown()
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 os._exit(EXIT_CODE)

@@ -1,0 +1,30 @@
+"""The watchdog thread ends a process whose GPU transfer is late, naming it, before torch's NCCL watchdog would
+speak with no names: exit code EXIT_CODE, one critical line, every thread's stack. On the CPU the late transfer is
+a CUDA event that never completes (an object with the event's `query()`), in a process of its own."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from streamfusion_diffusers.backends.watchdog import EXIT_CODE
+
+SCRIPT = """
+import logging, time
+from streamfusion_diffusers.backends.watchdog import Watchdog
+
+class NeverDone:  # a CUDA event whose work never completes
+    def query(self):
+        return False
+
+logging.basicConfig()
+dog = Watchdog(poll_s=0.01)
+dog.watch(NeverDone(), "attention layer 3, ulysses all-to-all", time.monotonic() - 10.0, 2.0)
+time.sleep(20)  # the watchdog thread ends the process long before
+"""
+
+
+def test_a_late_gpu_transfer_ends_the_process_naming_it():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_CODE, done.stderr[-2000:]
+    assert "attention layer 3, ulysses all-to-all did not complete within 2 s" in done.stderr, done.stderr[-2000:]
+    assert "ending this process" in done.stderr and "Thread" in done.stderr, done.stderr[-2000:]
