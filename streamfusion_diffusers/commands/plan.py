@@ -120,7 +120,7 @@ def memory(args: argparse.Namespace) -> int:
         print(f"{'sharded' if r.sharded else 'whole':<8} {r.weights:>6.1f} {r.gathered:>8.1f} {r.activations:>7.2f} "
               f"{r.attention:>6.2f} {r.vae_decode:>7.2f} {r.text_encoder:>7.1f} {r.peak:>6.1f}  {fits}")
         if r.split:
-            moved = "; tensor-parallel blocks move their tokens instead" if "tensor-parallel" in r.split else ""
+            moved = f", {r.tokens:.2f} GiB of token rows (tensor-parallel blocks)" if r.tokens else ""
             print(f"         split: {r.split}; {r.received:.2f} GiB of weights received per rank per step{moved}")
     return 0
 

@@ -92,6 +92,14 @@ def block_plan(model: nn.Module, name: str, block: nn.Module) -> dict[nn.Linear,
     return found
 
 
+def summed_rows(block: nn.Module, plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> float:
+    """How many times a forward of the block all-reduces a whole row set of the model's width: its row-parallel
+    projections, each over the rows of one stream (a block that takes text and image apart: half of them each)."""
+    rows = BLOCK_ROWS.get(type(block).__name__)
+    apart = rows is not None and TEXT in rows.inputs.values()
+    return sum(1 for dim, _ in plan.values() if dim == 1) / (2 if apart else 1)
+
+
 def sliced_bytes(plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> int:
     """The bytes of what a block's plan cuts (the weights, and the colwise biases)."""
     total = 0
@@ -283,4 +291,4 @@ def run_tensor_parallel(model: nn.Module, named_blocks: Sequence[tuple[str, nn.M
 
 
 __all__ = ["BLOCK_ROWS", "BlockRows", "TokenRows", "block_plan", "cut_block", "run_tensor_parallel",
-           "sliced_bytes", "tensor_parallel_refusal"]
+           "sliced_bytes", "summed_rows", "tensor_parallel_refusal"]

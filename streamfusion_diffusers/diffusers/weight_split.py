@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from .flat_units import leaves, nbytes, padded, unit_bytes
-from .tensor_blocks import block_plan, sliced_bytes
+from .tensor_blocks import block_plan, sliced_bytes, summed_rows
 
 
 def blocks_of(model: nn.Module) -> list[list[nn.Module]]:
@@ -38,12 +38,14 @@ def blocks_of(model: nn.Module) -> list[list[nn.Module]]:
 @dataclass(frozen=True)
 class PartSizes:
     """A module's flat bytes: its root (outside every block) and each block's, in the order they run; for blocks
-    that can run tensor-parallel, each one's bytes unpadded (`exact`) and those its model's plan cuts (`sliced`)."""
+    that can run tensor-parallel, each one's bytes unpadded (`exact`), those its model's plan cuts (`sliced`) and
+    the whole row sets its all-reduces carry a forward (`summed`)."""
 
     root: int
     blocks: tuple[int, ...]
     exact: tuple[int, ...] = ()
     sliced: tuple[int, ...] = ()
+    summed: tuple[float, ...] = ()
 
     def tensor_held(self, i: int, ranks: int) -> int:
         """The bytes block i holds on a rank when it runs tensor-parallel over `ranks`."""
@@ -57,11 +59,13 @@ class PartSizes:
 def part_sizes(model: nn.Module) -> PartSizes:
     blocks = [b for group in blocks_of(model) for b in group]
     names = {id(m): n for n, m in model.named_modules()}
-    sliced = tuple(sliced_bytes(block_plan(model, names[id(b)], b)) for b in blocks)
+    plans = [block_plan(model, names[id(b)], b) for b in blocks]
+    sliced = tuple(sliced_bytes(plan) for plan in plans)
     exact = tuple(sum(nbytes(leaf) for p in b.parameters() for leaf in leaves(p)) for b in blocks)
+    summed = tuple(summed_rows(b, plan) for b, plan in zip(blocks, plans))
     tensor = any(sliced)
     return PartSizes(unit_bytes([model], skip=blocks), tuple(unit_bytes([b]) for b in blocks),
-                     exact if tensor else (), sliced if tensor else ())
+                     exact if tensor else (), sliced if tensor else (), summed if tensor else ())
 
 
 def streamed_blocks(count: int, keep: int) -> list[int]:

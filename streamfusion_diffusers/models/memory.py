@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..diffusers.weight_split import PartSizes, choose_split, part_sizes
+from ..diffusers.weight_split import PartSizes, choose_split, part_sizes, streamed_blocks
 from .configs import MODELS, ModelSpec
 from .pipelines import family_of
 
@@ -38,7 +38,8 @@ VAE_BYTES_PER_PIXEL = {"flux": 2.5e3, "flux-kontext": 2.5e3, "flux2": 2.5e3, "qw
 @dataclass(frozen=True)
 class Estimate:
     """One rank's peak, in GiB, by part; `fits` names the GPU sizes it fits with RUNTIME_GIB beside it. Sharded:
-    `split` says which blocks stream, `received` the GiB a rank receives per step for them."""
+    `split` says which blocks stream, `received` the GiB of weights a rank receives per step for them and, for
+    blocks run tensor-parallel, `tokens` the GiB of token rows (their all-reduces)."""
 
     model: str
     size: str
@@ -53,6 +54,7 @@ class Estimate:
     text_encoder: float
     split: str = ""
     received: float = 0.0
+    tokens: float = 0.0
 
     @property
     def peak(self) -> float:
@@ -124,9 +126,12 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
                                                                vae_weights, vae / GIB)
         split = choose_split(sizes, ranks, budget, tensor)
         held = split.held - split.slots + vae_weights
+        summed = sum(sizes[n].summed[i] for n in split.tensor
+                     for i in streamed_blocks(len(sizes[n].blocks), split.keep[n]))
+        moved = summed * batch * (image + text) * hidden * bytes_per_value * 2 * (ranks - 1) / ranks
         return Estimate(model, size, ranks, cfg, True, held / GIB, split.slots / GIB, activations / GIB,
                         attention / GIB, vae / GIB, (split.held + vae_weights) / GIB, split.describe(sizes),
-                        split.received / GIB)
+                        split.received / GIB, moved / GIB)
     total = lambda names: sum(parts[n].total for n in names)  # noqa: E731
     encode_first = family.encode_first and not model.startswith("tiny-")
     weights = total(experts) + vae_weights + (0 if encode_first else total(encoders))
