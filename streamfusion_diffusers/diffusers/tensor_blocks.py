@@ -38,24 +38,30 @@ TEXT, IMAGE, JOINT = "text", "image", "joint"
 @dataclass(frozen=True)
 class BlockRows:
     """Which forward arguments of a block class are token rows, by name: a stream (a tensor's rows along dim 1),
-    or a stream per table of a tuple (rotary tables: rows along dim 0); and the stream of each output in order (a
-    block returning one tensor: one entry)."""
+    or a stream per table of a tuple (rotary tables: rows along dim 0); the stream of each output in order (a
+    block returning one tensor: one entry); and the stream each of its all-reduces carries (`summed`: its
+    row-parallel projections', for what a forward moves)."""
 
     inputs: Mapping[str, str | tuple[str, ...]]
     outputs: tuple[str, ...]
+    summed: tuple[str, ...]
 
 
 # diffusers' transformer blocks whose models carry a `_tp_plan`, by class name
-_FLUX = BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT, "image_rotary_emb": (JOINT, JOINT)},
-                  (TEXT, IMAGE))
+_ROTARY = (JOINT, JOINT)  # Flux's (cos, sin) tables, over [text ; image]
+_TWO_STREAMS = (IMAGE, TEXT, IMAGE, TEXT)  # attention out, added out, MLP out, context MLP out
 BLOCK_ROWS: dict[str, BlockRows] = {
-    "FluxTransformerBlock": _FLUX,
-    "FluxSingleTransformerBlock": _FLUX,  # joins [text ; image] inside, returns the two streams apart
-    "Flux2TransformerBlock": _FLUX,
-    "Flux2SingleTransformerBlock": BlockRows({"hidden_states": JOINT, "image_rotary_emb": (JOINT, JOINT)}, (JOINT,)),
+    "FluxTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
+                                       "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), _TWO_STREAMS),
+    "FluxSingleTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
+                                             "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), (JOINT,)),
+    "Flux2TransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
+                                        "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), _TWO_STREAMS),
+    "Flux2SingleTransformerBlock": BlockRows({"hidden_states": JOINT, "image_rotary_emb": _ROTARY}, (JOINT,),
+                                             (JOINT,)),
     "QwenImageTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
                                             "encoder_hidden_states_mask": TEXT, "image_rotary_emb": (IMAGE, TEXT)},
-                                           (TEXT, IMAGE)),
+                                           (TEXT, IMAGE), _TWO_STREAMS),
 }
 
 
@@ -92,12 +98,11 @@ def block_plan(model: nn.Module, name: str, block: nn.Module) -> dict[nn.Linear,
     return found
 
 
-def summed_rows(block: nn.Module, plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> float:
-    """How many times a forward of the block all-reduces a whole row set of the model's width: its row-parallel
-    projections, each over the rows of one stream (a block that takes text and image apart: half of them each)."""
+def summed_rows(block: nn.Module) -> tuple[int, int]:
+    """How many times a forward of the block all-reduces its (image, text) rows at the model's width."""
     rows = BLOCK_ROWS.get(type(block).__name__)
-    apart = rows is not None and TEXT in rows.inputs.values()
-    return sum(1 for dim, _ in plan.values() if dim == 1) / (2 if apart else 1)
+    streams = rows.summed if rows is not None else ()
+    return (sum(s in (IMAGE, JOINT) for s in streams), sum(s in (TEXT, JOINT) for s in streams))
 
 
 def sliced_bytes(plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> int:

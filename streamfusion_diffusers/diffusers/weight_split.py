@@ -45,7 +45,7 @@ class PartSizes:
     blocks: tuple[int, ...]
     exact: tuple[int, ...] = ()
     sliced: tuple[int, ...] = ()
-    summed: tuple[float, ...] = ()
+    summed: tuple[tuple[int, int], ...] = ()  # per block: its all-reduces of (image, text) rows a forward
 
     def tensor_held(self, i: int, ranks: int) -> int:
         """The bytes block i holds on a rank when it runs tensor-parallel over `ranks`."""
@@ -62,7 +62,7 @@ def part_sizes(model: nn.Module) -> PartSizes:
     plans = [block_plan(model, names[id(b)], b) for b in blocks]
     sliced = tuple(sliced_bytes(plan) for plan in plans)
     exact = tuple(sum(nbytes(leaf) for p in b.parameters() for leaf in leaves(p)) for b in blocks)
-    summed = tuple(summed_rows(b, plan) for b, plan in zip(blocks, plans))
+    summed = tuple(summed_rows(b) for b in blocks)
     tensor = any(sliced)
     return PartSizes(unit_bytes([model], skip=blocks), tuple(unit_bytes([b]) for b in blocks),
                      exact if tensor else (), sliced if tensor else (), summed if tensor else ())

@@ -126,9 +126,10 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
                                                                vae_weights, vae / GIB)
         split = choose_split(sizes, ranks, budget, tensor)
         held = split.held - split.slots + vae_weights
-        summed = sum(sizes[n].summed[i] for n in split.tensor
-                     for i in streamed_blocks(len(sizes[n].blocks), split.keep[n]))
-        moved = summed * batch * (image + text) * hidden * bytes_per_value * 2 * (ranks - 1) / ranks
+        rows = sum(image_sets * image + text_sets * text for n in split.tensor
+                   for image_sets, text_sets in (sizes[n].summed[i]
+                                                 for i in streamed_blocks(len(sizes[n].blocks), split.keep[n])))
+        moved = rows * batch * hidden * bytes_per_value * 2 * (ranks - 1) / ranks  # ring all-reduces
         return Estimate(model, size, ranks, cfg, True, held / GIB, split.slots / GIB, activations / GIB,
                         attention / GIB, vae / GIB, (split.held + vae_weights) / GIB, split.describe(sizes),
                         split.received / GIB, moved / GIB)
