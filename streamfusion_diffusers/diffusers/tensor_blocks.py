@@ -6,16 +6,17 @@ diffusers `_tp_plan` cuts (colwise: a share of its output features, so of its he
 of its input features, the partial products summed over the ranks by all-reduce, the bias added after) and never
 gathers them. Its tokens are gathered instead: each input split over the sequence-parallel ranks is all-gathered
 whole at the block's entry, the block runs on every token with its share of the heads (the stock attention,
-local: inside the block nothing of the sequence is split) and each output is cut back to this rank's rows. A rank
-receives its inputs' other rows and the summed outputs, about 2.25 times the block's token bytes, instead of 3/4
-of its weights; it holds 1/P of the cut projections and the rest of the block whole.
+local: inside the block nothing of the sequence is split) and each output is cut back to this rank's rows; the
+next tensor-parallel block takes those rows whole from that output (every rank computed the same), so a run of
+such blocks moves, per block, only what its all-reduces carry. A rank holds 1/P of the cut projections and the
+rest of the block whole.
 
 Which forward arguments and outputs are token rows, and of which stream (text, image, or both joined as
 [text ; image]), `BlockRows` says per block class; rotary tables are tuples of tables whose rows (their first dim)
-are tokens of a stream each. Exact up to the
-order of the row-parallel sums. The gathers and cuts wrap the block's own forward, inside every hook on the block
-(the plan's input splits, a cache that may skip it), which see this rank's rows as before. Not for LoRA-wrapped or
-quantized projections: those blocks stream gathered (`tensor_parallel_refusal`).
+are tokens of a stream each. Exact up to the order of the row-parallel sums. The gathers and cuts wrap the block's
+own forward, inside every hook on the block (the plan's input splits, a cache that may skip it), which see this
+rank's rows as before. Not for LoRA-wrapped or quantized projections: those blocks stream gathered
+(`tensor_parallel_refusal`).
 """
 from __future__ import annotations
 
