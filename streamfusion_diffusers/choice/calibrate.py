@@ -77,7 +77,7 @@ def fit(records: list[dict], base: Gpu | None = None, rounds: int = 30) -> dict:
                               - residual) / steps[i] for i in range(len(theta))], axis=1)
         normal, gradient = jacobian.T @ jacobian, jacobian.T @ residual
         while damping < 1e8:  # damp a step that does not lower the error until it does (towards the gradient)
-            delta = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
+            delta = np.linalg.lstsq(normal + damping * np.diag(np.diag(normal)), -gradient, rcond=None)[0]
             trial = np.clip(theta + delta, low, high)
             trial_residual = _residuals(layers, _gpu(gpu, trial, dims))
             if _rms(trial_residual) < rms - 1e-9:
