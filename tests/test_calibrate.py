@@ -9,7 +9,13 @@ from pathlib import Path
 
 from streamfusion_diffusers.bench.records import records_from_bench
 from streamfusion_diffusers.choice.calibrate import fit, predicted_ms
-from streamfusion_diffusers.choice.choose import Cluster, choose, entry_layout, gpu_of, schedule_key
+from streamfusion_diffusers.choice.choose import (
+    Cluster,
+    choose,
+    entry_layout,
+    gpu_of,
+    schedule_key,
+)
 from streamfusion_diffusers.choice.costmodel import Gpu, predict
 from streamfusion_diffusers.choice.predictions import load_records, table
 from streamfusion_diffusers.choice.recipe import load_recipe
