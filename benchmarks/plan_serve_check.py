@@ -67,7 +67,7 @@ CHECKS = (
 
 
 def rows() -> list[dict]:
-    gpu = gpu_of(load_recipe("flux-dev").calibration)
+    gpu = gpu_of(load_recipe("flux-dev").calibration_for())
     out = []
     for model, frames, height, width, ranks, calls, graph, record, figure in CHECKS:
         predicted, layout = step_s(model, frames, height, width, ranks, gpu, graph)

@@ -1,6 +1,7 @@
 """The cost model fitted to real device measurements: the emulated layouts of BENCHMARKS.md (nvidia-h200-x4)
 and the bench runs kept under benchmarks/results (nvidia-h200-x2) are predicted closer after the fit, and the
-predictions table reads both kinds of files."""
+predictions table reads both kinds of files. The packaged H100 calibration predicts every emulated-machine layout
+measured on H100s within the bar, as `plan` prints it, and `auto` picks the fastest measured there."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,14 +9,26 @@ from pathlib import Path
 
 from streamfusion_diffusers.bench.records import records_from_bench
 from streamfusion_diffusers.choice.calibrate import fit, predicted_ms
-from streamfusion_diffusers.choice.choose import gpu_of
+from streamfusion_diffusers.choice.choose import (
+    Cluster,
+    choose,
+    entry_layout,
+    gpu_of,
+    schedule_key,
+)
 from streamfusion_diffusers.choice.costmodel import Gpu, predict
 from streamfusion_diffusers.choice.predictions import load_records, table
-from streamfusion_diffusers.choice.workloads import flux
+from streamfusion_diffusers.choice.recipe import load_recipe
+from streamfusion_diffusers.choice.workloads import cogvideox, flux
 from streamfusion_diffusers.core.config import ParallelConfig, resolve_layout
-from streamfusion_diffusers.core.links import PRESETS
+from streamfusion_diffusers.core.links import PRESETS, parse_link
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-11-22-h200x2"
+# one layer on 4 x H100 (2 x 2, 4 x 1) and 2 x H100 (2 x 1), the p4de link emulated, torch transport
+H100 = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-11-28-h100-records-s39"
+H100_NAME = "NVIDIA H100 80GB HBM3"
+PLANNED = {"flux-dev 4096x4096": flux(4096), "cogvideox-5b 161f 768x1360": cogvideox(161)}  # as `plan` sizes them
+WITHIN = 0.10  # the bar for every layout
 FLUX, COG = (66048, 24, 128), (167508, 48, 64)  # Flux 4096 px, CogVideoX 161 frames: padded tokens, heads, dim
 # BENCHMARKS.md, "Emulated machines on nvidia-h200-x4" (NVSHMEM): (N, M, link, workload, method, U, R, T, ms)
 X4 = [(4, 1, "p4de", FLUX, "bound", 1, 1, None, 20.6), (4, 1, "p4de", FLUX, "usp", 4, 1, None, 70.9),
@@ -66,3 +79,30 @@ def test_fixed_costs_and_overlap_move_the_prediction_the_right_way():
     serial = predict(lay, w, PRESETS["p4de"], replace(Gpu(), overlap=0.0)).layer_ms
     slow = predict(lay, w, PRESETS["p4de"], replace(Gpu(), inter_latency_us=1000.0)).layer_ms
     assert serial > base and abs(slow - base - 3.0) < 1e-6  # three messages cross: a ring step's K and V, the text
+
+
+def h100_layers() -> list[dict]:
+    records = load_records([str(p) for p in sorted(H100.glob("*/results.json"))], records_from_bench)
+    return [r for r in records if r["kind"] == "layer"]
+
+
+def test_plan_predicts_every_h100_layout_within_the_bar():
+    layers = h100_layers()
+    assert len(layers) == 14 and {r["device"] for r in layers} == {H100_NAME}
+    gpu = gpu_of(load_recipe("flux-dev").calibration_for(H100_NAME))
+    errors = {f"{r['workload']} {r['machines']}x{r['gpus_per_machine']} {entry_layout(r, r['heads'])}":
+              predict(entry_layout(r, r["heads"]), PLANNED[r["workload"]], parse_link(r["link"]), gpu).layer_ms
+              / r["ms"] - 1 for r in layers}
+    assert max(map(abs, errors.values())) < WITHIN, errors
+
+
+def test_auto_picks_the_fastest_measured_h100_layout():
+    timed: dict[tuple, list[dict]] = {}
+    for r in h100_layers():
+        if r["machines"] * r["gpus_per_machine"] == 4:
+            timed.setdefault((r["workload"], r["machines"], r["gpus_per_machine"], r["link"]), []).append(r)
+    assert len(timed) == 4
+    for (workload, n, m, link), rows in timed.items():
+        r = min(rows, key=lambda r: r["ms"])
+        chosen = choose(PLANNED[workload], Cluster(n, m, link), gpu=H100_NAME).layout
+        assert schedule_key(chosen) == schedule_key(entry_layout(r, r["heads"])), (workload, n, m, chosen)

@@ -17,7 +17,7 @@ from streamfusion_diffusers.choice.replicas import RECORDS, record_path, records
 from streamfusion_diffusers.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU = gpu_of(load_recipe("flux-dev").calibration)
+GPU = gpu_of(load_recipe("flux-dev").calibration_for())
 WITHIN = 0.15  # predicted step against a recorded one the prediction was not fitted on
 # a step that waits on the host: the host-bound rows of one job spread this much for the same work (Qwen-Image 1328
 # at P = 2, 2026-11-24: ours 200.4 to 271.3 ms), and the host's speed varies more between jobs than the GPU's

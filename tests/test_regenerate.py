@@ -45,11 +45,11 @@ def test_merge_replaces_the_measured_shape_and_repredicts_the_rest(tuned, tmp_pa
     assert by_shape[1, 2, "real"] == measured
     records = json.loads((packaged / "measurements.json").read_text())["records"]
     assert records == json.loads((tuned / "measurements.json").read_text())["records"]
-    assert after.calibration == fit(records) and after.calibration["attention_tflops"]
+    assert after.calibration == {"cpu": fit(records)} and after.calibration["cpu"]["attention_tflops"]
     w = Workload("custom", 250, 6, 8, 16, 1)
     for shape in ((1, 4, "real"), (2, 2, "p4de"), (2, 2, "dgx")):
         e = by_shape[shape]
-        best = ranked(w, Cluster(*shape), gpu_of(after.calibration))[0]
+        best = ranked(w, Cluster(*shape), gpu_of(after.calibration_for()))[0]
         assert e["source"] == "cost model" and e["predicted_ms"] == round(best.layer_ms, 4)
         assert (e["method"], e["ulysses"], e["ring"]) == (best.layout.method, best.layout.ulysses, best.layout.ring)
 
@@ -78,7 +78,7 @@ def test_bench_results_calibrate_the_cost_model_entries(tmp_path):
     records = json.loads((tmp_path / "measurements.json").read_text())["records"]
     assert len(records) == 8 and {r["link"] for r in records} == {"p4de"}
     (entry,) = load_recipe(str(tmp_path / "flux-dev.yaml")).entries
-    calibration = load_recipe(str(tmp_path / "flux-dev.yaml")).calibration
+    calibration = load_recipe(str(tmp_path / "flux-dev.yaml")).calibration_for("NVIDIA H200")
     assert calibration == fit(records) and entry["source"] == "cost model"
     best = ranked(Workload("flux", 65536, 512, 24, 128, 1), Cluster(2, 1, "p4de"), gpu_of(calibration))[0]
     assert entry["predicted_ms"] == round(best.layer_ms, 4)

@@ -28,7 +28,7 @@ from ..commands.verify import DTYPES
 from ..choice.calibrate import fit
 from ..choice.choose import Cluster, gpu_of, ranked, schedule_key
 from ..choice.predictions import load_records, table
-from ..choice.recipe import FOLDER_VARIABLE, load_recipe, user_folder
+from ..choice.recipe import FOLDER_VARIABLE, gpu_kind, load_recipe, user_folder
 from ..choice.regenerate import from_cost_model, merge_from, parse_shapes
 from ..choice.store import layout_fields, link_name, write_recipe, write_records
 from ..choice.workloads import Workload, parse_workload, transformer_config, workload_specs
@@ -212,11 +212,12 @@ def main(args: argparse.Namespace) -> int:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if gpu else torch.float32)
     cluster = Cluster(args.machines, m, link_name(args.emulate_link), args.backend)
     out = Path(args.out)
+    device = torch.cuda.get_device_name() if gpu else "cpu"
     tasks, plans = [], []
     for spec in specs:
         w = parse_workload(spec)
         path = out / f"{_model(spec)}.yaml"
-        calibration = load_recipe(str(path)).calibration if path.is_file() else None
+        calibration = load_recipe(str(path)).calibration_for(device) if path.is_file() else None
         predicted = shortlist(w, cluster, world, args.top, calibration, dtype.itemsize)
         setup = Setup(w, args.machines, m, args.backend, args.emulate_link, dtype, args.iters, args.warmup,
                       args.seed, args.timeout, kernel=args.kernel)
@@ -226,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
     rows = run_job(_rank_job, world, tasks, gpu=gpu, timeout_s=args.timeout * (2 + sum(len(t[1]) for t in tasks)))[0]
     if int(os.environ.get("RANK", 0)) != 0:
         return 0
-    info = {"device": torch.cuda.get_device_name() if gpu else "cpu", "date": datetime.date.today().isoformat(),
+    info = {"device": device, "date": datetime.date.today().isoformat(),
             "machines": args.machines, "gpus_per_machine": m, "link": cluster.link, "backend": args.backend,
             "kernel": args.kernel, "dtype": str(dtype).removeprefix("torch."), "elem_bytes": dtype.itemsize}
     for r in rows:
@@ -244,7 +245,7 @@ def main(args: argparse.Namespace) -> int:
         records += _records(mine, predicted, w, world, info)
         by_model.setdefault(_model(spec), []).append(_entry(spec, w, mine, list(predicted), info))
     every = write_records(out / "measurements.json", records)
-    calibration = fit([r for r in every if r["device"] == info["device"]])
+    calibration = {gpu_kind(device): fit([r for r in every if gpu_kind(r["device"]) == gpu_kind(device)])}
     for model, entries in by_model.items():
         path = write_recipe(out / f"{model}.yaml", model, entries, calibration)
         for e in entries:

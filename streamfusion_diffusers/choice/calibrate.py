@@ -3,8 +3,8 @@
 Two steps. The attention rate per head size comes straight from the no-communication bound rows (each rank's
 L/P x L attention, nothing moved). Then the fixed costs the model cannot derive from bytes and FLOPs, the
 launch of each attention call, each posted group of transfers (a stage) and each layer, are fitted by least
-squares on the relative error over every measured layout (Gauss-Newton: the model is piecewise linear in
-them), kept non-negative.
+squares on the relative error over every measured layout (Levenberg-Marquardt: the model is piecewise linear in
+them, so a plain Gauss-Newton step overshoots at the kinks and stalls), kept non-negative.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _gpu(base: Gpu, theta: np.ndarray, dims: list[int]) -> Gpu:
     return replace(base, **fixed, attention_tflops={d: float(v) for d, v in zip(dims, theta[len(FITTED):])})
 
 
-def fit(records: list[dict], base: Gpu | None = None, rounds: int = 8) -> dict:
+def fit(records: list[dict], base: Gpu | None = None, rounds: int = 30) -> dict:
     """The calibration mapping for a recipe header (Gpu field names, plus how well it fits).
 
     Parameters: the fixed costs in FITTED and the attention rate per head dim the timed layouts reach (their
@@ -70,27 +70,28 @@ def fit(records: list[dict], base: Gpu | None = None, rounds: int = 8) -> dict:
     high = np.array([np.inf if f[3] is None else f[3] for f in FITTED] + [np.inf] * len(dims))
     theta = np.array([getattr(gpu, f[0]) for f in FITTED] + [gpu.attention_tflops[d] for d in dims], dtype=float)
     before = residual = _residuals(layers, gpu)
-    best = (_rms(residual), theta)
+    rms, damping = _rms(residual), 1e-3
     for _ in range(rounds):
         # the model is piecewise linear in each parameter, so a finite difference is its slope
         jacobian = np.stack([(_residuals(layers, _gpu(gpu, theta + steps[i] * np.eye(len(theta))[i], dims))
                               - residual) / steps[i] for i in range(len(theta))], axis=1)
-        delta = np.linalg.lstsq(jacobian, -residual, rcond=None)[0]
-        for shrink in (1.0, 0.5, 0.25, 0.125, 0.0625):  # the slopes hold piecewise: halve a step that overshoots
-            trial = np.clip(theta + shrink * delta, low, high)
+        normal, gradient = jacobian.T @ jacobian, jacobian.T @ residual
+        while damping < 1e8:  # damp a step that does not lower the error until it does (towards the gradient)
+            delta = np.linalg.lstsq(normal + damping * np.diag(np.diag(normal)), -gradient, rcond=None)[0]
+            trial = np.clip(theta + delta, low, high)
             trial_residual = _residuals(layers, _gpu(gpu, trial, dims))
-            if _rms(trial_residual) < best[0] - 1e-9:
+            if _rms(trial_residual) < rms - 1e-9:
+                damping /= 3
                 break
+            damping *= 4
         else:
             break
-        theta, residual, best = trial, trial_residual, (_rms(trial_residual), trial)
-    rms, theta = best
+        theta, residual, rms = trial, trial_residual, _rms(trial_residual)
     fitted = _gpu(gpu, theta, dims)
-    final = _residuals(layers, fitted)
     out = {"attention_tflops": {d: round(r, 3) for d, r in fitted.attention_tflops.items()},
            **{f[0]: round(getattr(fitted, f[0]), 4) for f in FITTED}}
     out.update({"fitted_on": f"{len(layers)} measured layouts", "rms_error_before": round(_rms(before), 4),
-                "rms_error": round(rms, 4), "max_error": round(float(np.max(np.abs(final))), 4)})
+                "rms_error": round(rms, 4), "max_error": round(float(np.max(np.abs(residual))), 4)})
     return out
 
 

@@ -2,7 +2,8 @@
 
 The answer is the recipe entry measured (or predicted) for the same heads and head size on the same cluster
 shape, link and transport, at the nearest sequence length; without one, the cost model's fastest layout,
-with the figures fitted in the recipe file's `calibration` header when there is one. Every rank must build
+with the figures fitted in the recipe file's `calibration` header for the GPU it runs on (the device's own name:
+the kinds differ in overheads) when there is one. Every rank must build
 the same mesh, so rank 0's choice is broadcast (files may differ between machines).
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -128,8 +130,9 @@ def ranked(w: Workload, cluster: Cluster, gpu: Gpu, elem_bytes: int = 2) -> list
 
 
 def choose(shape: Workload, cluster: Cluster, recipe: str | None = None, kernel: str = "auto",
-           elem_bytes: int = 2) -> Choice:
-    """The layout for one attention shape on a cluster, and why (an entry, or the cost model's prediction)."""
+           elem_bytes: int = 2, gpu: str | None = None) -> Choice:
+    """The layout for one attention shape on a cluster, and why (an entry, or the cost model's prediction with
+    the calibration of `gpu`, a device name)."""
     recipes = load_recipes(recipe)
     hit = find_entry(recipes, shape, cluster)
     where = f"{shape.tokens}+{shape.text_tokens} tokens, {shape.heads} heads x {shape.head_dim}, " \
@@ -146,7 +149,7 @@ def choose(shape: Workload, cluster: Cluster, recipe: str | None = None, kernel:
         return Choice(entry_layout(e, shape.heads), chosen_kernel, why)
     matching = [r for r in recipes if any((w := entry_workload(e, r.model)) is not None and w.heads == shape.heads
                                           and w.head_dim == shape.head_dim for e in r.entries)]
-    calibration = next((r.calibration for r in matching + recipes if r.calibration), None)
+    calibration = next((r.calibration_for(gpu) for r in matching + recipes if r.calibration), None)
     best, *rest = ranked(shape, cluster, gpu_of(calibration), elem_bytes)
     runner = f", runner-up {rest[0].layout} {rest[0].layer_ms:.3f} ms" if rest else ""
     why = (f"cost model{' (calibrated)' if calibration else ''}: predicted {best.layer_ms:.3f} ms{runner}; no "
@@ -166,7 +169,8 @@ def auto_layout(ctx: ParallelContext, q: Tensor, seq_lens: Sequence[int], joint_
     cluster = Cluster(machines, gpus, config.emulate_link or REAL_LINK, config.backend)
     decide = ctx.global_rank == 0
     with one_time("layout choice"):
-        box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size()) if decide else None]
+        device = torch.cuda.get_device_name(q.device) if q.is_cuda else None
+        box = [choose(shape, cluster, config.recipe, config.kernel, q.element_size(), device) if decide else None]
         # every branch runs the same shapes together, and with worlds given every world too (the process groups of
         # a layout's mesh are made by every rank of the job at once): one choice for all, bounded by timeout_s
         dist.broadcast_object_list(box, src=0, group=ctx.groups.world(config.timeout_s))

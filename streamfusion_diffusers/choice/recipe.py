@@ -5,7 +5,9 @@ workload size (`resolution` for images, `frames` for video) and the layout (meth
 backend), plus where the choice came from (`source`: a measurement or the cost model). Packaged recipes are
 found by model name (`flux-dev`); any other argument is read as a path. `streamfusion tune` writes into the
 user's recipe folder (`user_folder()`), which method "auto" reads before the packaged recipes. An optional `calibration` mapping in
-the file's header holds cost-model figures fitted from `streamfusion tune`'s measurements (choice/calibrate.py).
+the file's header holds cost-model figures fitted from `streamfusion tune`'s measurements (choice/calibrate.py), one
+set per GPU kind (`H200`, `H100`): the kinds differ in what the model cannot derive from bytes and FLOPs (launch and
+transfer overheads, the attention rate reached), so each is fitted on its own measurements.
 
 The files and their loader (here); `store` writes them, `choose` reads them for `method="auto"`, the `tune`
 command measures the entries and `calibrate` fits the cost model to them.
@@ -13,6 +15,7 @@ command measures the entries and `calibrate` fits the cost model to them.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -34,6 +37,22 @@ def user_folder() -> Path:
 
 
 PACKAGED = resources.files(__package__) / "recipes"  # the packaged recipe files
+ANY_GPU = "any"  # the kind of a calibration written before calibrations were kept per GPU kind
+
+
+def gpu_kind(device: str) -> str:
+    """The GPU model in a device name ('NVIDIA H100 80GB HBM3' -> 'H100'), which a calibration is fitted for."""
+    found = re.search(r"[A-Z]+\d+", device.removeprefix("NVIDIA "))
+    return found.group(0) if found else device
+
+
+def calibration_for(calibrations: dict | None, gpu: str | None = None) -> dict | None:
+    """The calibration of this GPU (a device name or kind); else the first one, that of the GPUs the recipe's
+    entries were measured on (better than none for a GPU nobody fitted)."""
+    if not calibrations:
+        return None
+    kind = gpu_kind(gpu) if gpu else None
+    return calibrations[kind] if kind in calibrations else next(iter(calibrations.values()))
 
 
 @dataclass(frozen=True)
@@ -41,8 +60,11 @@ class Recipe:
     model: str
     entries: tuple[dict, ...]
     path: str
-    calibration: dict | None = None
+    calibration: dict | None = None  # per GPU kind
     packaged: bool = False
+
+    def calibration_for(self, gpu: str | None = None) -> dict | None:
+        return calibration_for(self.calibration, gpu)
 
     def entry(self, machines: int, gpus_per_machine: int, link: str | None = None, **size: int) -> dict:
         """The entry for this cluster shape (and inter-machine link, when given) and size; the nearest size of
@@ -83,7 +105,10 @@ def load_recipe(name_or_path: str) -> Recipe:
         missing = [k for k in ("machines", "gpus_per_machine", "method") if k not in e]
         if missing:
             raise ValueError(f"recipe {where}: entry {e} lacks {', '.join(missing)}")
-    return Recipe(data["model"], tuple(data["entries"]), where, data.get("calibration"), packaged.is_file())
+    calibration = data.get("calibration")
+    if calibration and "attention_tflops" in calibration:  # one calibration for every GPU (older tune)
+        calibration = {ANY_GPU: calibration}
+    return Recipe(data["model"], tuple(data["entries"]), where, calibration, packaged.is_file())
 
 
 def load_recipes(where: str | None = None) -> list[Recipe]:

@@ -5,21 +5,20 @@ The packaged recipes are built in two steps, both through `streamfusion tune`:
   tune --from-cost-model --shapes 1x2,1x8,2x8,2x1:p4de,... --out streamfusion_diffusers/choice/recipes
   tune --merge-from <device run's recipes folder> --out streamfusion_diffusers/choice/recipes
 The first writes the cost model's choice for every shape (`source: cost model`), never over a measured entry;
-the second merges measured entries and measurements.json in, refits the calibration on the merged records and
-predicts the remaining cost-model entries again with it, so that nothing in the folder is predicted by a
-model older than the measurements beside it.
+the second merges measured entries and measurements.json in, refits the calibration of each GPU kind the new
+records were measured on (the others' are kept) and predicts the remaining cost-model entries again with the
+first kind's, so that nothing in the folder is predicted by a model older than the measurements beside it.
 """
 from __future__ import annotations
 
 import datetime
-from collections import Counter
 from pathlib import Path
 
 from ..core.links import parse_link
 from .calibrate import fit
 from .choose import REAL_LINK, Cluster, entry_workload, gpu_of, ranked
 from .predictions import BenchReader, load_records
-from .recipe import load_recipe
+from .recipe import calibration_for, gpu_kind, load_recipe
 from .store import layout_fields, write_recipe, write_records
 from .workloads import Workload
 
@@ -61,7 +60,7 @@ def from_cost_model(workloads: list[tuple[str, Workload, dict]], shapes: list[tu
     by_model: dict[str, list[dict]] = {}
     for model, w, base in workloads:
         path = out / f"{model}.yaml"
-        calibration = load_recipe(str(path)).calibration if path.is_file() else None
+        calibration = load_recipe(str(path)).calibration_for() if path.is_file() else None
         by_model.setdefault(model, []).extend(
             predicted_entry(base, w, Cluster(n, m, link, backend), calibration, kernel, elem_bytes)
             for n, m, link in shapes)
@@ -73,9 +72,11 @@ def from_cost_model(workloads: list[tuple[str, Workload, dict]], shapes: list[tu
 SIZE_FIELDS = ("model", "resolution", "height", "frames", "width", "tokens", "text_tokens", "heads", "head_dim")
 
 
-def repredict(path: Path, calibration: dict | None) -> int:
-    """Predict the cost-model entries of one recipe file again with `calibration`; returns how many."""
+def repredict(path: Path, calibrations: dict | None) -> int:
+    """Predict the cost-model entries of one recipe file again with the first of its calibrations once
+    `calibrations` (per GPU kind) are merged in; returns how many."""
     recipe = load_recipe(str(path))
+    calibration = calibration_for({**(recipe.calibration or {}), **(calibrations or {})})
     fresh = []
     for e in recipe.entries:
         w = entry_workload(e, recipe.model)
@@ -83,7 +84,7 @@ def repredict(path: Path, calibration: dict | None) -> int:
             cluster = Cluster(e["machines"], e["gpus_per_machine"], e.get("link", REAL_LINK), e.get("backend", "torch"))
             base = {k: e[k] for k in SIZE_FIELDS if k in e}
             fresh.append(predicted_entry(base, w, cluster, calibration, e.get("kernel", "auto")))
-    write_recipe(path, recipe.model, fresh, calibration)
+    write_recipe(path, recipe.model, fresh, calibrations)
     return len(fresh)
 
 
@@ -105,16 +106,15 @@ def merge_from(sources: list[str], out: Path, read_bench: BenchReader | None = N
             measured.setdefault(recipe.model, []).extend(e for e in recipe.entries if e.get("source") == "measured")
         records += load_records([str(p) for p in timed], read_bench)
     every = write_records(out / "measurements.json", records) if records else []
-    calibration = None
-    if records:  # the device most of the new records were measured on
-        device = Counter(r["device"] for r in records).most_common(1)[0][0]
-        calibration = fit([r for r in every if r["device"] == device])
-        print(f"calibration fitted on {calibration.get('fitted_on', 'no layouts')} of {device}: rms error "
-              f"{calibration.get('rms_error_before', 0):.1%} -> {calibration.get('rms_error', 0):.1%}")
+    calibrations = {}
+    for kind in dict.fromkeys(gpu_kind(r["device"]) for r in records):  # the kinds the new records came from
+        calibrations[kind] = fit([r for r in every if gpu_kind(r["device"]) == kind])
+        print(f"calibration of {kind} fitted on {calibrations[kind].get('fitted_on', 'no layouts')}: rms error "
+              f"{calibrations[kind].get('rms_error_before', 0):.1%} -> {calibrations[kind].get('rms_error', 0):.1%}")
     for model, entries in measured.items():
-        write_recipe(out / f"{model}.yaml", model, entries, calibration)
+        write_recipe(out / f"{model}.yaml", model, entries, calibrations)
         print(f"merged {len(entries)} measured entries into {out / f'{model}.yaml'}")
     for path in sorted(out.glob("*.yaml")):
-        n = repredict(path, calibration or load_recipe(str(path)).calibration)
+        n = repredict(path, calibrations)
         print(f"predicted {n} cost-model entries of {path} again")
     return 0

@@ -54,8 +54,8 @@ def merge(old: list[dict], new: list[dict], model: str) -> list[dict]:
 
 
 def write_recipe(path: Path, model: str, entries: list[dict], calibration: dict | None = None) -> Path:
-    """Merge `entries` into the recipe at `path` (created if absent), keeping its other entries and, unless a
-    new one is given, its calibration."""
+    """Merge `entries` into the recipe at `path` (created if absent), keeping its other entries, and the
+    calibrations per GPU kind in `calibration` into its header, keeping those of other kinds."""
     old_entries, old_calibration = [], None
     if path.is_file():
         old = load_recipe(str(path))
@@ -64,7 +64,7 @@ def write_recipe(path: Path, model: str, entries: list[dict], calibration: dict 
         old_entries, old_calibration = list(old.entries), old.calibration
     doc = {"model": model}
     if calibration or old_calibration:
-        doc["calibration"] = calibration or old_calibration
+        doc["calibration"] = {**(old_calibration or {}), **(calibration or {})}
     doc["entries"] = merge(old_entries, entries, model)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:

@@ -4,7 +4,8 @@ one GPU holds at its peak, with and without sharded weights, and which GPUs that
 For clusters nobody here can rent: the cost model (choice/costmodel.py) walks our schedules for N x M GPUs
 and a workload of any model `generate` runs (models/configs.py MODELS), with an inter-machine link preset or any
 bandwidth/latency pair, using the figures fitted from measurements in the recipe's `calibration` header (the
-model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe). Beside each layout's predicted
+model's packaged recipe where it has one, else Flux.1-dev's, unless --recipe) for the GPU kind of --gpu: plan
+predicts clusters it does not run on, so the GPU is named, not read from this machine. Beside each layout's predicted
 time, its link bound: the busiest rank's bytes and messages across machines in one layer, on the link alone.
 The memory estimate is models/memory.py's, from the real configs on the meta device. With --serve, every replica split of the machines
 for `streamfusion serve --replicas R` (choice/replicas.py): latency per request and images per minute.
@@ -15,8 +16,8 @@ import argparse
 import json
 
 from ..choice.choose import gpu_of
-from ..choice.costmodel import candidate_layouts, predict
-from ..choice.recipe import PACKAGED, load_recipe
+from ..choice.costmodel import Gpu, candidate_layouts, predict
+from ..choice.recipe import PACKAGED, gpu_kind, load_recipe
 from ..choice.replicas import Split, plan_replicas, recommend, record_path, records_of
 from ..choice.workloads import COGVIDEOX_PLAN_HEIGHT, COGVIDEOX_PLAN_WIDTH, Workload, cogvideox, flux
 from ..choice.workloads import MODELS as WORKLOADS
@@ -63,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", default="dgx", help=f"inter-machine link: {', '.join(PRESETS)} or GBPS:LATENCY_US")
     parser.add_argument("--recipe", default=None,
                         help="recipe whose calibration header the cost model uses (default: the model's packaged one)")
+    parser.add_argument("--gpu", default=None,
+                        help="GPU kind whose calibration the cost model uses, one of the recipe header's (the "
+                             "packaged ones: H200, H100; default: the header's first, the GPUs its entries were "
+                             "measured on)")
     parser.add_argument("--all", action="store_true", help="list every layout, not only each method's best")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -95,6 +100,18 @@ def workload_of(args: argparse.Namespace) -> Workload:
     return Workload(f"{args.model} {width}x{height}", spec.image_tokens(height, width, frames), 0,
                     cfg["num_attention_heads"], cfg["attention_head_dim"],
                     cfg.get("num_layers", 1) + cfg.get("num_single_layers", 0))
+
+
+def calibrated(args: argparse.Namespace) -> tuple[str, Gpu]:
+    """The GPU kind planned for and the cost model's figures for it, from the recipe's calibration header."""
+    packaged = (PACKAGED / f"{args.model}.yaml").is_file()
+    recipe = load_recipe(args.recipe or (args.model if packaged else "flux-dev"))
+    kinds = list(recipe.calibration or {})
+    if args.gpu and gpu_kind(args.gpu) not in kinds:
+        raise ValueError(f"--gpu {args.gpu}: recipe {recipe.path} is calibrated for "
+                         f"{', '.join(kinds) or 'no GPU kind'}; pass one of those (or --recipe another)")
+    kind = gpu_kind(args.gpu) if args.gpu else (kinds[0] if kinds else "uncalibrated GPU")
+    return kind, gpu_of(recipe.calibration_for(args.gpu))
 
 
 def memory(args: argparse.Namespace) -> int:
@@ -136,8 +153,7 @@ def serve(args: argparse.Namespace) -> int:
     parts = pipeline_parts(args.model)
     peaks = lambda ranks: tuple(estimate(args.model, height, width, frames, ranks, sharded=s,  # noqa: E731
                                          parts=parts).peak for s in (False, True))
-    packaged = (PACKAGED / f"{args.model}.yaml").is_file()
-    gpu = gpu_of(load_recipe(args.recipe or (args.model if packaged else "flux-dev")).calibration)
+    kind, gpu = calibrated(args)
     room = args.gpu_memory * 1e9 / GIB - RUNTIME_GIB
     graph, why = graph_choice(args, gpu=True)
     splits = plan_replicas(args.model, frames, height, width, args.gpus_per_machine, steps, gpu, peaks, room, graph,
@@ -166,7 +182,7 @@ def serve(args: argparse.Namespace) -> int:
     print(f"lowest latency: {_label(fastest)} ({fastest.latency_s:.2f} s per request); most {unit} per minute: "
           f"{_label(most)} ({most.per_minute:.2f})")
     path = "replayed from CUDA graphs" if graph else f"eager ({why}): the longer of the GPU's work and the host's"
-    print(f"predicted for one H200 per GPU, steps {path}: the GPU's work = the cost model's attention (calibrated) + "
+    print(f"predicted for one {kind} per GPU, steps {path}: the GPU's work = the cost model's attention (calibrated) + "
           f"the rest of a recorded step scaled by tokens per rank; text and decode recorded ({', '.join(based)})")
     if one.note:
         print(f"note: {one.note}")
@@ -186,15 +202,14 @@ def main(args: argparse.Namespace) -> int:
         return memory(args)
     workload = workload_of(args)
     link = parse_link(args.link)
-    packaged = (PACKAGED / f"{args.model}.yaml").is_file()
-    gpu = gpu_of(load_recipe(args.recipe or (args.model if packaged else "flux-dev")).calibration)
+    kind, gpu = calibrated(args)
     predictions = {m: [predict(lay, workload, link, gpu) for lay in
                        candidate_layouts(m, args.machines, args.gpus_per_machine, workload.heads)] for m in METHODS}
     best = {m: min(ps, key=lambda p: p.step_ms) for m, ps in predictions.items() if ps}
     recommended = min(best.values(), key=lambda p: p.step_ms)
     if args.json:
         print(json.dumps({
-            "workload": workload.name, "machines": args.machines, "gpus_per_machine": args.gpus_per_machine,
+            "workload": workload.name, "machines": args.machines, "gpus_per_machine": args.gpus_per_machine, "gpu": kind,
             "link": {"name": link.name, "gb_per_s": link.gb_per_s, "latency_us": link.latency_us},
             "recommended": {"method": recommended.layout.method, **recommended.as_dict()},
             "methods": {m: p.as_dict() for m, p in best.items()},
