@@ -25,7 +25,7 @@ from streamfusion_diffusers.core.links import PRESETS, parse_link
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-11-22-h200x2"
 # one layer on 4 x H100 (2 x 2, 4 x 1) and 2 x H100 (2 x 1), the p4de link emulated, torch transport
-H100 = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-11-28-h100-records-s39"
+H100 = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-11-27-h100-records-s39"
 H100_NAME = "NVIDIA H100 80GB HBM3"
 PLANNED = {"flux-dev 4096x4096": flux(4096), "cogvideox-5b 161f 768x1360": cogvideox(161)}  # as `plan` sizes them
 WITHIN = 0.10  # the bar for every layout
