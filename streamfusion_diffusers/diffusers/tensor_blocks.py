@@ -8,8 +8,9 @@ gathers them. Its tokens are gathered instead: each input split over the sequenc
 whole at the block's entry, the block runs on every token with its share of the heads (the stock attention,
 local: inside the block nothing of the sequence is split) and each output is cut back to this rank's rows; the
 next tensor-parallel block takes those rows whole from that output (every rank computed the same), so a run of
-such blocks moves, per block, only what its all-reduces carry. A rank holds 1/P of the cut projections and the
-rest of the block whole.
+such blocks moves, per block, only what its all-reduces carry. A block's own modulation (the AdaLN projections of
+the timestep embedding, which the diffusers plan leaves whole) is cut colwise too, its few outputs per sample
+all-gathered. A rank holds 1/P of the cut projections and the rest of the block (norms) whole.
 
 Which forward arguments and outputs are token rows, and of which stream (text, image, or both joined as
 [text ; image]), `BlockRows` says per block class; rotary tables are tuples of tables whose rows (their first dim)
@@ -40,12 +41,14 @@ TEXT, IMAGE, JOINT = "text", "image", "joint"
 class BlockRows:
     """Which forward arguments of a block class are token rows, by name: a stream (a tensor's rows along dim 1),
     or a stream per table of a tuple (rotary tables: rows along dim 0); the stream of each output in order (a
-    block returning one tensor: one entry); and the stream each of its all-reduces carries (`summed`: its
-    row-parallel projections', for what a forward moves)."""
+    block returning one tensor: one entry); the stream each of its all-reduces carries (`summed`: its
+    row-parallel projections', for what a forward moves); and its modulation projections (`modulation`, paths in
+    the block: cut colwise, their outputs gathered)."""
 
     inputs: Mapping[str, str | tuple[str, ...]]
     outputs: tuple[str, ...]
     summed: tuple[str, ...]
+    modulation: tuple[str, ...] = ()
 
 
 # diffusers' transformer blocks whose models carry a `_tp_plan`, by class name
@@ -53,16 +56,17 @@ _ROTARY = (JOINT, JOINT)  # Flux's (cos, sin) tables, over [text ; image]
 _TWO_STREAMS = (IMAGE, TEXT, IMAGE, TEXT)  # attention out, added out, MLP out, context MLP out
 BLOCK_ROWS: dict[str, BlockRows] = {
     "FluxTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
-                                       "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), _TWO_STREAMS),
+                                       "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), _TWO_STREAMS,
+                                      ("norm1.linear", "norm1_context.linear")),
     "FluxSingleTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
-                                             "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), (JOINT,)),
+                                             "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), (JOINT,), ("norm.linear",)),
     "Flux2TransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
                                         "image_rotary_emb": _ROTARY}, (TEXT, IMAGE), _TWO_STREAMS),
     "Flux2SingleTransformerBlock": BlockRows({"hidden_states": JOINT, "image_rotary_emb": _ROTARY}, (JOINT,),
                                              (JOINT,)),
     "QwenImageTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
                                             "encoder_hidden_states_mask": TEXT, "image_rotary_emb": (IMAGE, TEXT)},
-                                           (TEXT, IMAGE), _TWO_STREAMS),
+                                           (TEXT, IMAGE), _TWO_STREAMS, ("img_mod.1", "txt_mod.1")),
 }
 
 
@@ -74,9 +78,13 @@ def _styles() -> tuple[type, type] | None:
     return PackedColwiseParallel, PackedRowwiseParallel
 
 
+GATHERED = -1  # a Cut's dim for a modulation projection: colwise, its outputs all-gathered
+
+
 def block_plan(model: nn.Module, name: str, block: nn.Module) -> dict[nn.Linear, tuple[int, list[int]]]:
-    """The projections of `block` (named `name` in `model`) that its model's `_tp_plan` cuts: each Linear's cut
-    dim of its weight (0: colwise, 1: rowwise) and the sizes of the fused parts cut apart along it."""
+    """The projections of `block` (named `name` in `model`) that run cut: those its model's `_tp_plan` cuts, each
+    Linear's cut dim of its weight (0: colwise, 1: rowwise) and the sizes of the fused parts cut apart along it,
+    and its modulation projections (GATHERED: a contiguous share of the outputs, gathered after)."""
     styles = _styles()
     plan = getattr(type(model), "_tp_plan", None)
     if styles is None or not plan:
@@ -96,6 +104,10 @@ def block_plan(model: nn.Module, name: str, block: nn.Module) -> dict[nn.Linear,
         parts = parts or [size]
         unit = size // sum(parts)
         found[linear] = (dim, [p * unit for p in parts])
+    rows = BLOCK_ROWS.get(type(block).__name__)
+    for path in rows.modulation if found and rows is not None else ():
+        linear = block.get_submodule(path)
+        found[linear] = (GATHERED, [linear.weight.shape[0]])
     return found
 
 
@@ -111,7 +123,7 @@ def sliced_bytes(plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> int:
     total = 0
     for linear, (dim, _) in plan.items():
         total += linear.weight.numel() * linear.weight.element_size()
-        if dim == 0 and linear.bias is not None:
+        if dim != 1 and linear.bias is not None:
             total += linear.bias.numel() * linear.bias.element_size()
     return total
 
@@ -146,6 +158,19 @@ def _cut(t: Tensor, dim: int, parts: list[int], rank: int, ranks: int) -> Tensor
     return torch.cat(pieces, dim=dim).contiguous()
 
 
+class _GatherColumns:
+    """A modulation projection's forward hook: every rank's share of the output features, gathered in order."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+
+    def __call__(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        ranks = dist.get_world_size(self.group)
+        whole = out.new_empty((ranks, *out.shape))
+        dist.all_gather_into_tensor(whole.view(-1, *out.shape[1:]), out.contiguous(), group=self.group)
+        return whole.movedim(0, -2).flatten(-2)
+
+
 class _SumRows:
     """A rowwise projection's forward hook: the ranks' partial products summed, then the bias added once."""
 
@@ -162,12 +187,14 @@ def cut_block(plan: Mapping[nn.Linear, tuple[int, list[int]]], group: dist.Proce
     """Keep this rank's share of each planned projection of a block (the rest of the block whole), on `device`."""
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     for linear, (dim, parts) in plan.items():
-        linear.weight = nn.Parameter(_cut(linear.weight.detach(), dim, parts, rank, ranks).to(device),
+        linear.weight = nn.Parameter(_cut(linear.weight.detach(), max(dim, 0), parts, rank, ranks).to(device),
                                      requires_grad=False)
         bias = linear.bias
-        if dim == 0:
+        if dim != 1:
             if bias is not None:
                 linear.bias = nn.Parameter(_cut(bias.detach(), 0, parts, rank, ranks).to(device), requires_grad=False)
+            if dim == GATHERED:
+                linear.register_forward_hook(_GatherColumns(group))
         else:
             linear.bias = None
             linear.register_parameter("summed_bias", None if bias is None else nn.Parameter(
