@@ -404,13 +404,13 @@ def test_blocks_tensor_parallel_cannot_run_are_gathered(pool):
 def _gathers_per_forward(layers: tuple[int, int]) -> dict:
     """On every rank: tiny Flux with `layers` (double, single) blocks, every block tensor-parallel; the token
     gathers one forward makes, and its error against the unsharded parallel model."""
-    from streamfusion_diffusers.diffusers import tensor_blocks
+    from streamfusion_diffusers.diffusers import token_rows
 
     case = Case("flux", (6, 5), text=8, overrides={"num_layers": layers[0], "num_single_layers": layers[1]})
     inputs = case.inputs(4)
     ctx = init_parallel(ULYSSES)
     calls = []
-    gather = tensor_blocks.gather
+    gather = token_rows.gather
 
     def counted(*args, **kwargs):
         calls.append(1)
@@ -420,11 +420,11 @@ def _gathers_per_forward(layers: tuple[int, int]) -> dict:
         reference = parallelize(build_transformer(case.config, seed=3), ctx)(**inputs).sample
         model = build_transformer(case.config, seed=3)
         parallelize(model, ctx, shard_weights=True, streamed="tensor")
-        tensor_blocks.gather = counted
+        token_rows.gather = counted
         try:
             out = model(**inputs).sample
         finally:
-            tensor_blocks.gather = gather
+            token_rows.gather = gather
     return {"gathers": len(calls), "error": relative_error(out, reference)}
 
 
