@@ -87,7 +87,8 @@ def _pipeline(name: str, config: ParallelConfig, cfg_kwargs: dict | None = None,
     installed = pipe.transformer._streamfusion
     parts = list(shardable_parts(pipe, transformers_of(pipe)).values())
     experts = [t._shards for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
-    planned = estimate(name, kwargs["height"], kwargs["width"], kwargs.get("num_frames", 1), WORLD, sharded=True,
+    planned = estimate(name, kwargs["height"], kwargs["width"], kwargs.get("num_frames", 1), WORLD, cfg=config.cfg,
+                       sharded=True,
                        parts=pipeline_parts(name, dtype=out.dtype), streamed=streamed,
                        bytes_per_value=out.element_size())  # `plan --memory`'s, from a
     # meta build
@@ -393,6 +394,17 @@ def test_tensor_parallel_blocks_under_every_layout(pool, config, how, case):
     for res in pool.run(_transformer, config, how, "tensor", case):
         assert all(e <= TOL for e in res["errors"]) and res["tensor"] == ("transformer",), res
         assert res["held"] == res["planned"], res
+
+
+def test_tensor_parallel_blocks_with_the_cfg_split(pool):
+    """cfg 2 x ulysses 2, Qwen-Image's true CFG: the weights shard over all four ranks, each branch's two run the
+    tensor-parallel blocks over its own tokens (they hold half of each cut projection)."""
+    config = ParallelConfig(machines=1, gpus_per_machine=4, method="ulysses", cfg=2)
+    guided = dict(true_cfg_scale=4.0, negative_prompt="blurry")
+    for res in pool.run(_pipeline, "tiny-qwen-image", config, guided, streamed="tensor"):
+        assert res["error"] <= TOL and res["tensor"] == ("transformer",), res
+        assert res["held"] == res["planned"], res
+        assert res["plan_memory"] == pytest.approx(res["held"] + res["vae"], rel=0.05), res
 
 
 def test_blocks_tensor_parallel_cannot_run_are_gathered(pool):

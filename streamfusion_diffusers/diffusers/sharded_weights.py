@@ -193,17 +193,16 @@ def shardable_parts(target: nn.Module | object, transformers: list[nn.Module]) -
     return parts
 
 
-def tensor_parts(parts: Mapping[str, nn.Module], ctx: ParallelContext, ranks: int) -> list[str]:
-    """The transformers among `parts` whose streamed blocks can run tensor-parallel over the weight group; why
-    not, said once for each that cannot."""
+def tensor_parts(parts: Mapping[str, nn.Module], ctx: ParallelContext) -> list[str]:
+    """The transformers among `parts` whose streamed blocks can run tensor-parallel over the ranks of one
+    forward's tokens (the sequence-parallel group: with a guidance split, each branch's); why not, said once for
+    each that cannot."""
     found = []
     transformers = [n for n in parts if n.startswith("transformer")]
     for name in transformers:
         model = parts[name]
-        why = ("the weights are sharded over more ranks than one forward's tokens (a guidance split)"
-               if ctx.world_size != ranks else
-               "Wan 2.2's experts share one resident region" if len(transformers) > 1 else
-               tensor_parallel_refusal(model, _streamed(model, 0), ranks))
+        why = ("Wan 2.2's experts share one resident region" if len(transformers) > 1 else
+               tensor_parallel_refusal(model, _streamed(model, 0), ctx.world_size))
         if why:
             say_once(logger, logging.WARNING, "shard_weights: %s streams its blocks gathered, not tensor-parallel: "
                      "%s", name, why)
@@ -224,7 +223,8 @@ def shard_pipeline(target: nn.Module | object, transformers: list[nn.Module], ct
     parts = shardable_parts(target, transformers)
     ranks = dist.get_world_size(group)
     sizes = {name: part_sizes(p) for name, p in parts.items()}
-    split = choose_split(sizes, ranks, budget, tensor_parts(parts, ctx, ranks) if streamed == "tensor" else ())
+    tensor = tensor_parts(parts, ctx) if streamed == "tensor" and ctx.world_size > 1 else []
+    split = choose_split(sizes, ranks, budget, tensor, ctx.world_size)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
     _setup(parts, split, group, ranks, device, ctx)

@@ -48,7 +48,7 @@ class PartSizes:
     summed: tuple[tuple[int, int], ...] = ()  # per block: its all-reduces of (image, text) rows a forward
 
     def tensor_held(self, i: int, ranks: int) -> int:
-        """The bytes block i holds on a rank when it runs tensor-parallel over `ranks`."""
+        """The bytes block i holds on a rank when it runs tensor-parallel over `ranks` (its forward's ranks)."""
         return self.exact[i] - self.sliced[i] + self.sliced[i] // ranks
 
     @property
@@ -94,10 +94,11 @@ class Split:
         return ", ".join(parts + ([f"whole: {', '.join(whole)}"] if whole else [])) or "nothing sharded"
 
 
-def split_cost(sizes: Mapping[str, PartSizes], keep: Mapping[str, int], ranks: int, tensor: Sequence[str] = ()
-               ) -> Split:
+def split_cost(sizes: Mapping[str, PartSizes], keep: Mapping[str, int], ranks: int, tensor: Sequence[str] = (),
+               tensor_ranks: int | None = None) -> Split:
     """The held and received bytes per rank of sharding `keep`'s parts so (the layout `shard_pipeline` builds),
-    the parts in `tensor` running their streamed blocks tensor-parallel."""
+    the parts in `tensor` running their streamed blocks tensor-parallel over `tensor_ranks` (the ranks of one
+    forward's tokens; default all `ranks`: fewer with a guidance split, each branch its own)."""
     held = sum(s.total for name, s in sizes.items() if name not in keep)
     slot = received = 0
     experts = [name for name in keep if name.startswith("transformer")]
@@ -109,7 +110,7 @@ def split_cost(sizes: Mapping[str, PartSizes], keep: Mapping[str, int], ranks: i
         streamed = [s.blocks[i] for i in which]
         resident = s.root + sum(s.blocks) - sum(streamed)
         if name in tensor:
-            held += padded(resident, ranks) + sum(s.tensor_held(i, ranks) for i in which)
+            held += padded(resident, ranks) + sum(s.tensor_held(i, tensor_ranks or ranks) for i in which)
             continue
         shards = sum(padded(b, ranks) // ranks for b in streamed)
         if name in experts and len(experts) > 1:  # sharded too, gathered into the shared region
@@ -124,16 +125,16 @@ def split_cost(sizes: Mapping[str, PartSizes], keep: Mapping[str, int], ranks: i
     return Split(dict(keep), held + region + 2 * slot, received, 2 * slot, tensor)
 
 
-def choose_split(sizes: Mapping[str, PartSizes], ranks: int, budget: int | None, tensor: Sequence[str] = ()
-                 ) -> Split:
+def choose_split(sizes: Mapping[str, PartSizes], ranks: int, budget: int | None, tensor: Sequence[str] = (),
+                 tensor_ranks: int | None = None) -> Split:
     """The split that fits `budget` bytes per rank streaming the fewest blocks: the most transformer blocks kept
     gathered that fit (the same count for every expert; a lone transformer with all of them kept is left whole),
     then each text encoder whole where it still fits (they run once per prompt: they stream first); where nothing
     fits, the split that holds least. None: everything sharded, every block streamed. `tensor`: the parts whose
-    streamed blocks run tensor-parallel (where they can)."""
+    streamed blocks run tensor-parallel (where they can), over `tensor_ranks`."""
     keep = {name: 0 for name in sizes}
     if budget is None:
-        return split_cost(sizes, keep, ranks, tensor)
+        return split_cost(sizes, keep, ranks, tensor, tensor_ranks)
     experts = [n for n in sizes if n.startswith("transformer")]
     most = max((len(sizes[n].blocks) for n in experts), default=0)
 
@@ -143,15 +144,15 @@ def choose_split(sizes: Mapping[str, PartSizes], ranks: int, budget: int | None,
             del trial[experts[0]]
         return trial
 
-    trials = [split_cost(sizes, kept(k), ranks, tensor) for k in range(most + 1)]
+    trials = [split_cost(sizes, kept(k), ranks, tensor, tensor_ranks) for k in range(most + 1)]
     fitting = [t for t in trials if t.held <= budget]
     best = fitting[-1] if fitting else min(trials, key=lambda t: t.held)
     keep = dict(best.keep)
     for name in [n for n in sizes if n not in experts]:
         trial = {n: k for n, k in keep.items() if n != name}
-        if split_cost(sizes, trial, ranks, tensor).held <= budget:
+        if split_cost(sizes, trial, ranks, tensor, tensor_ranks).held <= budget:
             keep = trial
-    return split_cost(sizes, keep, ranks, tensor)
+    return split_cost(sizes, keep, ranks, tensor, tensor_ranks)
 
 
 __all__ = ["PartSizes", "Split", "blocks_of", "choose_split", "part_sizes", "split_cost", "streamed_blocks"]

@@ -115,21 +115,22 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
     vae = rows * width * VAE_BYTES_PER_PIXEL[family.name] * bytes_per_value / 2
     size = f"{frames}x{height}x{width}" if spec.video else f"{height}x{width}"
     vae_weights = parts["vae"].total
-    tensor = [n for n in experts if parts[n].sliced and len(experts) == 1 and cfg == 1] \
-        if streamed == "tensor" and sharded and ranks > 1 else []
+    tensor_ranks = ranks // cfg  # one forward's ranks: a guidance branch's
+    tensor = [n for n in experts if parts[n].sliced and len(experts) == 1] \
+        if streamed == "tensor" and sharded and tensor_ranks > 1 else []
     if tensor:
         whole_tokens = batch * (image + text)
-        activations = max(activations, whole_tokens * hidden * (BLOCK_LIVE + 2 * mlp / ranks) * bytes_per_value)
+        activations = max(activations, whole_tokens * hidden * (BLOCK_LIVE + 2 * mlp / tensor_ranks) * bytes_per_value)
     if sharded and ranks > 1:
         sizes = shardable(parts)
         budget = None if max_memory is None else weight_budget(max_memory, (activations + attention) / GIB,
                                                                vae_weights, vae / GIB)
-        split = choose_split(sizes, ranks, budget, tensor)
+        split = choose_split(sizes, ranks, budget, tensor, tensor_ranks)
         held = split.held - split.slots + vae_weights
         rows = sum(image_sets * image + text_sets * text for n in split.tensor
                    for image_sets, text_sets in (sizes[n].summed[i]
                                                  for i in streamed_blocks(len(sizes[n].blocks), split.keep[n])))
-        moved = rows * batch * hidden * bytes_per_value * 2 * (ranks - 1) / ranks  # ring all-reduces
+        moved = rows * batch * hidden * bytes_per_value * 2 * (tensor_ranks - 1) / tensor_ranks  # ring all-reduces
         return Estimate(model, size, ranks, cfg, True, held / GIB, split.slots / GIB, activations / GIB,
                         attention / GIB, vae / GIB, (split.held + vae_weights) / GIB, split.describe(sizes),
                         split.received / GIB, moved / GIB)
