@@ -4,8 +4,9 @@ Flux.2, Wan and Qwen-Image on every layout the issue names (torus U4R1 and U2R2,
 ulysses U4R1, auto), and so the input images of edits (Qwen-Image-Edit, Flux.1 Kontext, Flux.2's references,
 Wan 2.2 TI2V's first frame); LTX, HunyuanVideo, ChronoEdit and Helios once each; every case with token counts that do not
 divide the 4 ranks (uneven slices); a text shorter than the ranks stays whole and is attended as joint tokens.
-Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention), refused naming the
-input where they would mask the split self-attention (Qwen-Image, HunyuanVideo).
+Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention); where they mask the
+split self-attention (padded prompts), taken under Ulysses (Qwen-Image: every rank attends all keys at once) and
+refused naming the fix elsewhere (ring stages, HunyuanVideo's per-query mask).
 """
 from __future__ import annotations
 
@@ -80,13 +81,24 @@ def test_other_plan_models_match(pool, case):
     check(pool, config("torus-U2R2"), OTHERS[case])
 
 
-@pytest.mark.parametrize("case, name", [(Case("qwen-image", (3, 5), text=6, batch=2, padded_text=2),
-                                         "encoder_hidden_states_mask"),
+PADDED_QWEN = Case("qwen-image", (3, 5), text=6, batch=2, padded_text=2)
+
+
+@pytest.mark.parametrize("text", [6, 3], ids=["text-split", "text-whole"])
+def test_padded_prompts_match_under_ulysses(pool, text):
+    """A batch whose last prompt is 2 tokens shorter (its key mask drops them): the unparallelized model's output,
+    the text split over the ranks or, shorter than the ranks, whole on each."""
+    check(pool, config("ulysses-U4R1"), Case("qwen-image", (3, 5), text=text, batch=2, padded_text=2))
+
+
+@pytest.mark.parametrize("case, said", [(PADDED_QWEN, "need every key at once on each rank, after one all-to-all: "
+                                                      "method='ulysses'"),
                                         (Case("hunyuan-video", (2, 3, 3), text=6, batch=2, padded_text=2),
-                                         "encoder_attention_mask")], ids=["qwen-image", "hunyuan-video"])
-def test_key_masks_of_the_split_attention_are_refused_naming_the_input(pool, case, name):
+                                         "takes one that masks keys alike for every query and head")],
+                         ids=["qwen-image", "hunyuan-video"])
+def test_key_masks_of_the_split_attention_elsewhere_are_refused_naming_the_fix(pool, case, said):
     errors = pool.run(expect_error, config("torus-U2R2"), case)
-    assert all(e.startswith(f"{name} masks out some keys") for e in errors), errors
+    assert all(said in e for e in errors), errors
 
 
 def _mask_guard(config: ParallelConfig, mask: str) -> dict:
@@ -121,7 +133,7 @@ def test_the_attention_trusts_only_a_mask_that_was_checked(pool):
     for res in pool.run(_mask_guard, config("torus-U2R2"), "whole"):
         assert res["checked"] == ("encoder_hidden_states_mask",), res
     for res in pool.run(_mask_guard, config("torus-U2R2"), "absent"):
-        assert res["checked"] == () and "got an attention mask that masks out keys" in res["answer"], res
+        assert res["checked"] == () and "method='ulysses'" in res["answer"], res  # taken as a key mask
 
 
 def test_too_few_tokens_fail_naming_the_fix(pool):

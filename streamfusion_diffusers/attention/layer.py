@@ -11,17 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from ..backends import Transport
 from ..context import ParallelContext
 from ..core.mesh import Group, Mesh
-from ..kernels import Partial, agreed_choices, attend_chunks
+from ..core.sequence import gather
+from ..kernels import Partial, agreed_choices, attend_chunks, attend_masked
 from .agreement import agreed_seq_lens
 from .faults import EXACT, Exact
 from .joint import gather_joint, joint_shard
 from .torus import JointShard, TorusSchedule, finished
-from .ulysses import gather_heads, scatter_heads
+from .ulysses import gather_heads, peer_lens, scatter_heads
 from .volume import peer_bytes
 
 __all__ = ["run_layer"]
@@ -71,10 +73,17 @@ def _make_plan(ctx: ParallelContext, q: Tensor, k: Tensor, v: Tensor, joint: tup
 
 def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q: Tensor | None = None,
               joint_k: Tensor | None = None, joint_v: Tensor | None = None,
-              seq_lens: Sequence[int] | None = None, scale: float | None = None
+              seq_lens: Sequence[int] | None = None, scale: float | None = None,
+              key_mask: Tensor | None = None, joint_key_mask: Tensor | None = None
               ) -> Tensor | tuple[Tensor, Tensor]:
     """`sp_attention`, eagerly: its arguments and results (attention/__init__.py)."""
     plan = plan_of(ctx, q, k, v, (joint_q, joint_k, joint_v), seq_lens)
+    masks = None
+    if key_mask is not None:
+        if not plan.all_at_once:
+            raise ValueError(f"key masks (a batch of prompts of different lengths) need every key at once on each "
+                             f"rank, after one all-to-all: method='ulysses' (U = P), not {plan.mesh.layout}")
+        masks = (key_mask, joint_key_mask)
     mesh, kernel, lens, transport = plan.mesh, plan.kernel, plan.lens, ctx.transport
     transport.begin_layer(plan.peer_bytes)
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
@@ -82,7 +91,7 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
     try:
         with agreed_choices(ctx.kernels, plan.sp, plan.signature, q, kernel):  # the same kernel on every rank
             if plan.all_at_once:
-                out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel, fault)
+                out, shard = _all_keys_at_once(q, k, v, shard, mesh, transport, lens, scale, kernel, fault, masks)
             else:
                 xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens)
                 out = TorusSchedule(xq, xk, xv, mesh, transport, lens, shard, scale, kernel, fault).run()
@@ -94,12 +103,14 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
 
 
 def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None, mesh: Mesh,
-                      transport: Transport, lens: Sequence[int], scale: float | None, kernel: str, fault: Exact
-                      ) -> tuple[list[Tensor], JointShard | None]:
+                      transport: Transport, lens: Sequence[int], scale: float | None, kernel: str, fault: Exact,
+                      masks: tuple[Tensor, Tensor | None] | None = None) -> tuple[list[Tensor], JointShard | None]:
     """T = 1, R = 1 (Ulysses, USP without ring): after the all-to-all every query sees every key, so the joint
     tokens (all their rows, this rank's heads) ride in front of the sequence in the same buffers, as xDiT's
     USP puts them, and one attention call covers every row: no key concatenation, no separate small call for
-    the joint queries. Returns the sequence rows' output and the joint shard, finished."""
+    the joint queries. masks: (this rank's rows', the joint rows') key masks, [B, L] (True: attend), gathered
+    over the Ulysses peers into the order the keys arrive in. Returns the sequence rows' output and the joint
+    shard, finished."""
     front = (shard.q, shard.k, shard.v) if shard is not None else ()
     if len(mesh.ulysses_peers) == 1 and not front:
         # one rank holds every key (P = 1): nothing to move, nothing to merge. q, k, v go to the kernel as they
@@ -110,10 +121,18 @@ def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None,
     else:
         xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens, front)
         xq, xk, xv = xq[0], xk[0], xv[0]
-    partial = Partial()
     skip = shard.q.shape[1] if shard is not None else 0
-    attend_chunks([partial], [xq], fault.keys(0, [(xk, xv)], skip), scale, kernel, finalize=True)
-    out = finished(partial, xq)
+    keys = fault.keys(0, [(xk, xv)], skip)
+    if masks is not None:
+        rows, joint = masks
+        key_mask = gather(rows, peer_lens(mesh, lens), mesh.ulysses_intra.pg, dim=1)
+        if joint is not None:
+            key_mask = torch.cat([joint, key_mask], dim=1)
+        out = attend_masked(xq, keys[0][0], keys[0][1], key_mask, scale)
+    else:
+        partial = Partial()
+        attend_chunks([partial], [xq], keys, scale, kernel, finalize=True)
+        out = finished(partial, xq)
     if shard is None:
         return [out], None
     return [out[:, skip:]], JointShard(shard.q, shard.k, shard.v, Partial(out[:, :skip], None, True))

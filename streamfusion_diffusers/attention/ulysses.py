@@ -16,7 +16,8 @@ from ..backends import Transport
 from ..core.mesh import Mesh
 
 
-def _peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
+def peer_lens(mesh: Mesh, seq_lens: Sequence[int]) -> list[int]:
+    """The slice lengths of this rank's intra-Ulysses peers, in the order the all-to-all lays their rows."""
     return list(map(seq_lens.__getitem__, mesh.ulysses_peers))  # map, not a comprehension: no Python frame
 
 
@@ -46,7 +47,7 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, s
     # one piece each way per peer: what goes to every peer packed peer-major in one copy, [U', n, T, B, L, h, D],
     # and what comes from peer j into its own [n, T, B, L_j, h, D] run of one buffer (the transport copies the
     # local piece); the result is laid out once the pieces are in, the front rows meanwhile
-    n, lens, skip = len(xs), _peer_lens(mesh, seq_lens), front[0].shape[1] if front else 0
+    n, lens, skip = len(xs), peer_lens(mesh, seq_lens), front[0].shape[1] if front else 0
     send = torch.stack(parts, dim=1)
     row = n * n_t * b * h * d  # elements of one sequence row of every tensor's pieces
     received = xs[0].new_empty(row * sum(lens))
@@ -85,7 +86,7 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
     if n_u == 1:
         result = out[0] if n_t == 1 else torch.stack(list(out), dim=2).reshape(b, -1, n_t * h, d)
         return lambda: result
-    lens = _peer_lens(mesh, seq_lens)
+    lens = peer_lens(mesh, seq_lens)
     length, runs = lens[me], list(accumulate(lens, initial=0))
     # one piece each way per peer, into one [U', T, B, L, h, D]: where one contiguous head part of batch 1 holds
     # the rows of peer j end to end, they go as they lie; else packed peer-major, [T, B, L_j, h, D] runs of one

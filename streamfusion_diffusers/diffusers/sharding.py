@@ -3,7 +3,8 @@
 Like diffusers' own plan hooks, with three differences: slices may differ in length (`sequence.split_sizes`:
 diffusers' equipartition sharder asserts even splits), the token counts cut are published to the attention
 (`TokenLayout`: every rank's split rows, for `sp_attention(seq_lens=...)`), and key masks are checked once per
-forward. The split self-attention sees [text ; image] rows as the plan left them on each rank, so its rows per
+forward (one that keeps every key is dropped; one that leaves keys out, padded prompts, is the attention's to
+take: every rank attends all keys at once under Ulysses). The split self-attention sees [text ; image] rows as the plan left them on each rank, so its rows per
 rank are the split counts of the two token streams, `encoder_hidden_states` and `hidden_states`. A text shorter
 than the ranks stays whole (with every input of its length: ids, masks, rotary tables) and enters the attention
 as joint tokens, counted once.
@@ -39,10 +40,12 @@ IMAGE, TEXT = "hidden_states", "encoder_hidden_states"  # the token streams the 
 class PlanState(ShardState):
     """ShardState plus what the hooks learn during one forward: the split streams' token counts, and the key-mask
     inputs this forward was given and found to keep every token (a mask the attention then receives is built from
-    them and is dropped unread; with none checked, the attention checks any mask it gets itself)."""
+    them and is dropped unread; with none checked, the attention checks any mask it gets itself), or that one of
+    them leaves keys out (`key_padding`: the attention's mask is then taken, unread on the host)."""
 
     streams: dict[str, int] = field(default_factory=dict)
     masks_checked: tuple[str, ...] = ()
+    key_padding: bool = False  # a key-mask input of this forward leaves some keys out (padded prompts)
     joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
     text_last: bool = False
     # every layout met so far, by (text, image tokens, joint text): a forward of a size seen before builds none
@@ -189,15 +192,14 @@ class ForwardHook(ModelHook):
         compiling = torch.compiler.is_compiling()
         if not compiling:  # a cache enabled before or after parallelize (none compiles whole)
             agree_skips(self.leads, self.ctx)
-        checked = []
+        checked, padding = [], False
         for name in self.key_masks:
             mask = self._argument(name, args, kwargs)
             if mask is None:
                 continue
             if not self._keeps_every_key(mask, compiling):
-                raise ValueError(f"{name} masks out some keys (padded prompts in the batch): sequence-parallel "
-                                 f"attention does not take key masks; run one prompt per call (batch 1) or pad "
-                                 f"no prompt, so that {name} keeps every token")
+                padding = True  # the attention takes it (a Ulysses layout), not dropped
+                continue
             if self.drop_full_masks and name in kwargs:  # it keeps every key: the model runs as without it
                 kwargs[name] = None
             checked.append(name)
@@ -205,11 +207,12 @@ class ForwardHook(ModelHook):
         text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
         self.state.streams.clear()
         self.state.joint_text = text if text < self.ctx.world_size else 0
-        self.state.layout, self.state.masks_checked = None, tuple(checked)
+        self.state.layout, self.state.masks_checked = None, () if padding else tuple(checked)
+        self.state.key_padding = padding
         return args, kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
-        self.state.layout, self.state.masks_checked = None, ()
+        self.state.layout, self.state.masks_checked, self.state.key_padding = None, (), False
         return output
 
 

@@ -24,10 +24,11 @@ from .inputs import check_chunks, check_state
 from .merge import merge_into
 from .optional import has_triton
 from .reference import attention_with_lse_reference
-from .sdpa import attention_sdpa, attention_with_lse_sdpa
+from .sdpa import attention_masked, attention_sdpa, attention_with_lse_sdpa
 from .state import KernelState, owned_by
 
-__all__ = ["KernelState", "Partial", "agreed_choices", "attention_with_lse", "attend_chunks", "merge_into"]
+__all__ = ["KernelState", "Partial", "agreed_choices", "attention_with_lse", "attend_chunks", "attend_masked",
+           "merge_into"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -134,6 +135,14 @@ def attend_chunks(
         _attend_fused(pairs, kv, scale, finalize)
     else:
         _attend_unfused(pairs, kv, scale, finalize, path)
+
+
+def attend_masked(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, scale: float | None = None) -> Tensor:
+    """Queries that see every key at once, some keys masked out ([B, Lk], True: attend): the output, finished (no
+    state to merge). One kernel whatever was chosen for unmasked calls: the fused one takes no mask."""
+    dispatch.count_call()  # as attend_chunks: call positions match across ranks
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return attention_masked(q, k, v, key_mask, scale)
 
 
 Pairs = Sequence[tuple[Partial, Tensor]]

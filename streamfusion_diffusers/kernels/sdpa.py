@@ -57,6 +57,16 @@ def attention_no_lse(backend: str, q: Tensor, k: Tensor, v: Tensor, scale: float
     return out.transpose(1, 2)
 
 
+def attention_masked(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, scale: float) -> Tensor:
+    """q [B, Lq, H, D], k, v [B, Lk, H, D], key_mask [B, Lk] (True: attend) -> out [B, Lq, H, D], no log-sum-exp:
+    padded keys (a batch of prompts of different lengths) left out of every query's softmax, by PyTorch's SDPA
+    with a boolean mask (the fused and flash kernels take none)."""
+    mask = key_mask[:, None, None, :]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                         scale=scale)
+    return out.transpose(1, 2)
+
+
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """q [B, Lq, H, D], k, v [B, Lk, H, D] -> out [B, Lq, H, D], no log-sum-exp (for queries that see every key at
     once: nothing merges after them), by the fastest SDPA backend for these shapes and strides on this GPU.

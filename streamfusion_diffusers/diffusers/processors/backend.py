@@ -49,9 +49,10 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
     if dropout_p or is_causal or enable_gqa:
         raise ValueError(f"{route.module}: sequence-parallel attention is non-causal, without dropout or GQA")
     layout = route.state.layout
-    if attn_mask is not None and not getattr(route.state, "masks_checked", False) and not _keeps_all(attn_mask):
-        raise ValueError(f"{route.module} got an attention mask that masks out keys: sequence-parallel attention "
-                         f"takes none; call the transformer without attention_mask / padded prompts")
+    key_mask = None
+    if attn_mask is not None and (getattr(route.state, "key_padding", False) or not (
+            getattr(route.state, "masks_checked", False) or _keeps_all(attn_mask))):
+        key_mask = _key_mask(attn_mask, query.shape[0], key.shape[1], route.module)
     if layout is not None:
         rows = layout.joint + layout.seq_lens[layout.rank]
         if query.shape[1] != rows or key.shape[1] != rows:
@@ -60,12 +61,27 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
                              f"local_attention (attention to tokens that are not split)")
     if route.attention is not None:
         return route.attention(query, key, value, scale)
-    return attend(query, key, value, route.ctx, route.state, scale)
+    return attend(query, key, value, route.ctx, route.state, scale, key_mask)
 
 
 def _keeps_all(mask: Tensor) -> bool:
     """A boolean mask of all True, or an additive one of all zeros, changes no softmax."""
     return bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())
+
+
+def _key_mask(mask: Tensor, batch: int, keys: int, module: str) -> Tensor:
+    """An attention mask that leaves some keys out of every query's softmax (padded prompts), as [B, keys] bool;
+    any other mask (per query, or an additive bias) refused: sequence-parallel attention takes key padding only."""
+    if mask.dtype != torch.bool:
+        if bool(((mask != 0) & (mask != float("-inf"))).any()):
+            raise ValueError(f"{module} got an additive attention bias: sequence-parallel attention takes key "
+                             f"masks only (which keys every query attends)")
+        mask = mask == 0
+    if mask.shape[-1] != keys or mask.numel() not in (keys, batch * keys) or (mask.dim() > 2 and mask.shape[-2] != 1):
+        raise ValueError(f"{module} got an attention mask of shape {tuple(mask.shape)}: sequence-parallel attention "
+                         f"takes one that masks keys alike for every query and head, [B, 1, 1, {keys}] or "
+                         f"[B, {keys}]")
+    return mask.reshape(-1, keys).expand(batch, keys)
 
 
 def backend_name() -> AttentionBackendName:

@@ -87,18 +87,19 @@ class SPAttnProcessor:
 
 
 def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState,
-           scale: float | None = None) -> Tensor:
+           scale: float | None = None, key_mask: Tensor | None = None) -> Tensor:
     """Attention of the local rows [joint ; sharded] (or [sharded ; joint]) of q, k, v ([B, L, H, D]) over the
-    whole sequence."""
+    whole sequence; key_mask: [B, L] bool over the same rows (False: a padded key no query attends)."""
     layout = state.layout
     if layout is None:
-        return sp_attention(query, key, value, ctx, scale=scale)
+        return sp_attention(query, key, value, ctx, scale=scale, key_mask=key_mask)
     joint = layout.joint
     if joint == 0:
-        return sp_attention(query, key, value, ctx, seq_lens=layout.seq_lens, scale=scale)
+        return sp_attention(query, key, value, ctx, seq_lens=layout.seq_lens, scale=scale, key_mask=key_mask)
     rows, text = (slice(None, -joint), slice(-joint, None)) if layout.joint_last else (slice(joint, None),
                                                                                        slice(None, joint))
+    masks = (key_mask[:, rows], key_mask[:, text]) if key_mask is not None else (None, None)
     out, joint_out = sp_attention(query[:, rows], key[:, rows], value[:, rows], ctx, joint_q=query[:, text],
                                   joint_k=key[:, text], joint_v=value[:, text], seq_lens=layout.seq_lens,
-                                  scale=scale)
+                                  scale=scale, key_mask=masks[0], joint_key_mask=masks[1])
     return torch.cat([out, joint_out] if layout.joint_last else [joint_out, out], dim=1)
