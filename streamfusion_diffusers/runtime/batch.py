@@ -5,8 +5,8 @@ images are one batch through the transformer, and each prompt is encoded once (`
 image keeps its own seeded CPU generator (diffusers draws each latent of a generator list on its own), so an
 image in a batch is the image its request gives alone. Where a batch could change an image, requests run alone:
 a step cache decides whether to skip a step from the whole batch's change, and a family whose prompt tokens are
-unpadded (Qwen-Image) would pad shorter prompts, which sequence-parallel attention refuses, so it batches only
-requests of one prompt. Videos run one per call: a video in a batch was seen one level off in places.
+unpadded (Qwen-Image) would pad shorter prompts (masked keys: the same image up to rounding, not the same pixels),
+so it batches only requests of one prompt. Videos run one per call: a video in a batch was seen one level off in places.
 """
 from __future__ import annotations
 
