@@ -349,8 +349,22 @@ def test_generate_with_tensor_parallel_blocks_says_so(pool, tmp_path):
     generate.write_outputs(job, pool.run(worker.generate, job)[0])
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["weight_split"]["tensor_parallel"] == ["transformer"], run
+    assert run["streamed_blocks"] == "tensor", run
     with pytest.raises(ValueError, match="add --shard-weights or drop it"):
         generate.make_job(_args("--model", "tiny-flux2", "--streamed-blocks", "tensor"))
+
+
+@pytest.mark.parametrize(("model", "size", "chosen"), [("tiny-flux2", ("--height", "64", "--width", "64"),
+                                                      ["transformer"]),
+                                                     ("tiny-wan", ("--height", "64", "--width", "96"), [])])
+def test_generate_streamed_blocks_auto_moves_fewer_bytes(pool, tmp_path, model, size, chosen):
+    """auto: tensor-parallel where the token rows are fewer bytes than the weights (tiny Flux.2's image), gathered
+    where the model has no tensor-parallel plan (Wan)."""
+    job = generate.make_job(_args("--model", model, "--steps", "1", *size, "--shard-weights", "--streamed-blocks",
+                                  "auto", "--output", str(tmp_path)))
+    generate.write_outputs(job, pool.run(worker.generate, job)[0])
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["weight_split"]["tensor_parallel"] == chosen and run["streamed_blocks"] == "auto", run
 
 
 def test_generate_shards_with_quantized_weights():

@@ -150,9 +150,10 @@ def prepare(job: Job) -> Prepared:
     stack = apply_stack(pipe, job.stack)  # before parallelize: diffusers/stack/caches.py says why
     if not job.gpu:  # an image the same alone and in a batch (invariant.py); before parallelize's hooks wrap forward
         rows_invariant(pipe)
+    streamed = streamed_choice(job, pipe) if shards else "gather"
+    budget = weight_budget(job, pipe, device, streamed) if shards else None
     transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights,
-                              streamed=job.streamed_blocks,
-                              weight_budget=weight_budget(job, pipe, device) if shards else None)
+                              streamed=streamed, weight_budget=budget)
     if rank == 0:
         logger.info("parallelized in %.1f s in all%s", time.perf_counter() - started,
                     f" (sharded: {', '.join(transformer._streamfusion.sharded)})" if shards else "")
@@ -240,6 +241,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "cuda_graph": {"on": job.cuda_graph, "why": job.graph_why, **graph_record(prepared.pipe)},
         "compile": job.compile,
         "shard_weights": job.shard_weights,
+        "streamed_blocks": job.streamed_blocks,  # asked for; weight_split.tensor_parallel: the parts that ran so
         "sharded": list(prepared.transformer._streamfusion.sharded),  # what was sharded (none on one rank)
         "weight_split": _split_record(prepared.transformer._streamfusion.split),
         "stack": prepared.stack,  # the cache, LoRAs and quantization that ran ({} for none)
@@ -266,11 +268,36 @@ def graph_record(pipe: Any) -> dict[str, Any]:
     return {key: sum(r[key] for r in records) if key != "budget_gib" else records[0][key] for key in records[0]}
 
 
-def weight_budget(job: Job, pipe: Any, device: torch.device) -> int | None:
-    """Bytes per rank the sharded weights may hold: --max-memory (default on GPUs: the memory free now) less the
-    activations, the VAE and a margin (models/memory.py's `weight_budget`), the least over the ranks (they must
-    agree on the split); None on the CPU without --max-memory: every block sharded."""
+def _parts(pipe: Any) -> dict:
     from ..diffusers.weight_split import part_sizes
+
+    return {name: part_sizes(c) for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+
+
+def _cfg(job: Job) -> int:
+    return job.parallel.cfg if isinstance(job.parallel.cfg, int) else 1
+
+
+def streamed_choice(job: Job, pipe: Any) -> str:
+    """How the sharded run's streamed blocks run: --streamed-blocks, or for "auto" the way that moves fewer bytes
+    a step at the job's size (plan --memory's figures: the weights the gathers receive against the token rows the
+    tensor-parallel blocks' all-reduces carry)."""
+    if job.streamed_blocks != "auto":
+        return job.streamed_blocks
+    from ..models.memory import estimate
+
+    size = (job.model, job.height, job.width, job.frames, job.world_size)
+    gathered = estimate(*size, cfg=_cfg(job), sharded=True, parts=_parts(pipe))
+    tensor = estimate(*size, cfg=_cfg(job), sharded=True, parts=_parts(pipe), streamed="tensor")
+    moved = tensor.received + tensor.tokens  # the parts that cannot run tensor-parallel still gather
+    return "tensor" if "tensor-parallel" in tensor.split and moved < gathered.received else "gather"
+
+
+def weight_budget(job: Job, pipe: Any, device: torch.device, streamed: str = "gather") -> int | None:
+    """Bytes per rank the sharded weights may hold: --max-memory (default on GPUs: the memory free now) less the
+    activations (those of tensor-parallel blocks, which hold every token, with `streamed` "tensor"), the VAE and a
+    margin (models/memory.py's `weight_budget`), the least over the ranks (they must agree on the split); None on
+    the CPU without --max-memory: every block sharded."""
     from ..models.memory import GIB, estimate
     from ..models.memory import weight_budget as budget_of
 
@@ -279,9 +306,9 @@ def weight_budget(job: Job, pipe: Any, device: torch.device) -> int | None:
         if device.type != "cuda":
             return None
         total = torch.cuda.mem_get_info(device)[0] / GIB
-    parts = {name: part_sizes(c) for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
-    cfg = job.parallel.cfg if isinstance(job.parallel.cfg, int) else 1
-    e = estimate(job.model, job.height, job.width, job.frames, job.world_size, cfg=cfg, parts=parts)
+    parts = _parts(pipe)
+    e = estimate(job.model, job.height, job.width, job.frames, job.world_size, cfg=_cfg(job), sharded=True,
+                 parts=parts, streamed=streamed)
     budget = torch.tensor([budget_of(total, e.activations + e.attention, parts["vae"].total, e.vae_decode)],
                           dtype=torch.int64, device=device if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(budget, op=dist.ReduceOp.MIN)
