@@ -143,16 +143,18 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
 
 
 def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None = None, cfg: int = 1,
-                 sharded: bool = False) -> tuple[int, int]:
+                 sharded: bool = False, streamed: str = "gather") -> tuple[int, int]:
     """(the most pixels of a square image, the most frames at the model's own size) whose peak fits a GPU of
-    `gpu_gib` beside RUNTIME_GIB on each of `ranks` ranks: what a server admits by default. (0, 0) where even the
-    smallest does not fit; frames 0 for image models."""
+    `gpu_gib` beside RUNTIME_GIB on each of `ranks` ranks: what a server admits by default (sharded, its streamed
+    blocks run as `streamed` says: "tensor", the larger activations of blocks that hold every token). (0, 0) where
+    even the smallest does not fit; frames 0 for image models."""
     spec = MODELS[model]
     parts = pipeline_parts(model)
     room = gpu_gib - RUNTIME_GIB
 
     def fits(height: int, width: int, frames: int) -> bool:
-        return estimate(model, height, width, frames, ranks, cfg=cfg, sharded=sharded, parts=parts).peak <= room
+        return estimate(model, height, width, frames, ranks, cfg=cfg, sharded=sharded, parts=parts,
+                        streamed=streamed).peak <= room
 
     at = frames or spec.frames
     low, high = 0, 16384 // spec.size_step  # the side in size steps: the largest that fits, by bisection

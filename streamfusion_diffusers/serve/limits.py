@@ -23,7 +23,8 @@ def limits(args: argparse.Namespace, job: Job) -> Limits:
 
         gib = torch.cuda.get_device_properties(0).total_memory / GIB
         pixels, frames = largest_size(job.model, job.world_size, gib, cfg=job.parallel.cfg,
-                                      sharded=job.shard_weights)
+                                      sharded=job.shard_weights,
+                                      streamed="gather" if job.streamed_blocks == "gather" else "tensor")
         if pixels == 0:
             raise ValueError(f"{job.model} does not fit {gib:.0f} GiB GPUs on {job.world_size} rank(s) at any size "
                              f"(streamfusion plan --memory says why): add --shard-weights or ranks, or give "
