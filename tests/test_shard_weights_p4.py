@@ -259,9 +259,10 @@ def test_the_cfg_split_with_sharded_weights(pool):
         assert res["error"] <= TOL and res["held"] == res["planned"], res
 
 
-def _two_worlds() -> dict:
+def _two_worlds(streamed: str = "gather") -> dict:
     """On every rank: two SP groups of 2 in one job (worlds [[0, 1], [2, 3]], as xDiT's data-parallel copies), each
-    running its own inputs with sharded weights: each world shards over its own two ranks only."""
+    running its own inputs with sharded weights: each world shards over its own two ranks only (its blocks
+    tensor-parallel over them with streamed="tensor")."""
     case = FLUX_CASES["text-sharded-uneven-image"]
     world = dist.get_rank() // 2
     inputs = case.inputs(4 + world)
@@ -269,15 +270,18 @@ def _two_worlds() -> dict:
         reference = build_transformer(case.config, seed=3)(**inputs).sample
         model = build_transformer(case.config, seed=3)
         parallelize(model, init_parallel(ParallelConfig(machines=1, gpus_per_machine=2, method="ulysses"),
-                                         worlds=[[0, 1], [2, 3]]), shard_weights=True)
+                                         worlds=[[0, 1], [2, 3]]), shard_weights=True, streamed=streamed)
         out = model(**inputs).sample
     return {"error": relative_error(out, reference), "held": _held([model]),
-            "planned": model._streamfusion.split.held, "size": model._shards.pool.group.size()}
+            "planned": model._streamfusion.split.held, "size": model._shards.pool.group.size(),
+            "tensor": model._streamfusion.split.tensor}
 
 
-def test_each_world_shards_over_its_own_ranks(pool):
-    for res in pool.run(_two_worlds):
+@pytest.mark.parametrize("streamed", ["gather", "tensor"])
+def test_each_world_shards_over_its_own_ranks(pool, streamed):
+    for res in pool.run(_two_worlds, streamed):
         assert res["error"] <= 1e-4 and res["held"] == res["planned"] and res["size"] == 2, res
+        assert res["tensor"] == (("transformer",) if streamed == "tensor" else ()), res
 
 
 def _cached(config: ParallelConfig, streamed: str = "gather") -> dict:
