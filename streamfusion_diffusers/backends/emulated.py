@@ -146,28 +146,25 @@ class _EventHandle:
             torch.cuda.current_stream().wait_event(event)
 
 
-class EmulatedTransport:
-    """`inner` with inter-machine transfers slowed to `link`; machine of a rank = rank // gpus_per_machine."""
+class EmulatedNic:
+    """This rank's emulated NIC: the bytes it sends to and receives from ranks of other (virtual) machines booked
+    on its two queues at `link`'s pace, and counted. Machine of a rank = rank // gpus_per_machine."""
 
-    def __init__(self, inner: Transport, link: Link, gpus_per_machine: int, rank: int, device: torch.device):
-        self.inner, self.link, self.rank = inner, link, rank
-        self.name = f"{inner.name}+emulated({link.name})"
-        self.gpus_per_machine = gpus_per_machine
+    def __init__(self, link: Link, gpus_per_machine: int, rank: int, device: torch.device):
+        self.link, self.gpus_per_machine, self.rank = link, gpus_per_machine, rank
         self.counted = Crossed()
         if device.type == "cuda":
             self._queues: tuple = _gpu_queues(device.index if device.index is not None else torch.cuda.current_device())
         else:
             self._queues = (_HostQueue(), _HostQueue())
 
-    def __getattr__(self, name: str):
-        """Buffers and layer hooks are the real transport's; only data movement is slowed."""
-        return getattr(self.inner, name)
+    def remote(self, rank: int) -> bool:
+        """Whether global `rank` is on another machine than this rank."""
+        return rank // self.gpus_per_machine != self.rank // self.gpus_per_machine
 
-    def _remote(self, group: Group, peer: int) -> bool:
-        return group.ranks[peer] // self.gpus_per_machine != self.rank // self.gpus_per_machine
-
-    def _delayed(self, handle: Handle, sent: Sequence[int], received: Sequence[int]) -> Handle:
-        """Book the inter-machine bytes sent and received (one entry per message) on the two queues."""
+    def delayed(self, handle: Handle, sent: Sequence[int], received: Sequence[int]) -> Handle:
+        """`handle`, done once the inter-machine bytes sent and received (one entry per message) are booked through
+        the two queues too."""
         self.counted.add(sent, received)
         bookings = [queue.book(self.link.seconds(sum(sizes), len(sizes)))
                     for queue, sizes in zip(self._queues, (sent, received)) if sizes]
@@ -176,6 +173,25 @@ class EmulatedTransport:
         if isinstance(bookings[0], float):
             return _DeadlineHandle(handle, max(bookings))
         return _EventHandle(handle, bookings)
+
+
+class EmulatedTransport:
+    """`inner` with inter-machine transfers slowed to `link` (its `EmulatedNic`)."""
+
+    def __init__(self, inner: Transport, link: Link, gpus_per_machine: int, rank: int, device: torch.device):
+        self.inner, self.nic = inner, EmulatedNic(link, gpus_per_machine, rank, device)
+        self.name = f"{inner.name}+emulated({link.name})"
+        self.link, self.counted = link, self.nic.counted
+
+    def __getattr__(self, name: str):
+        """Buffers and layer hooks are the real transport's; only data movement is slowed."""
+        return getattr(self.inner, name)
+
+    def _remote(self, group: Group, peer: int) -> bool:
+        return self.nic.remote(group.ranks[peer])
+
+    def _delayed(self, handle: Handle, sent: Sequence[int], received: Sequence[int]) -> Handle:
+        return self.nic.delayed(handle, sent, received)
 
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:

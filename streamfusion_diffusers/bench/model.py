@@ -17,6 +17,7 @@ only, without the bound: both go through the Flux and CogVideoX processors (PROC
 Both are checked against the reference by relative error (the bound, which attends random keys, is not).
 Over an emulated link, a row of ours also has its link bound: its attention layers' (a block's, or every block of
 the step), a lower bound that leaves out the step's own split and gather; "x bound" is against the larger bound.
+diffusers-cp's collectives pay the same emulated link there (emulated_cp.py), so the rows compare like with like.
 """
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .. import init_parallel
+from ..backends.emulated import EmulatedNic
 from ..choice.workloads import Workload, is_flux
 from ..commands.timing import Stats, deadline, interleaved_ms
+from ..core.links import parse_link
 from ..core.mesh import GroupCache
 from ..core.sequence import split_sizes
 from ..diffusers.parallel_pipeline import parallelize, unparallelize
@@ -47,6 +50,7 @@ from ..models import MODELS, TRANSFORMERS
 from ..models.build import build_transformer
 from ..models.inputs import build as plan_build, inputs as plan_inputs
 from .bound import link_bound_ms, local_attention, over_bounds
+from .emulated_cp import over_emulated_link
 from .layer import Case, Setup, device_of_job, parallel_config
 from .variants import LEVELS as VARIANT_LEVELS, compiled, parallelize_options
 
@@ -187,7 +191,13 @@ def _set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache
         if setup.dtype in (torch.float16, torch.bfloat16):
             model.set_attention_backend("_native_cudnn")  # diffusers' native SDPA has no LSE for the ring
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=case.ulysses, ring_degree=case.ring))
-        yield None, None
+        if setup.emulate_link is None:
+            yield None, None
+            return
+        device = next(model.parameters()).device  # its collectives pay the emulated link as ours do
+        nic = EmulatedNic(parse_link(setup.emulate_link), setup.gpus_per_machine, dist.get_rank(), device)
+        with over_emulated_link(nic):
+            yield None, None
         return
     bound = case.method == "bound"
     ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup), groups=groups)
