@@ -38,8 +38,10 @@ def _collectives() -> dict:
     from diffusers.models import attention_dispatch
     with over_emulated_link(nic) as inside:
         patched = attention_dispatch.funcol is inside
-    return {"moved": moved.tolist(), "expected": funcol.wait_tensor(funcol.all_to_all_single(x, None, None, group)).tolist(),
-            "gathered": gathered.tolist(), "gathered_expected": funcol.wait_tensor(funcol.all_gather_tensor(x[:2], 0, group)).tolist(),
+    expected = funcol.wait_tensor(funcol.all_to_all_single(x, None, None, group))
+    gathered_expected = funcol.wait_tensor(funcol.all_gather_tensor(x[:2], 0, group))
+    return {"moved": moved.tolist(), "expected": expected.tolist(), "gathered": gathered.tolist(),
+            "gathered_expected": gathered_expected.tolist(),
             "counted": (nic.counted.sent_bytes, nic.counted.sent_messages, nic.counted.received_bytes),
             "seconds": seconds, "patched": patched, "restored": attention_dispatch.funcol is funcol}
 
