@@ -38,7 +38,6 @@ class BlockRows:
     modulation: tuple[str, ...] = ()
 
 
-
 class TokenRows:
     """Turns a block's row arguments whole and its outputs back into this rank's rows, as the forward's token
     layout says. Nothing is gathered twice: a forward's rotary tables once for all the blocks they enter, and rows
