@@ -97,6 +97,8 @@ def _pipeline(name: str, config: ParallelConfig, cfg_kwargs: dict | None = None,
             "plan_memory": (planned.weights + planned.gathered) * GIB, "vae": _held([pipe.vae]),
             "owner": [m.region.owner is m for m in experts if m.region is not None],
             "quantized": type(pipe.transformer.proj_out.weight).__name__, "tensor": installed.split.tensor,
+            "to_q": (type(weight := pipe.transformer.transformer_blocks[0].attn.to_q.weight).__name__,
+                     tuple(weight.shape)),
             "summed_per_step": sum(summed) * 2 * (WORLD - 1) / WORLD / 2, "planned_tokens": planned.tokens * GIB}
 
 
@@ -423,6 +425,15 @@ def test_tensor_parallel_blocks_with_the_cfg_split(pool):
         assert res["error"] <= TOL and res["tensor"] == ("transformer",), res
         assert res["held"] == res["planned"], res
         assert res["plan_memory"] == pytest.approx(res["held"] + res["vae"], rel=0.05), res
+
+
+def test_quantized_weights_run_tensor_parallel(pool):
+    """int8 weight-only (torchao) in both runs: a tensor-parallel block keeps its share of the int8 data, its
+    per-row scales cut with the rows (colwise) or kept whole (rowwise), exactly."""
+    for res in pool.run(_pipeline, "tiny-flux", ULYSSES, quantized=True, streamed="tensor"):
+        assert res["error"] <= TOL and res["quantized"] == "Int8Tensor" and res["tensor"] == ("transformer",), res
+        assert res["to_q"] == ("Int8Tensor", (32, 128)), res  # a quarter of its 128 output features
+        assert res["held"] == res["planned"], res
 
 
 def test_blocks_tensor_parallel_cannot_run_are_gathered(pool):

@@ -13,9 +13,9 @@ the timestep embedding, which the diffusers plan leaves whole) is cut colwise to
 all-gathered. A rank holds 1/P of the cut projections and the rest of the block (norms) whole.
 
 Here: which projections a block cuts and how (its `_tp_plan` entries and, per block class, `BLOCK_ROWS`: its rows'
-streams and its modulation), the cut, and why a model's blocks cannot run so (LoRA-wrapped or quantized
-projections: those blocks stream gathered). The rows in and out: token_rows.py. Exact up to the order of the
-row-parallel sums.
+streams and its modulation), the cut (plain weights, and torchao's quantized ones: their data cut, their per-row
+scales with it), and why a model's blocks cannot run so (LoRA-wrapped projections: those blocks stream gathered).
+The rows in and out: token_rows.py. Exact up to the order of the row-parallel sums.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .flat_units import nbytes
 from .overlap_mlp import MLP_HOOK
 from .processors import ShardState
 from .token_rows import IMAGE, JOINT, TEXT, BlockRows, TokenRows, wrap_block
@@ -98,13 +99,31 @@ def summed_rows(block: nn.Module) -> tuple[int, int]:
     return (sum(s in (IMAGE, JOINT) for s in streams), sum(s in (TEXT, JOINT) for s in streams))
 
 
+def _inner(weight: Tensor, dim: int) -> list[tuple[str | None, Tensor, bool]]:
+    """A weight's plain tensors (a quantized weight's: its data and its scales) and whether each is cut along `dim`
+    with it (it spans the weight's extent there; a per-row scale of a rowwise cut does not, and stays whole)."""
+    if type(weight) in (Tensor, nn.Parameter):
+        return [(None, weight.detach(), True)]
+    names, _ = weight.__tensor_flatten__()
+    found = []
+    for name in names:
+        inner = getattr(weight, name)
+        if type(inner) not in (Tensor, nn.Parameter) or inner.dim() != weight.dim():
+            raise ValueError(f"its {type(weight).__name__} weights hold a {name} the cut cannot follow")
+        if inner.shape[dim] not in (weight.shape[dim], 1):
+            raise ValueError(f"its {type(weight).__name__} weights' {name} of shape {tuple(inner.shape)} does not "
+                             f"follow the weight along dim {dim}")
+        found.append((name, inner, inner.shape[dim] == weight.shape[dim]))
+    return found
+
+
 def sliced_bytes(plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> int:
-    """The bytes of what a block's plan cuts (the weights, and the colwise biases)."""
+    """The bytes of what a block's plan cuts (the weights' tensors that span the cut dim, and colwise biases)."""
     total = 0
     for linear, (dim, _) in plan.items():
-        total += linear.weight.numel() * linear.weight.element_size()
+        total += sum(nbytes(t) for _, t, cut in _inner(linear.weight, max(dim, 0)) if cut)
         if dim != 1 and linear.bias is not None:
-            total += linear.bias.numel() * linear.bias.element_size()
+            total += nbytes(linear.bias)
     return total
 
 
@@ -121,8 +140,12 @@ def tensor_parallel_refusal(model: nn.Module, named_blocks: Sequence[tuple[str, 
         if type(block).__name__ not in BLOCK_ROWS:
             return f"its block {type(block).__name__} has no row streams here"
         for linear, (dim, parts) in block_plan(model, name, block).items():
-            if type(linear) is not nn.Linear or type(linear.weight) is not nn.Parameter:
-                return f"{name} holds a LoRA-wrapped or quantized projection"
+            if type(linear) is not nn.Linear:
+                return f"{name} holds a LoRA-wrapped projection ({type(linear).__name__})"
+            try:
+                _inner(linear.weight, max(dim, 0))
+            except ValueError as err:
+                return str(err)
             if any(p % ranks for p in parts):
                 return f"{name}'s projections of {parts} features do not divide over {ranks} ranks"
     return ""
@@ -136,6 +159,23 @@ def _cut(t: Tensor, dim: int, parts: list[int], rank: int, ranks: int) -> Tensor
         pieces.append(t.narrow(dim, offset + rank * share, share))
         offset += size
     return torch.cat(pieces, dim=dim).contiguous()
+
+
+def _cut_weight(weight: Tensor, dim: int, parts: list[int], rank: int, ranks: int, device: torch.device) -> Tensor:
+    """This rank's share of a weight: plain, or quantized (torchao's int8 / fp8: its data cut, its per-row scales
+    cut with the rows or kept whole for a cut of the columns, its block size following)."""
+    inner = _inner(weight, dim)
+    if inner[0][0] is None:
+        return _cut(inner[0][1], dim, parts, rank, ranks).to(device)
+    names, meta = weight.__tensor_flatten__()
+    cut = {name: (_cut(t, dim, parts, rank, ranks) if along else t).to(device) for name, t, along in inner}
+    size = list(weight.shape)
+    size[dim] = sum(parts) // ranks
+    meta = dict(meta)
+    if "block_size" in meta and meta["block_size"][dim] == weight.shape[dim]:  # one block along the cut dim
+        meta["block_size"] = [size[dim] if i == dim else b for i, b in enumerate(meta["block_size"])]
+    strides = torch.empty(size, device="meta").stride()
+    return type(weight).__tensor_unflatten__(cut, meta, torch.Size(size), strides)
 
 
 class _GatherColumns:
@@ -167,7 +207,7 @@ def cut_block(plan: Mapping[nn.Linear, tuple[int, list[int]]], group: dist.Proce
     """Keep this rank's share of each planned projection of a block (the rest of the block whole), on `device`."""
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     for linear, (dim, parts) in plan.items():
-        linear.weight = nn.Parameter(_cut(linear.weight.detach(), max(dim, 0), parts, rank, ranks).to(device),
+        linear.weight = nn.Parameter(_cut_weight(linear.weight, max(dim, 0), parts, rank, ranks, device),
                                      requires_grad=False)
         bias = linear.bias
         if dim != 1:
