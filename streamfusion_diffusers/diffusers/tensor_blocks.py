@@ -121,7 +121,10 @@ def sliced_bytes(plan: Mapping[nn.Linear, tuple[int, list[int]]]) -> int:
     """The bytes of what a block's plan cuts (the weights' tensors that span the cut dim, and colwise biases)."""
     total = 0
     for linear, (dim, _) in plan.items():
-        total += sum(nbytes(t) for _, t, cut in _inner(linear.weight, max(dim, 0)) if cut)
+        try:
+            total += sum(nbytes(t) for _, t, cut in _inner(linear.weight, max(dim, 0)) if cut)
+        except ValueError:  # a weight no cut follows: its model streams gathered (tensor_parallel_refusal)
+            return 0
         if dim != 1 and linear.bias is not None:
             total += nbytes(linear.bias)
     return total
