@@ -290,7 +290,7 @@ def streamed_choice(job: Job, pipe: Any) -> str:
     gathered = estimate(*size, cfg=_cfg(job), sharded=True, parts=_parts(pipe))
     tensor = estimate(*size, cfg=_cfg(job), sharded=True, parts=_parts(pipe), streamed="tensor")
     moved = tensor.received + tensor.tokens  # the parts that cannot run tensor-parallel still gather
-    return "tensor" if "tensor-parallel" in tensor.split and moved < gathered.received else "gather"
+    return "tensor" if moved < gathered.received else "gather"
 
 
 def weight_budget(job: Job, pipe: Any, device: torch.device, streamed: str = "gather") -> int | None:
