@@ -38,7 +38,7 @@ from streamfusion_diffusers.diffusers.graphs import check_graphable, graph_hooks
 from streamfusion_diffusers.diffusers.parallel_pipeline import parallelize
 from streamfusion_diffusers.diffusers.sharded_weights import held_bytes
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.runtime.build import layout_record
+from streamfusion_diffusers.runtime.record import layout_record
 from streamfusion_diffusers.models.configs import TINY
 from streamfusion_diffusers.models.memory import GIB, RUNTIME_GIB, Estimate, estimate, pipeline_parts, weight_budget
 

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from . import images
-from .build import Prepared, call_kwargs, crossed, crossed_since, no_autograd, prepare, run_record
+from .build import Prepared, call_kwargs, no_autograd, prepare
+from .record import crossed, crossed_since, run_record
 from .output import to_pil
 from ..core.one_time import spent, spent_since
 from ..models.pipelines import family_of
