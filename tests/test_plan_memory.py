@@ -94,3 +94,17 @@ def test_the_largest_admitted_size_fits_and_one_step_more_does_not(model, ranks,
         assert estimate(model, spec.height, spec.width, more, ranks).peak + RUNTIME_GIB > gib
     else:
         assert frames == 0
+
+
+@pytest.mark.parametrize(("model", "side", "chosen"), [("flux2-dev", 1024, "tensor"), ("flux-dev", 4096, "gather"),
+                                                       ("wan2.2-ti2v-5b", 704, "gather")])
+def test_streamed_blocks_auto_takes_the_fewer_bytes(model, side, chosen, capsys):
+    """At image sizes a tensor-parallel block's token rows are fewer bytes than its weights; at 4096 px the tokens
+    outweigh them; a model without a tensor-parallel plan (Wan) gathers. plan --memory names the choice."""
+    from streamfusion_diffusers.models.memory import streamed_choice
+
+    frames = MODELS[model].frames
+    assert streamed_choice(model, side, side, frames, 4) == chosen
+    plan.main(_args("--model", model, "--memory", "--gpus-per-machine", "4", "--resolution", str(side),
+                    "--streamed-blocks", "auto"))
+    assert ("(tensor-parallel)" in capsys.readouterr().out) == (chosen == "tensor")

@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--serve: the cache serve runs with (its steps run eager)")
     parser.add_argument("--shard-weights", action="store_true",
                         help="--serve: the group runs with sharded weights (gathered in place, inside the graphs)")
-    parser.add_argument("--streamed-blocks", choices=("gather", "tensor"), default="gather",
-                        help="--memory: how the sharded run's streamed blocks run (generate's flag of that name)")
+    parser.add_argument("--streamed-blocks", choices=("gather", "tensor", "auto"), default="gather",
+                        help="--memory: how the sharded run's streamed blocks run (generate's flag of that name; "
+                             "auto: the way that moves fewer bytes a step, which the row names)")
     parser.add_argument("--cfg", type=int, choices=(1, 2), default=1, help="--memory: the CFG split's degree")
     parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                         help="--memory: GiB per GPU the sharded run may take; its row shows which blocks stay "
@@ -116,15 +117,17 @@ def calibrated(args: argparse.Namespace) -> tuple[str, Gpu]:
 
 def memory(args: argparse.Namespace) -> int:
     """--memory: models/memory.py's estimate, whole weights and sharded, as a table or JSON."""
-    from ..models.memory import GPUS_GB, RUNTIME_GIB, estimate, pipeline_parts
+    from ..models.memory import GPUS_GB, RUNTIME_GIB, estimate, pipeline_parts, streamed_choice
 
     frames, height, width = size_of(args)
     ranks = args.machines * args.gpus_per_machine
     if args.cfg > ranks:
         raise ValueError(f"--cfg {args.cfg} needs at least {args.cfg} GPUs")
     parts = pipeline_parts(args.model)
+    streamed = args.streamed_blocks if args.streamed_blocks != "auto" else streamed_choice(
+        args.model, height, width, frames, ranks, cfg=args.cfg, parts=parts, max_memory=args.max_memory)
     rows = [estimate(args.model, height, width, frames, ranks, cfg=args.cfg, sharded=s, parts=parts,
-                     max_memory=args.max_memory, streamed=args.streamed_blocks) for s in (False, True)]
+                     max_memory=args.max_memory, streamed=streamed) for s in (False, True)]
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
         return 0

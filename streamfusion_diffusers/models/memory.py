@@ -142,6 +142,18 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
                     vae / GIB, encoder_peak / GIB)
 
 
+def streamed_choice(model: str, height: int, width: int, frames: int, ranks: int, *, cfg: int = 1,
+                    parts: dict[str, PartSizes] | None = None, max_memory: float | None = None) -> str:
+    """How a sharded run's streamed blocks move fewer bytes a step at this size: "tensor" (their token rows, the
+    all-reduces of tensor-parallel blocks) or "gather" (their weights). A model that cannot run tensor-parallel
+    moves the same either way: "gather"."""
+    size = (model, height, width, frames, ranks)
+    parts = parts or pipeline_parts(model)
+    gathered = estimate(*size, cfg=cfg, sharded=True, parts=parts, max_memory=max_memory)
+    tensor = estimate(*size, cfg=cfg, sharded=True, parts=parts, max_memory=max_memory, streamed="tensor")
+    return "tensor" if tensor.received + tensor.tokens < gathered.received else "gather"
+
+
 def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None = None, cfg: int = 1,
                  sharded: bool = False, streamed: str = "gather") -> tuple[int, int]:
     """(the most pixels of a square image, the most frames at the model's own size) whose peak fits a GPU of
@@ -172,4 +184,5 @@ def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None =
 
 
 __all__ = ["GPUS_GB", "Estimate", "PartSizes", "RUNTIME_GIB", "estimate", "largest_size", "pipeline_parts", "shardable",
+           "streamed_choice",
            "weight_budget"]

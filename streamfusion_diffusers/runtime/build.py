@@ -193,13 +193,10 @@ def streamed_choice(job: Job, pipe: Any) -> str:
     tensor-parallel blocks' all-reduces carry)."""
     if job.streamed_blocks != "auto":
         return job.streamed_blocks
-    from ..models.memory import estimate
+    from ..models.memory import streamed_choice as fewer_bytes
 
-    size = (job.model, job.height, job.width, job.frames, job.world_size)
-    gathered = estimate(*size, cfg=_cfg(job), sharded=True, parts=_parts(pipe))
-    tensor = estimate(*size, cfg=_cfg(job), sharded=True, parts=_parts(pipe), streamed="tensor")
-    moved = tensor.received + tensor.tokens  # the parts that cannot run tensor-parallel still gather
-    return "tensor" if moved < gathered.received else "gather"
+    return fewer_bytes(job.model, job.height, job.width, job.frames, job.world_size, cfg=_cfg(job),
+                       parts=_parts(pipe))
 
 
 def weight_budget(job: Job, pipe: Any, device: torch.device, streamed: str = "gather") -> int | None:
