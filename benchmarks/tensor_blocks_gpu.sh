@@ -10,7 +10,8 @@ set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 > "$OUT/tests.log"
-timeout 150 python -m pytest -x -q tests/test_graphs.py -k "sharded" tests/test_watch_gpu.py >> "$OUT/tests.log" 2>&1
+timeout 120 python -m pytest -x -q tests/test_graphs.py -k "sharded" >> "$OUT/tests.log" 2>&1
+timeout 60 python -m pytest -x -q tests/test_watch_gpu.py >> "$OUT/tests.log" 2>&1
 timeout 420 torchrun --nproc-per-node 4 benchmarks/shard_bench.py --workloads flux2-dev:1024 --modes eager,graph \
   --weights whole,sharded,tensor,split,tensor-split --max-memory 30 --out "$OUT/shard_flux2.json" 2>&1 \
   | grep -E '^\{|Error|error' | cut -c1-900 > "$OUT/shard_flux2.log"
