@@ -49,6 +49,14 @@ def pool():
         yield p
 
 
+def _to_q(transformer: torch.nn.Module) -> tuple[str, tuple[int, ...]] | None:
+    """The first joint block's query projection weight, its type and shape (None for a model without Flux's
+    blocks)."""
+    blocks = getattr(transformer, "transformer_blocks", None)
+    attn = getattr(blocks[0], "attn", None) if blocks else None
+    return None if attn is None else (type(attn.to_q.weight).__name__, tuple(attn.to_q.weight.shape))
+
+
 def _held(models: list[torch.nn.Module]) -> int:
     return held_bytes(models)[0]
 
@@ -97,8 +105,7 @@ def _pipeline(name: str, config: ParallelConfig, cfg_kwargs: dict | None = None,
             "plan_memory": (planned.weights + planned.gathered) * GIB, "vae": _held([pipe.vae]),
             "owner": [m.region.owner is m for m in experts if m.region is not None],
             "quantized": type(pipe.transformer.proj_out.weight).__name__, "tensor": installed.split.tensor,
-            "to_q": (type(weight := pipe.transformer.transformer_blocks[0].attn.to_q.weight).__name__,
-                     tuple(weight.shape)),
+            "to_q": _to_q(pipe.transformer),
             "summed_per_step": sum(summed) * 2 * (WORLD - 1) / WORLD / 2, "planned_tokens": planned.tokens * GIB}
 
 
