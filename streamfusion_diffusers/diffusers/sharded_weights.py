@@ -17,9 +17,9 @@ captured graph: a model's own forward pre-hook), the other stays sharded. A mode
 resident unit whole, never sharded.
 
 With streamed="tensor", a transformer whose model has a tensor-parallel plan runs its streamed blocks
-tensor-parallel instead (tensor_blocks.py): they keep their share of the cut projections and move their tokens,
-not their weights; where they cannot (no plan, a cache wrapping them, LoRA or quantized projections, a guidance
-split), one line says why and they stream gathered.
+tensor-parallel instead (tensor_blocks.py), over the ranks of one forward's tokens: they keep their share of the
+cut projections and move their tokens, not their weights; where they cannot (no plan, LoRA-wrapped projections,
+Wan 2.2's experts), one line says why and they stream gathered.
 """
 from __future__ import annotations
 
