@@ -482,3 +482,27 @@ def test_rows_a_tensor_parallel_block_cut_are_not_gathered_again(pool):
     few, many = pool.run(_gathers_per_forward, (1, 1))[0], pool.run(_gathers_per_forward, (2, 6))[0]
     assert few["error"] <= TOL and many["error"] <= TOL, (few, many)
     assert few["gathers"] == many["gathers"] == 6, (few, many)  # image, text; each rotary table's text and image
+
+
+def _per_token_modulation() -> dict:
+    """On every rank: a tiny Qwen-Image with Edit-2511's per-token modulation (zero_cond_t: an input image's tokens
+    modulated apart, by an index per image token) and one input image, parallelized, against the same model with
+    every block tensor-parallel (the index gathered whole with the image's rows)."""
+    from plan_cases import CONFIGS
+
+    from streamfusion_diffusers.models.inputs import build, inputs
+
+    config = {**CONFIGS["qwen-image"], "zero_cond_t": True}
+    given = inputs("qwen-image", config, (3, 5), 6, references=((2, 3),), seed=1)
+    ctx = init_parallel(ULYSSES)
+    with torch.no_grad():
+        reference = parallelize(build("qwen-image", config, seed=3), ctx)(**given).sample
+        model = build("qwen-image", config, seed=3)
+        parallelize(model, ctx, shard_weights=True, streamed="tensor")
+        out = model(**given).sample
+    return {"error": relative_error(out, reference), "tensor": model._streamfusion.split.tensor}
+
+
+def test_per_token_modulation_runs_tensor_parallel(pool):
+    for res in pool.run(_per_token_modulation):
+        assert res["error"] <= TOL and res["tensor"] == ("transformer",), res

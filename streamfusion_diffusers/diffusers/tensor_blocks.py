@@ -46,7 +46,8 @@ BLOCK_ROWS: dict[str, BlockRows] = {
     "Flux2SingleTransformerBlock": BlockRows({"hidden_states": JOINT, "image_rotary_emb": _ROTARY}, (JOINT,),
                                              (JOINT,)),
     "QwenImageTransformerBlock": BlockRows({"hidden_states": IMAGE, "encoder_hidden_states": TEXT,
-                                            "encoder_hidden_states_mask": TEXT, "image_rotary_emb": (IMAGE, TEXT)},
+                                            "encoder_hidden_states_mask": TEXT, "image_rotary_emb": (IMAGE, TEXT),
+                                            "modulate_index": IMAGE},  # Edit-2511's per-token modulation
                                            (TEXT, IMAGE), _TWO_STREAMS, ("img_mod.1", "txt_mod.1")),
 }
 
@@ -137,8 +138,6 @@ def tensor_parallel_refusal(model: nn.Module, named_blocks: Sequence[tuple[str, 
     heads = model.config.get("num_attention_heads")
     if heads is None or heads % ranks:
         return f"its {heads} attention heads do not divide over {ranks} ranks"
-    if model.config.get("zero_cond_t"):
-        return "its per-token modulation (zero_cond_t) indexes the split tokens"
     for name, block in named_blocks:
         if type(block).__name__ not in BLOCK_ROWS:
             return f"its block {type(block).__name__} has no row streams here"
