@@ -150,7 +150,7 @@ def test_recompiled_at_new_sizes_and_layouts(pool, family, how):
 def bound_compiled_vs_eager(config: ParallelConfig, case: Case, seed: int) -> dict:
     """On every rank: the bench's no-communication bound (a custom op too) compiled whole with fullgraph=True
     against its eager run (the same random keys, made at the first call), and its nodes in the graph."""
-    from streamfusion_diffusers.bench.model import FluxBoundProcessor
+    from streamfusion_diffusers.bench.model_setup import FluxBoundProcessor
 
     torch._dynamo.reset()
     nodes: list[int] = []

@@ -2,10 +2,10 @@
 
 The levels above one attention layer, as a diffusers user runs them. Every rank builds the same transformer
 from its diffusers config with seeded random weights, and the same inputs; the unparallelized forward over the
-whole sequence is the reference. Each case then sets the model up its own way: ours through `parallelize`,
-diffusers' context parallelism ("diffusers-cp") through `enable_parallelism`, the bound through `parallelize`
-with a processor that keeps every rank's work and drops every transfer. One checked forward records the
-inputs of the timed blocks, which the block level then replays on this rank's tokens:
+whole sequence is the reference. Each case then sets the model up its own way (model_setup.py): ours through
+`parallelize`, diffusers' context parallelism ("diffusers-cp") through `enable_parallelism`, the bound through
+`parallelize` with a processor that keeps every rank's work and drops every transfer. One checked forward
+records the inputs of the timed blocks, which the block level then replays on this rank's tokens:
 
 - block: Flux's first joint block then its first single block, as one timed pair (Flux.1-dev runs 19 + 38 of
   them); CogVideoX's first block;
@@ -17,42 +17,33 @@ only, without the bound: both go through the Flux and CogVideoX processors (PROC
 Both are checked against the reference by relative error (the bound, which attends random keys, is not).
 Over an emulated link, a row of ours also has its link bound: its attention layers' (a block's, or every block of
 the step), a lower bound that leaves out the step's own split and gather; "x bound" is against the larger bound.
-diffusers-cp's collectives pay the same emulated link there (emulated_cp.py), so the rows compare like with like.
+diffusers-cp's collectives pay the same emulated link there, so the rows compare like with like.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from diffusers import CogVideoXTransformer3DModel, ContextParallelConfig, FluxPipeline, FluxTransformer2DModel
-from diffusers.hooks import HookRegistry
+from diffusers import CogVideoXTransformer3DModel, FluxPipeline, FluxTransformer2DModel
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 from torch import Tensor
 from tqdm import tqdm
 
-from .. import init_parallel
-from ..backends.emulated import EmulatedNic
 from ..choice.workloads import Workload, is_flux
 from ..commands.timing import Stats, deadline, interleaved_ms
-from ..core.links import parse_link
 from ..core.mesh import GroupCache
 from ..core.sequence import split_sizes
-from ..diffusers.parallel_pipeline import parallelize, unparallelize
-from ..diffusers.plans import plan_for
-from ..diffusers.processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
-from ..diffusers.sharding import GATHER_HOOK
+from ..diffusers.processors import ShardState, TokenLayout
 from ..models import MODELS, TRANSFORMERS
 from ..models.build import build_transformer
 from ..models.inputs import build as plan_build, inputs as plan_inputs
-from .bound import link_bound_ms, local_attention, over_bounds
-from .emulated_cp import over_emulated_link
-from .layer import Case, Setup, device_of_job, parallel_config
-from .variants import LEVELS as VARIANT_LEVELS, compiled, parallelize_options
+from .bound import link_bound_ms, over_bounds
+from .layer import Case, Setup, device_of_job
+from .model_setup import set_up
+from .variants import LEVELS as VARIANT_LEVELS
 
 LEVELS = ("block", "step")
 PROCESSOR_FAMILIES = ("flux", "cogvideox")  # block level and bound: through our processors of these families
@@ -106,25 +97,6 @@ def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dt
         inputs["image_rotary_emb"] = get_3d_rotary_pos_embed(config["attention_head_dim"], ((0, 0), grid), grid,
                                                              frames, device=device)
     return inputs
-
-
-class _LocalAttention:
-    """The bound's attention: this rank's query rows against keys/values of the whole sequence's length that
-    already lie here, through the fastest kernel without LSE (bound.py), so the rank does its full share of
-    attention work and moves nothing. Replicated text rows are attended on every rank, as they arrive. A custom
-    op, as our attention is, so a compiled bound compiles the same graphs as ours."""
-
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, scale: float | None = None) -> Tensor:
-        layout = self.state.layout
-        return local_attention(query, layout.joint + sum(layout.seq_lens)).to(query.dtype)
-
-
-class FluxBoundProcessor(_LocalAttention, FluxSPAttnProcessor):
-    """FluxSPAttnProcessor with the no-communication attention."""
-
-
-class CogVideoXBoundProcessor(_LocalAttention, CogVideoXSPAttnProcessor):
-    """CogVideoXSPAttnProcessor with the no-communication attention."""
 
 
 @dataclass
@@ -181,41 +153,6 @@ def _block_error(outs: list[tuple[Tensor, Tensor]], refs: list[tuple[Tensor, Ten
     return math.sqrt(diff / norm)
 
 
-@contextmanager
-def _set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache
-            ) -> Iterator[tuple[ShardState | None, Any]]:
-    """The model run the case's way; yields the shard state our processors read and our context (both None for
-    diffusers-cp, which `enable_parallelism` leaves in place for good: the caller builds a fresh model for each
-    such case)."""
-    if case.method == "diffusers-cp":
-        if setup.dtype in (torch.float16, torch.bfloat16):
-            model.set_attention_backend("_native_cudnn")  # diffusers' native SDPA has no LSE for the ring
-        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=case.ulysses, ring_degree=case.ring))
-        if setup.emulate_link is None:
-            yield None, None
-            return
-        device = next(model.parameters()).device  # its collectives pay the emulated link as ours do
-        nic = EmulatedNic(parse_link(setup.emulate_link), setup.gpus_per_machine, dist.get_rank(), device)
-        with over_emulated_link(nic):
-            yield None, None
-        return
-    bound = case.method == "bound"
-    ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup), groups=groups)
-    parallelize(model, ctx, **parallelize_options(case.variant))
-    state: ShardState = model._streamfusion.state
-    if bound:
-        cls = FluxBoundProcessor if isinstance(model, FluxTransformer2DModel) else CogVideoXBoundProcessor
-        model.set_attn_processor(cls(ctx, state))
-        gathered = plan_for(model).gather_module
-        HookRegistry.check_if_exists_or_initialize(model.get_submodule(gathered)).remove_hook(
-            GATHER_HOOK.format(gathered), recurse=False)
-    try:
-        with compiled(model, case.variant):
-            yield state, None if bound else ctx
-    finally:
-        unparallelize(model)
-
-
 @dataclass
 class _Reference:
     """The unparallelized model's inputs, output and timed blocks' outputs that every case is checked against."""
@@ -253,7 +190,7 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
     rank's min / median / max per level (repetitions in a row: each case reconfigures the model), its
     (block, step) errors (zeros for the bound, which attends random keys) and its link bound per level."""
     base = setup.setup
-    with _set_up(model, case, base, groups) as (state, ctx):
+    with set_up(model, case, base, groups) as (state, ctx):
         run = _forward(model, ref.inputs, state)
         outs = _run_blocks(run, state)
         errors = [0.0, 0.0]
