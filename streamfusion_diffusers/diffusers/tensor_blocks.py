@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..core.sequence import gather
 from .flat_units import nbytes
 from .overlap_mlp import MLP_HOOK
 from .processors import ShardState
@@ -183,14 +184,11 @@ def _cut_weight(weight: Tensor, dim: int, parts: list[int], rank: int, ranks: in
 class _GatherColumns:
     """A modulation projection's forward hook: every rank's share of the output features, gathered in order."""
 
-    def __init__(self, group: dist.ProcessGroup):
-        self.group = group
+    def __init__(self, group: dist.ProcessGroup, share: int):
+        self.group, self.shares = group, [share] * dist.get_world_size(group)
 
     def __call__(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
-        ranks = dist.get_world_size(self.group)
-        whole = out.new_empty((ranks, *out.shape))
-        dist.all_gather_into_tensor(whole.view(-1, *out.shape[1:]), out.contiguous(), group=self.group)
-        return whole.movedim(0, -2).flatten(-2)
+        return gather(out, self.shares, self.group, dim=-1)
 
 
 class _SumRows:
@@ -216,7 +214,7 @@ def cut_block(plan: Mapping[nn.Linear, tuple[int, list[int]]], group: dist.Proce
             if bias is not None:
                 linear.bias = nn.Parameter(_cut(bias.detach(), 0, parts, rank, ranks).to(device), requires_grad=False)
             if dim == GATHERED:
-                linear.register_forward_hook(_GatherColumns(group))
+                linear.register_forward_hook(_GatherColumns(group, linear.weight.shape[0]))
         else:
             linear.bias = None
             linear.register_parameter("summed_bias", None if bias is None else nn.Parameter(
