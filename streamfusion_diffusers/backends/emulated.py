@@ -181,7 +181,7 @@ class EmulatedTransport:
     def __init__(self, inner: Transport, link: Link, gpus_per_machine: int, rank: int, device: torch.device):
         self.inner, self.nic = inner, EmulatedNic(link, gpus_per_machine, rank, device)
         self.name = f"{inner.name}+emulated({link.name})"
-        self.link, self.counted = link, self.nic.counted
+        self.counted = self.nic.counted
 
     def __getattr__(self, name: str):
         """Buffers and layer hooks are the real transport's; only data movement is slowed."""
