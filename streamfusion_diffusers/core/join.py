@@ -41,7 +41,11 @@ def _own_gpu() -> torch.device:
     the group to it: NCCL's communicator is made at the join (start-up) rather than inside the first step,
     and the layout's groups are split from it (ncclCommSplit) instead of being made anew."""
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    torch.cuda.set_device(device)
+    try:
+        torch.cuda.set_device(device)
+    except RuntimeError as err:  # a rank forked from a process that had started CUDA cannot start it (pool.py)
+        raise RuntimeError(f"CUDA did not start on {device} in rank {os.environ.get('RANK')} ({err}): the process "
+                           f"it was forked from had started CUDA first") from err
     return device
 
 

@@ -38,13 +38,16 @@ GRACE_S = 5.0  # after the first failure, how long the other ranks may take to r
 
 
 def _start_method(gpu: bool) -> Any:
-    """How a pool's ranks start. On the CPU, forked from one server process that imported torch, diffusers and the
-    package once (multiprocessing's fork server: it never runs a kernel, so its children start clean, and it ends
-    with this process): a rank is ready at once instead of importing them all again, each of the ranks at the
-    same time on the same cores. GPU ranks are spawned, each a fresh interpreter, as CUDA is sure to start in."""
-    if gpu:
-        return mp.get_context("spawn")
+    """How a pool's ranks start: forked from one server process that imported torch, diffusers and the package once
+    (multiprocessing's fork server: it never runs a kernel, so its children start clean, and it ends with this
+    process): a rank is ready at once instead of importing them all again, each of the ranks at the same time.
+    CUDA starts in a forked child only if the server never started it: the server asks torch whether CUDA is
+    there through NVML (PYTORCH_NVML_BASED_CUDA_CHECK; torch's default check starts the CUDA driver), and a rank
+    that finds CUDA started before it says so (rank.py)."""
     from .build import PIPELINE_MODULES
+
+    if gpu:
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # before the server starts: it reads it then
 
     server = mp.get_context("forkserver")
     # what the server imports, in this order, when it starts (a module that is not installed is skipped)
