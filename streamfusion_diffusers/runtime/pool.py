@@ -37,7 +37,7 @@ POLL_S = 0.5  # how often the parent looks at its ranks while it waits
 GRACE_S = 5.0  # after the first failure, how long the other ranks may take to report theirs
 
 
-def _start_method(gpu: bool) -> Any:
+def _start_method() -> Any:
     """How a pool's ranks start: forked from one server process that imported torch, diffusers and the package once
     (multiprocessing's fork server: it never runs a kernel, so its children start clean, and it ends with this
     process): a rank is ready at once instead of importing them all again, each of the ranks at the same time.
@@ -46,8 +46,8 @@ def _start_method(gpu: bool) -> Any:
     that finds CUDA started before it says so (rank.py)."""
     from .build import PIPELINE_MODULES
 
-    if gpu:
-        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # before the server starts: it reads it then
+    # set before the server starts (one per process, for CPU and GPU pools alike): it reads it then
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
     server = mp.get_context("forkserver")
     # what the server imports, in this order, when it starts (a module that is not installed is skipped)
@@ -245,7 +245,7 @@ class ProcessPool(Pool):
                  wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True,
                  ahead: Callable[[], None] | None = None):
         super().__init__(world_size, timeout_s, wait_s)
-        ctx = _start_method(gpu=backend == "nccl")
+        ctx = _start_method()
         port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._outbox = ctx.Queue()
