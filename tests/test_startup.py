@@ -94,13 +94,13 @@ def _what_ran_ahead() -> tuple[dict[str, str | None], bool]:
 
 @pytest.fixture
 def spawned(monkeypatch):
-    """Pools whose ranks are spawned as GPU ranks are (each a fresh interpreter: what `ahead` is for), not forked
-    from the CPU's fork server, which imported the pipeline's modules already."""
+    """Pools whose ranks are spawned (each a fresh interpreter: what `ahead` is for), not forked from the fork
+    server, which imported the pipeline's modules already."""
     import torch.multiprocessing as mp
 
     from streamfusion_diffusers.runtime import pool
 
-    monkeypatch.setattr(pool, "_start_method", lambda gpu: mp.get_context("spawn"))
+    monkeypatch.setattr(pool, "_start_method", lambda: mp.get_context("spawn"))
 
 
 def test_a_pool_starts_ahead_in_its_environment_before_the_join(spawned):
