@@ -45,7 +45,7 @@ def test_sharding_divides_the_held_weights_and_fits_smaller_gpus(capsys):
     whole, sharded = (estimate("flux2-dev", 1024, 1024, 1, 4, sharded=s) for s in (False, True))
     assert sharded.peak < 40e9 / GIB < whole.peak and 40 in sharded.fits and 40 not in whole.fits
     assert plan.main(_args("--machines", "1", "--gpus-per-machine", "4", "--model", "flux2-dev", "--memory",
-                           "--json")) == 0
+                           "--streamed-blocks", "gather", "--json")) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["sharded"] for r in rows] == [False, True] and rows[1]["peak"] == pytest.approx(sharded.peak)
 
@@ -105,6 +105,7 @@ def test_streamed_blocks_auto_takes_the_fewer_bytes(model, side, chosen, capsys)
 
     frames = MODELS[model].frames
     assert streamed_choice(model, side, side, frames, 4) == chosen
-    plan.main(_args("--model", model, "--memory", "--gpus-per-machine", "4", "--resolution", str(side),
-                    "--streamed-blocks", "auto"))
-    assert ("(tensor-parallel)" in capsys.readouterr().out) == (chosen == "tensor")
+    for default in ((), ("--streamed-blocks", "auto")):  # auto is the default
+        plan.main(_args("--model", model, "--memory", "--gpus-per-machine", "4", "--resolution", str(side),
+                        *default))
+        assert ("(tensor-parallel)" in capsys.readouterr().out) == (chosen == "tensor")

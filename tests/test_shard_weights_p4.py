@@ -371,10 +371,10 @@ def test_generate_with_tensor_parallel_blocks_says_so(pool, tmp_path):
                                                       ["transformer"]),
                                                      ("tiny-wan", ("--height", "64", "--width", "96"), [])])
 def test_generate_streamed_blocks_auto_moves_fewer_bytes(pool, tmp_path, model, size, chosen):
-    """auto: tensor-parallel where the token rows are fewer bytes than the weights (tiny Flux.2's image), gathered
-    where the model has no tensor-parallel plan (Wan)."""
-    job = generate.make_job(_args("--model", model, "--steps", "1", *size, "--shard-weights", "--streamed-blocks",
-                                  "auto", "--output", str(tmp_path)))
+    """auto, the default: tensor-parallel where the token rows are fewer bytes than the weights (tiny Flux.2's
+    image), gathered where the model has no tensor-parallel plan (Wan)."""
+    job = generate.make_job(_args("--model", model, "--steps", "1", *size, "--shard-weights", "--output",
+                                  str(tmp_path)))
     generate.write_outputs(job, pool.run(worker.generate, job)[0])
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["weight_split"]["tensor_parallel"] == chosen and run["streamed_blocks"] == "auto", run

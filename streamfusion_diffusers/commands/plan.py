@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--serve: the cache serve runs with (its steps run eager)")
     parser.add_argument("--shard-weights", action="store_true",
                         help="--serve: the group runs with sharded weights (gathered in place, inside the graphs)")
-    parser.add_argument("--streamed-blocks", choices=("gather", "tensor", "auto"), default="gather",
+    parser.add_argument("--streamed-blocks", choices=("gather", "tensor", "auto"), default="auto",
                         help="--memory: how the sharded run's streamed blocks run (generate's flag of that name; "
                              "auto: the way that moves fewer bytes a step, which the row names)")
     parser.add_argument("--cfg", type=int, choices=(1, 2), default=1, help="--memory: the CFG split's degree")

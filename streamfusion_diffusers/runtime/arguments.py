@@ -103,12 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--shard-weights: GiB per GPU the run may take (default on GPUs: the free memory; the "
                              "activations and a margin are kept out of it); on the CPU, without it every block is "
                              "sharded")
-    parser.add_argument("--streamed-blocks", choices=("gather", "tensor", "auto"), default="gather",
+    parser.add_argument("--streamed-blocks", choices=("gather", "tensor", "auto"), default=None,
                         help="--shard-weights: how a block that streams runs: gather (its weights gathered just "
                              "before it runs), tensor (Flux.1, Flux.2, Qwen-Image: it keeps 1/P of its projections "
                              "and runs tensor-parallel, its tokens moved instead: fewer bytes at image sizes; where "
-                             "it cannot, one line says why and it gathers), or auto (the one that moves fewer bytes "
-                             "a step at this size, as plan --memory counts them)")
+                             "it cannot, one line says why and it gathers), or auto, the default (the one that moves "
+                             "fewer bytes a step at this size, as plan --memory counts them)")
     parser.add_argument("--cache", default=None, metavar="NAME[:VALUE]",
                         help="one of diffusers' caches, its skip decisions agreed over the ranks: first-block[:T] "
                              "(skip the other blocks while the first block's residual changes by less than T, "

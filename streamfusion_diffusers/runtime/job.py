@@ -52,7 +52,7 @@ class Job:
     compile: bool = False
     shard_weights: bool = False
     max_memory: float | None = None  # GiB per GPU with sharded weights (None: the GPU's free memory; CPU: no limit)
-    streamed_blocks: str = "gather"  # how a sharded block that streams runs: its weights gathered, or tensor-parallel
+    streamed_blocks: str = "auto"  # how a sharded block that streams runs: gathered, tensor-parallel or fewer bytes
     stack: Stack = Stack()  # the cache, LoRAs and quantization stacked on the pipeline
     weights_seed: int = WEIGHTS_SEED  # random weights' seed (not the generation's)
     deterministic: bool = False  # every kernel and backend choice pinned, none timed
@@ -229,7 +229,7 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
                          f"raise --height/--width or run on fewer processes")
     if args.max_memory is not None and not args.shard_weights:
         raise ValueError("--max-memory is the memory --shard-weights fits in: add --shard-weights or drop it")
-    if args.streamed_blocks != "gather" and not args.shard_weights:
+    if args.streamed_blocks is not None and not args.shard_weights:
         raise ValueError("--streamed-blocks says how --shard-weights' streamed blocks run: add --shard-weights or "
                          "drop it")
     if args.max_memory is not None and args.max_memory <= 0:
@@ -257,5 +257,5 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
                compile=args.compile,
                shard_weights=args.shard_weights, max_memory=args.max_memory,
-               streamed_blocks=args.streamed_blocks, stack=stack,
+               streamed_blocks=args.streamed_blocks or "auto", stack=stack,
                weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)
