@@ -1,26 +1,30 @@
 """streamfusion_diffusers: topology-aware sequence parallelism (Ulysses, Ring, USP, TAS, Torus) for diffusers.
 
 The public API, wired from the floors: the core (context, attention) and, for method="auto", the layout choice.
-`parallelize` and `unparallelize` need diffusers and are imported on first use, so that a core-only install imports.
+Every name is imported on first use (PEP 562): importing the package imports neither torch nor diffusers, so the
+`streamfusion` command can start its ranks' fork server before its own imports (runtime/fork_server.py), and a
+core-only install imports without diffusers until `parallelize` is asked for.
 """
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _moved
-from .attention import sp_attention
-from .choice.choose import auto_layout
-from .core.config import Layout, ParallelConfig
-from .context import ParallelContext, init_parallel as _bind, shutdown
 from .core.logs import quiet_other_ranks
-from .core.mesh import GroupCache
+
+if TYPE_CHECKING:
+    from .context import ParallelContext
+    from .core.config import ParallelConfig
+    from .core.mesh import GroupCache
 
 _moved.install()  # old import paths of moved modules, for one release
 quiet_other_ranks()  # under a launcher, before a script imports diffusers (and with it transformers)
 
-_LAZY = {"parallelize": ".diffusers.parallel_pipeline", "unparallelize": ".diffusers.parallel_pipeline"}  # name -> module (diffusers)
+_LAZY = {"sp_attention": ".attention", "Layout": ".core.config", "ParallelConfig": ".core.config",
+         "ParallelContext": ".context", "shutdown": ".context",
+         "parallelize": ".diffusers.parallel_pipeline", "unparallelize": ".diffusers.parallel_pipeline"}  # -> module
 
 
 def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequence[int]] | None = None,
@@ -28,7 +32,10 @@ def init_parallel(config: ParallelConfig | None = None, worlds: Sequence[Sequenc
     """Bind a ParallelConfig to the running job (context.init_parallel), with the layout choice as method
     "auto"'s chooser. groups: another context's `groups`, to reuse its process groups (a job comparing many
     layouts creates each one's groups once)."""
-    return _bind(config, worlds, chooser=auto_layout, groups=groups)
+    from .choice.choose import auto_layout
+    from .context import init_parallel as bind
+
+    return bind(config, worlds, chooser=auto_layout, groups=groups)
 
 
 __all__ = ["Layout", "ParallelConfig", "ParallelContext", "init_parallel", "parallelize", "shutdown",

@@ -1,46 +1,63 @@
 """The `streamfusion` command: one subcommand per job."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
-from typing import NoReturn
+from types import ModuleType
+from typing import TYPE_CHECKING, NoReturn
 
-from .bench import command as bench
-from .bench import tune
-from .commands import generate, launch, plan, verify
-from .commands.options import Parser, check
-from .runtime.pool import RankFailure
-from .core.extras import missing
-from .core.logs import quiet_third_party
-from .models.configs import MODELS
-from .serve import command as serve
+from .runtime import fork_server
 
+if TYPE_CHECKING:
+    from .commands.options import Parser
+
+# name -> (module, help); the modules (torch, and what each command needs) are imported when the parser is made,
+# after the fork server has started
 COMMANDS = {
-    "generate": (generate, f"run a pipeline sequence-parallel (--model "
-                           f"{', '.join(m for m in MODELS if not m.startswith('tiny-'))}, or a tiny one of each); "
-                           f"writes the output and run.json"),
-    "verify": (verify, "check every method against single-process attention on this cluster, with timings"),
-    "launch": (launch, "run a script on N x M GPUs through torchrun, with the NVSHMEM heap sized for the model"),
-    "bench": (bench, "time a layer, block or step for every method and layout, against xDiT and diffusers"),
-    "tune": (tune, "measure the fastest layout per workload on this cluster and write it into YAML recipes"),
-    "serve": (serve, "serve a pipeline over HTTP with an OpenAI-compatible API, built once and kept warm"),
-    "plan": (plan, "predict each method and layout on a cluster shape from the cost model, and recommend one"),
+    "generate": (".commands.generate", "run a pipeline sequence-parallel (--model {models}, or a tiny one of each); "
+                                       "writes the output and run.json"),
+    "verify": (".commands.verify", "check every method against single-process attention on this cluster, with "
+                                   "timings"),
+    "launch": (".commands.launch", "run a script on N x M GPUs through torchrun, with the NVSHMEM heap sized for "
+                                   "the model"),
+    "bench": (".bench.command", "time a layer, block or step for every method and layout, against xDiT and "
+                                "diffusers"),
+    "tune": (".bench.tune", "measure the fastest layout per workload on this cluster and write it into YAML recipes"),
+    "serve": (".serve.command", "serve a pipeline over HTTP with an OpenAI-compatible API, built once and kept warm"),
+    "plan": (".commands.plan", "predict each method and layout on a cluster shape from the cost model, and "
+                               "recommend one"),
 }
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[name][0], __package__)
 
 
 def make_parser() -> Parser:
     """The command line's parser, every subcommand's options in it (the deploy files' commands are checked by it)."""
+    from .commands.options import Parser
+    from .models.configs import MODELS
+
+    models = ", ".join(m for m in MODELS if not m.startswith("tiny-"))
     parser = Parser(prog="streamfusion", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log at INFO level, with third-party warnings and every rank's traceback on failure")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (module, help_text) in COMMANDS.items():
-        module.add_arguments(sub.add_parser(name, help=help_text, description=module.__doc__))
+    for name, (_, help_text) in COMMANDS.items():
+        module = _module(name)
+        module.add_arguments(sub.add_parser(name, help=help_text.format(models=models), description=module.__doc__))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    fork_server.start_early(sys.argv[1:] if argv is None else argv)  # its imports beside ours
+    from .commands.options import check
+    from .core.extras import missing
+    from .core.logs import quiet_third_party
+    from .runtime.pool import RankFailure
+
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
@@ -48,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     where = f"streamfusion {args.command}"
     try:
         check(args)
-        return COMMANDS[args.command][0].main(args)
+        return _module(args.command).main(args)
     except ValueError as err:  # configuration errors already say what to change
         _fail(f"{where}: error: {err}")
     except ModuleNotFoundError as err:

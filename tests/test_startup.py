@@ -98,9 +98,9 @@ def spawned(monkeypatch):
     server, which imported the pipeline's modules already."""
     import torch.multiprocessing as mp
 
-    from streamfusion_diffusers.runtime import pool
+    from streamfusion_diffusers.runtime import fork_server
 
-    monkeypatch.setattr(pool, "_start_method", lambda: mp.get_context("spawn"))
+    monkeypatch.setattr(fork_server, "context", lambda: mp.get_context("spawn"))
 
 
 def test_a_pool_starts_ahead_in_its_environment_before_the_join(spawned):
@@ -147,3 +147,32 @@ def test_cpu_ranks_start_imported_and_in_the_parents_environment_of_now(monkeypa
     monkeypatch.setenv("STREAMFUSION_TEST_LATER", "set after the first pool")
     with ProcessPool(2) as pool:
         assert pool.run(_rank_sees) == [("set after the first pool", True)] * 2
+
+
+_EARLY = """
+import sys
+from multiprocessing import forkserver
+from streamfusion_diffusers.runtime import fork_server
+fork_server.start_early(sys.argv[1:])
+print(getattr(forkserver._forkserver, "_forkserver_pid", None) is not None, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("argv", "started"), [(["serve", "--model", "tiny-flux"], True),
+                                               (["-v", "generate", "--cpu"], True),
+                                               (["generate", "--help"], False), (["plan", "--model", "flux-dev"], False),
+                                               (["bench"], False)])
+def test_the_command_starts_its_fork_server_before_importing_torch(argv, started):
+    """`streamfusion generate|serve` starts the ranks' fork server first thing, before the command itself imports
+    torch (the package imports neither), so that the server's imports run beside the command's; other commands,
+    --help and a launched rank start none."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _EARLY, *argv], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "RANK"})
+    assert run.stdout.split() == [str(started), "False"], run.stderr
+    launched = subprocess.run([sys.executable, "-c", _EARLY, *argv], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "RANK": "0"})
+    assert launched.stdout.split() == ["False", "False"], launched.stderr

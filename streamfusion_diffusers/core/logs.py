@@ -8,16 +8,16 @@ import os
 import sys
 import warnings
 
-import torch.distributed as dist
-
 # What was said in this job: module-level as the logging module's own registry is (say_once is called where no
 # context is at hand), and emptied by shutdown(), which ends the job.
 _said: set[tuple[str, int, str]] = set()
 
 
 def is_rank0() -> bool:
-    """This process is the job's global rank 0 (or runs alone)."""
-    if dist.is_available() and dist.is_initialized():
+    """This process is the job's global rank 0 (or runs alone). torch.distributed is not imported here: a process
+    that never imported it has no process group (and the package's import stays light: fork_server.py)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
     return int(os.environ.get("RANK", "0")) == 0
 

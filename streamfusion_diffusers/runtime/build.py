@@ -22,6 +22,7 @@ from . import startup
 from .invariant import rows_invariant
 from .arguments import DTYPES
 from .job import Job, real_size
+from .fork_server import PIPELINE_MODULES
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +59,6 @@ def import_ahead() -> None:
 
     _ahead = threading.Thread(target=run, name="streamfusion-import-ahead", daemon=True)
     _ahead.start()
-
-
-# what `prepare` imports: diffusers (an extra: imported only to run) and transformers through it, and ours on them
-PIPELINE_MODULES = ("diffusers.utils.logging", "streamfusion_diffusers.diffusers.compiled",
-                    "streamfusion_diffusers.diffusers.parallel_pipeline", "streamfusion_diffusers.diffusers.stack.apply",
-                    "streamfusion_diffusers.models.build", "streamfusion_diffusers.models.full")
 
 
 def _pipeline_modules() -> None:

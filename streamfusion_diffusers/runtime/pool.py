@@ -15,8 +15,6 @@ cancel that comes after its call has ended never stops the next one.
 """
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import queue
 import signal
@@ -24,46 +22,16 @@ import socket
 import time
 from collections.abc import Callable
 from functools import partial
-from multiprocessing import forkserver
 from typing import Any
 
-import torch.multiprocessing as mp
 
 from ..core.config import DEFAULT_TIMEOUT_S
 from ..core.join import join_job
+from . import fork_server
 from .rank import parent_info, serve_rank
 
 POLL_S = 0.5  # how often the parent looks at its ranks while it waits
 GRACE_S = 5.0  # after the first failure, how long the other ranks may take to report theirs
-
-
-def _start_method() -> Any:
-    """How a pool's ranks start: forked from one server process that imported torch, diffusers and the package once
-    (multiprocessing's fork server: it never runs a kernel, so its children start clean, and it ends with this
-    process): a rank is ready at once instead of importing them all again, each of the ranks at the same time.
-    CUDA starts in a forked child only if the server never started it: the server asks torch whether CUDA is
-    there through NVML (PYTORCH_NVML_BASED_CUDA_CHECK; torch's default check starts the CUDA driver), and a rank
-    that finds CUDA started before it says so (rank.py)."""
-    from .build import PIPELINE_MODULES
-
-    # set before the server starts (one per process, for CPU and GPU pools alike): it reads it then
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-
-    server = mp.get_context("forkserver")
-    # what the server imports, in this order, when it starts (a module that is not installed is skipped)
-    server.set_forkserver_preload(["streamfusion_diffusers.runtime.preload", "streamfusion_diffusers.runtime.rank",
-                                   "streamfusion_diffusers.runtime.worker", *PIPELINE_MODULES])
-    return server
-
-
-@atexit.register
-def _stop_fork_server() -> None:
-    """End this process's fork server (if it started one) as this process ends: left to itself it outlives it by
-    its imports, if it is still making them, and by its own interpreter's teardown."""
-    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)  # (multiprocessing's own)
-    if pid:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -245,7 +213,7 @@ class ProcessPool(Pool):
                  wait_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True,
                  ahead: Callable[[], None] | None = None):
         super().__init__(world_size, timeout_s, wait_s)
-        ctx = _start_method()
+        ctx = fork_server.context()
         port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._outbox = ctx.Queue()
