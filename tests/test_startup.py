@@ -176,3 +176,13 @@ def test_the_command_starts_its_fork_server_before_importing_torch(argv, started
     launched = subprocess.run([sys.executable, "-c", _EARLY, *argv], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "RANK": "0"})
     assert launched.stdout.split() == ["False", "False"], launched.stderr
+
+
+def test_the_warm_up_line_says_where_its_time_went():
+    from streamfusion_diffusers.runtime.group import warmup_split
+
+    record = {"step_latency_s": [2.31, 0.52], "one_time_s": {"kernel choice": 1.24, "layout choice": 0.31},
+              "phases_s": {"text_encoding": 0.05, "denoising": 2.83, "decode": 0.3, "total": 3.2}}
+    assert warmup_split(record, True) == (": first step 2.3 s (kernel choice 1.2 s, layout choice 0.3 s), the capture "
+                                          "0.5 s, text encoding 0.1 s, decode 0.3 s")
+    assert "second step 0.5 s" in warmup_split(record, False) and warmup_split(None, True) == ""

@@ -78,8 +78,8 @@ class Group:
                 raise BuildTimeout(f"group {self.index}: its start took longer than --build-timeout {timeout_s:g} s "
                                    f"(stopped while {stage}): raise --build-timeout") from None
             raise
-        graphs = " (the default size's CUDA graph captured)" if self.job.cuda_graph else ""
-        say(f"group {self.index}: warm-up done in {self.info['warmup_s']:.1f} s{graphs}")
+        say(f"group {self.index}: warm-up done in {self.info['warmup_s']:.1f} s"
+            f"{warmup_split(self.info.get('record'), self.job.cuda_graph)}")
         self.state = "ready"
         return self.info
 
@@ -157,5 +157,20 @@ def failure_status(err: RankFailure) -> int:
     stalled = not err.died and all("stalled" in text for text in err.failures.values())
     return 504 if stalled else 500
 
+
+
+def warmup_split(record: dict | None, graphs: bool) -> str:
+    """Where a warm-up's time went, from its run record: the first step (and its one-time work), the second (the
+    default size's CUDA graph captured), the text encoding and the decode."""
+    if not record:
+        return ""
+    steps, phases = record.get("step_latency_s") or [], record.get("phases_s") or {}
+    once = ", ".join(f"{kind} {sec:.1f} s" for kind, sec in (record.get("one_time_s") or {}).items())
+    parts = [f"first step {steps[0]:.1f} s" + (f" ({once})" if once else "")] if steps else []
+    if len(steps) > 1:
+        parts.append(f"{'the capture' if graphs else 'second step'} {steps[1]:.1f} s")
+    parts += [f"{name.replace('_', ' ')} {phases[name]:.1f} s" for name in ("text_encoding", "decode")
+              if name in phases]
+    return f": {', '.join(parts)}" if parts else ""
 
 __all__ = ["BuildTimeout", "Group", "RankFailure", "failure_status"]
