@@ -109,3 +109,12 @@ def test_streamed_blocks_auto_takes_the_fewer_bytes(model, side, chosen, capsys)
         plan.main(_args("--model", model, "--memory", "--gpus-per-machine", "4", "--resolution", str(side),
                         *default))
         assert ("(tensor-parallel)" in capsys.readouterr().out) == (chosen == "tensor")
+
+
+def test_a_split_that_keeps_every_part_whole_streams_nothing():
+    """flux2-dev's whole pipeline (24B text encoder, 32B transformer) fits an H200's 130 GiB free beside a step at
+    P = 2, so `--shard-weights` there has nothing to shard and the job builds as without it (runtime/build.py);
+    an H100's 72 GiB streams blocks of both."""
+    roomy, tight = (estimate("flux2-dev", 1024, 1024, 1, 2, sharded=True, max_memory=gib) for gib in (130.0, 72.0))
+    assert not roomy.streams and roomy.split == "whole: text_encoder, transformer" and roomy.peak < 130
+    assert tight.streams and "kept" in tight.split

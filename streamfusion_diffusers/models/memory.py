@@ -55,6 +55,7 @@ class Estimate:
     split: str = ""
     received: float = 0.0
     tokens: float = 0.0
+    streams: bool = False  # sharded: some block streams (False: the split keeps every part whole)
 
     @property
     def peak(self) -> float:
@@ -133,7 +134,7 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
         moved = rows * batch * hidden * bytes_per_value * 2 * (tensor_ranks - 1) / tensor_ranks  # ring all-reduces
         return Estimate(model, size, ranks, cfg, True, held / GIB, split.slots / GIB, activations / GIB,
                         attention / GIB, vae / GIB, (split.held + vae_weights) / GIB, split.describe(sizes),
-                        split.received / GIB, moved / GIB)
+                        split.received / GIB, moved / GIB, bool(split.keep))
     total = lambda names: sum(parts[n].total for n in names)  # noqa: E731
     encode_first = family.encode_first and not model.startswith("tiny-")
     weights = total(experts) + vae_weights + (0 if encode_first else total(encoders))
@@ -184,5 +185,4 @@ def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None =
 
 
 __all__ = ["GPUS_GB", "Estimate", "PartSizes", "RUNTIME_GIB", "estimate", "largest_size", "pipeline_parts", "shardable",
-           "streamed_choice",
-           "weight_budget"]
+           "streamed_choice", "weight_budget"]

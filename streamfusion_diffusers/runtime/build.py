@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .. import init_parallel
 from ..context import ParallelContext
+from ..core.logs import say_once
 from ..kernels import dispatch
 from ..models.pipelines import family_of
 from . import startup
@@ -93,7 +94,7 @@ def prepare(job: Job) -> Prepared:
     # sharded weights (on more than one rank; on one they are a no-op): held (or loaded) in host memory, each
     # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model;
     # random ones are made on the GPU a part at a time where each part fits (`_builds_on`), then parked there
-    shards = job.shard_weights and job.world_size > 1
+    shards = job.shard_weights and job.world_size > 1 and not _whole_fits(job, device)
     home = torch.device("cpu") if shards and real_size(job.model) else device
     made_on = device if home != device and not job.weights and _builds_on(job.model, device) else home
     if job.weights:
@@ -118,7 +119,7 @@ def prepare(job: Job) -> Prepared:
         rows_invariant(pipe)
     streamed = streamed_choice(job, pipe) if shards else "gather"
     budget = weight_budget(job, pipe, device, streamed) if shards else None
-    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=job.shard_weights,
+    transformer = parallelize(pipe, ctx, vae=job.vae_split, cuda_graph=job.cuda_graph, shard_weights=shards,
                               streamed=streamed, weight_budget=budget)
     if rank == 0:
         logger.info("parallelized in %.1f s in all%s", time.perf_counter() - started,
@@ -132,6 +133,27 @@ def prepare(job: Job) -> Prepared:
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     startup.mark("built")
     return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started, startup.split())
+
+
+def _whole_fits(job: Job, device: torch.device) -> bool:
+    """--shard-weights on GPUs that hold the whole pipeline beside a step (the planner's split would keep every
+    part whole, within --max-memory or the memory free now, the least over the ranks): nothing to shard, so the
+    job builds and runs as without it, instead of making the weights in host memory and moving them back."""
+    if device.type != "cuda" or not real_size(job.model):
+        return False
+    from ..models.memory import GIB, estimate
+
+    free = torch.tensor([job.max_memory or torch.cuda.mem_get_info(device)[0] / GIB], dtype=torch.float64,
+                        device=device)
+    dist.all_reduce(free, op=dist.ReduceOp.MIN)
+    e = estimate(job.model, job.height, job.width, job.frames, job.world_size, cfg=_cfg(job), sharded=True,
+                 max_memory=free.item())
+    if e.streams:
+        return False
+    say_once(logger, logging.WARNING, "--shard-weights: the whole pipeline fits these GPUs beside a step (%.1f of "
+             "%.1f GiB, streamfusion plan --memory): nothing to shard, it runs as without the flag", e.peak,
+             free.item())
+    return True
 
 
 def _builds_on(model: str, device: torch.device) -> bool:
