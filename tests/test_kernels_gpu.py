@@ -203,10 +203,24 @@ def test_one_pass_merge_matches_reference() -> None:
 
 def test_auto_caches_one_choice_per_signature() -> None:
     dispatch.clear()
-    q, k, v = (torch.randn(1, 1000, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, 5120, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))  # >= the floor
     for _ in range(2):
         attend_chunks([Partial()], [q], [(k, v)], kernel="auto", finalize=True)
     assert list(current().local.values()) in (["sdpa"], ["fused"])  # the standalone calls' state
+
+
+def test_auto_takes_sdpa_untimed_below_the_fused_floor() -> None:
+    """One chunk pair of fewer than FUSED_MIN_WORK queries x keys: sdpa, no candidate timed (no fused compile in a
+    job's first step); the same work as several query chunks is still timed (the fused kernel saves launches)."""
+    from streamfusion_diffusers.kernels import FUSED_MIN_WORK
+
+    dispatch.clear()
+    n = int(FUSED_MIN_WORK ** 0.5) - 64
+    q, k, v = (torch.randn(1, n, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    attend_chunks([Partial()], [q], [(k, v)], kernel="auto", finalize=True)
+    assert not current().local and not current().times
+    attend_chunks([Partial(), Partial()], [q[:, : n // 2], q[:, n // 2:]], [(k, v)], kernel="auto", finalize=True)
+    assert list(current().local.values()) in (["sdpa"], ["fused"])
 
 
 def test_attention_without_lse_runs_the_fastest_backend() -> None:
