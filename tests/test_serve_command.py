@@ -81,3 +81,29 @@ def test_on_the_cpu_a_tiny_model_admits_512x512_by_default():
     job, _ = serve_job(args)
     assert limits(args, job).max_pixels >= 512 * 512
     assert limits(parser.parse_args(["--model", "tiny-flux", "--cpu", "--max-pixels", "4096"]), job).max_pixels == 4096
+
+
+@pytest.mark.parametrize(("model", "given", "runs"), [("tiny-flux2", "auto", "tensor"), ("tiny-wan", "auto", "gather"),
+                                                   ("tiny-flux2", "gather", "gather")])
+def test_a_sharded_server_admits_by_the_streamed_blocks_its_build_runs(monkeypatch, model, given, runs):
+    """On GPUs a sharded group's limits count the streamed blocks' activations as its build runs them: for "auto",
+    the way that moves fewer bytes at the default size (tiny Flux.2: tensor-parallel; Wan, which has no
+    tensor-parallel plan: gathered)."""
+    import argparse
+    import dataclasses
+    import types
+
+    import torch
+
+    from streamfusion_diffusers.models import memory
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.limits import limits
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", model, "--cpu", "--shard-weights", "--streamed-blocks", given])
+    job = dataclasses.replace(serve_job(args)[0], gpu=True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(total_memory=memory.GIB))
+    asked = {}
+    monkeypatch.setattr(memory, "largest_size", lambda *a, **kw: asked.update(kw) or (4096, 9))
+    assert limits(args, job).max_pixels == 4096 and asked["streamed"] == runs and asked["sharded"]

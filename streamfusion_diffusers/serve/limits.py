@@ -19,12 +19,15 @@ def limits(args: argparse.Namespace, job: Job) -> Limits:
     largest square image, the most frames at the model's own size), else on the CPU CPU_PIXELS x the model's."""
     pixels, frames = CPU_PIXELS * job.spec.height * job.spec.width, 2 * job.spec.frames
     if job.gpu and (args.max_pixels is None or args.max_frames is None):
-        from ..models.memory import GIB, largest_size
+        from ..models.memory import GIB, largest_size, streamed_choice
 
         gib = torch.cuda.get_device_properties(0).total_memory / GIB
-        pixels, frames = largest_size(job.model, job.world_size, gib, cfg=job.parallel.cfg,
-                                      sharded=job.shard_weights,
-                                      streamed="gather" if job.streamed_blocks == "gather" else "tensor")
+        cfg = job.parallel.cfg if isinstance(job.parallel.cfg, int) else 1  # "auto": the most tokens per rank
+        streamed = job.streamed_blocks  # auto: as the group's build chooses, at the default size
+        if job.shard_weights and streamed == "auto":
+            streamed = streamed_choice(job.model, job.height, job.width, job.frames, job.world_size, cfg=cfg)
+        pixels, frames = largest_size(job.model, job.world_size, gib, cfg=cfg, sharded=job.shard_weights,
+                                      streamed=streamed)
         if pixels == 0:
             raise ValueError(f"{job.model} does not fit {gib:.0f} GiB GPUs on {job.world_size} rank(s) at any size "
                              f"(streamfusion plan --memory says why): add --shard-weights or ranks, or give "
