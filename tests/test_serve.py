@@ -113,7 +113,8 @@ BAD = [  # (body, status, param, words the message must hold)
     ({"prompt": "a", "guidance_scale": 1000}, 400, "guidance_scale", "from 0 to 100"),
     ({"prompt": "a", "negative_prompt": "blurry"}, 400, "negative_prompt", "guidance"),
     ({"prompt": "a", "response_format": "url"}, 400, "response_format", "b64_json"),
-    ({"prompt": "a", "output_format": "jpeg"}, 400, "output_format", "png"),
+    ({"prompt": "a", "output_format": "gif"}, 400, "output_format", "'webp'"),
+    ({"prompt": "a", "output_format": "jpeg", "output_compression": 101}, 400, "output_compression", "from 0 to 100"),
     ({"prompt": "a", "quality": "ultra"}, 400, "quality", "'hd'"),
     ({"prompt": "a", "background": "transparent"}, 400, "background", "opaque"),
     ({"prompt": "a", "stream": True, "n": 2}, 400, "n", "stream true"),
@@ -235,6 +236,31 @@ def test_openai_fields_clients_send_are_taken_and_the_ignored_ones_said(client):
     ignored = answer.model_extra["streamfusion"]["ignored"]
     assert set(ignored) == {"quality", "style", "user", "moderation"}, ignored
     assert "num_inference_steps" in ignored["quality"]
+
+
+def test_images_come_as_jpeg_or_webp_when_asked_at_the_quality_asked(client):
+    """OpenAI's output_format and output_compression: the same image as the PNG one, encoded lossy (a JPEG of
+    quality 100 within a few levels of it, a smaller one at 30), and the answer says which format it holds."""
+    def ask(**fields):
+        answer = client.images.generate(model="tiny-flux", prompt=PROMPT, size="64x64", response_format="b64_json",
+                                        extra_body={"seed": 9, "num_inference_steps": 2}, **fields)
+        return answer, base64.b64decode(answer.data[0].b64_json)
+
+    lossless, kept = ask(output_compression=30)
+    assert kept[:8] == b"\x89PNG\r\n\x1a\n" and lossless.output_format == "png"
+    assert "output_compression" in lossless.model_extra["streamfusion"]["ignored"]
+    pixels = np.asarray(Image.open(io.BytesIO(kept)), dtype=np.float64)
+    sizes = {}
+    for fmt, quality, magic in (("jpeg", 100, b"\xff\xd8\xff"), ("jpeg", 30, b"\xff\xd8\xff"), ("webp", 90, b"RIFF")):
+        answer, data = ask(output_format=fmt, output_compression=quality)
+        assert data.startswith(magic) and answer.output_format == fmt, (fmt, data[:12])
+        assert "ignored" not in answer.model_extra["streamfusion"]
+        image = Image.open(io.BytesIO(data))
+        assert image.format == {"jpeg": "JPEG", "webp": "WEBP"}[fmt] and image.size == (64, 64)
+        sizes[fmt, quality] = len(data)
+        if quality == 100:
+            assert np.abs(np.asarray(image, dtype=np.float64) - pixels).mean() < 4  # the same image, lossy
+    assert sizes["jpeg", 30] < sizes["jpeg", 100]
 
 
 def test_a_page_of_another_site_cannot_post_json_forms_or_text(server):

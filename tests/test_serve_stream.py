@@ -86,6 +86,14 @@ def test_the_openai_client_streams_partial_images_and_the_image(server):
     assert events[-1].type == "image_generation.completed" and _png(events[-1].b64_json).size == (64, 64)
 
 
+def test_a_stream_in_jpeg_has_its_previews_and_image_in_jpeg(server):
+    events = _events(server.url, {"prompt": "a red fox", "seed": 7, "num_inference_steps": 5, "size": "64x48",
+                                  "partial_images": 1, "output_format": "jpeg", "output_compression": 90})
+    images = [d for k, d in events if k in ("image_generation.partial_image", "image_generation.completed")]
+    assert len(images) == 2 and all(d["output_format"] == "jpeg" for d in images)
+    assert all(Image.open(io.BytesIO(base64.b64decode(d["b64_json"]))).format == "JPEG" for d in images)
+
+
 def test_stream_refusals_name_the_field(server):
     for body, field in (({"n": 2}, "n"), ({"partial_images": 4}, "partial_images")):
         answer = httpx.post(server.url + "/v1/images/generations", timeout=30,

@@ -16,7 +16,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..runtime.output import png
+from ..runtime.output import image_bytes
 from ..runtime.progress import StepNote
 from .errors import ApiError
 
@@ -29,27 +29,28 @@ def sse(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
 
-def image_fields(size: str) -> dict[str, Any]:
+def image_fields(size: str, fmt: str = "png") -> dict[str, Any]:
     """The fields every image event of OpenAI's carries, as this server makes images."""
-    return {"created_at": int(time.time()), "size": size, "output_format": "png", "background": "opaque",
+    return {"created_at": int(time.time()), "size": size, "output_format": fmt, "background": "opaque",
             "quality": "auto"}
 
 
-async def image_events(kind: str, notes: AsyncIterator[StepNote], request_id: str, size: str,
-                       finish: Any) -> AsyncIterator[bytes]:
+async def image_events(kind: str, notes: AsyncIterator[StepNote], request_id: str, size: str, finish: Any,
+                       image_format: tuple[str, int] = ("png", 100)) -> AsyncIterator[bytes]:
     """Progress and previews of `request_id` as its steps end, then `finish()`'s completed event (the request's
-    answer), each named `kind.<event>`; an ApiError on the way ends the stream with an error event."""
+    answer), each named `kind.<event>`, the images in `image_format`; an ApiError on the way ends the stream with
+    an error event."""
     previews = 0
     try:
         async for note in notes:
             yield sse(f"{kind}.progress", {"step": note.step, "steps": note.steps,
                                                     "elapsed_s": round(note.elapsed_s, 4)})
             if (pixels := note.previews.get(request_id)) is not None:
-                b64 = base64.b64encode(png(Image.fromarray(pixels))).decode()
-                yield sse(f"{kind}.partial_image", {**image_fields(size), "b64_json": b64,
-                                                             "partial_image_index": previews})
+                b64 = base64.b64encode(image_bytes(Image.fromarray(pixels), *image_format)).decode()
+                yield sse(f"{kind}.partial_image", {**image_fields(size, image_format[0]), "b64_json": b64,
+                                                    "partial_image_index": previews})
                 previews += 1
-        yield sse(f"{kind}.completed", {**image_fields(size), **finish()})
+        yield sse(f"{kind}.completed", {**image_fields(size, image_format[0]), **finish()})
     except ApiError as err:
         yield f"event: error\ndata: {json.dumps(err.body())}\n\n".encode()
 

@@ -32,12 +32,13 @@ class Following:
     metrics: Metrics
     request_timeout_s: float
 
-    async def submit(self, kind: str, params: Request, streamed: bool = False) -> Work:
+    async def submit(self, kind: str, params: Request, streamed: bool = False,
+                     image_format: tuple[str, int] = ("png", 100)) -> Work:
         """Queue a checked request (429 when full, 503 when draining, stopped, or no group can run it); a
-        `streamed` one follows its steps (`stream`)."""
+        `streamed` one follows its steps (`stream`); its images are answered in `image_format`."""
         if error := self.stranded():
             raise error
-        work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s)
+        work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s, image_format=image_format)
         if streamed:
             work.steps = asyncio.Queue()
         await self.queue.put(work)

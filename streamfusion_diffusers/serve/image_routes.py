@@ -32,7 +32,7 @@ def image_routes(service: Service) -> APIRouter:
         it: JSON, or its steps as server-sent events when it asked to stream."""
         request.state.did = (f"size={params.size} steps={params.steps} n={params.n}" +
                              (f" images={len(params.images)}" if params.images else "") + " stream" * bool(body.stream))
-        work = await service.submit("image", params, streamed=bool(body.stream))
+        work = await service.submit("image", params, streamed=bool(body.stream), image_format=body.image_format)
 
         def ran(result: dict[str, Any]) -> dict[str, Any]:
             extra = what_ran(work, result)
@@ -46,11 +46,12 @@ def image_routes(service: Service) -> APIRouter:
                 return {"b64_json": base64.b64encode(result["outputs"][0]).decode(), "streamfusion": ran(result)}
 
             notes = service.stream(work, request.is_disconnected)
-            return StreamingResponse(image_events(kind, notes, params.id, params.size, completed),
+            return StreamingResponse(image_events(kind, notes, params.id, params.size, completed, body.image_format),
                                      media_type=MEDIA_TYPE, headers=HEADERS)
         result = await service.wait(work, request.is_disconnected)
-        return ImagesResponse(created=int(time.time()), size=params.size, streamfusion=ran(result),
-                              data=[ImageData(b64_json=base64.b64encode(png).decode()) for png in result["outputs"]])
+        data = [ImageData(b64_json=base64.b64encode(image).decode()) for image in result["outputs"]]
+        return ImagesResponse(created=int(time.time()), size=params.size, output_format=body.image_format[0],
+                              streamfusion=ran(result), data=data)
 
     @router.post("/v1/images/generations", response_model=None)
     async def images(body: ImageRequest, request: Request) -> ImagesResponse | StreamingResponse:

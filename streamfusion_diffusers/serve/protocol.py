@@ -92,11 +92,18 @@ class ImageRequest(_Request):
                "style": "the model has no style switch: say it in the prompt",
                "moderation": "no moderation is run here",
                "user": "kept by no one here",
-               "output_compression": "PNG is lossless",
+               "output_compression": "PNG is lossless (it applies to jpeg and webp)",
                "partial_images": "previews come only with stream true",
                "background": "images are opaque"}
+        used = {"partial_images": bool(self.stream), "output_compression": self.output_format in ("jpeg", "webp")}
         return {name: f"{getattr(self, name)!r}: {text}" for name, text in why.items()
-                if name in self.model_fields_set and not (name == "partial_images" and self.stream)}
+                if name in self.model_fields_set and not used.get(name)}
+
+    @property
+    def image_format(self) -> tuple[str, int]:
+        """How the answer's images are encoded: output_format (png unless given) and output_compression, the
+        quality a lossy format keeps (100 unless given, as OpenAI's default)."""
+        return self.output_format or "png", 100 if self.output_compression is None else self.output_compression
 
 
 class EditRequest(ImageRequest):
@@ -130,7 +137,7 @@ class ImagesResponse(BaseModel):
     created: int
     data: list[ImageData]
     size: str
-    output_format: Literal["png"] = "png"
+    output_format: Literal["png", "jpeg", "webp"] = "png"
     streamfusion: dict[str, Any]
 
 

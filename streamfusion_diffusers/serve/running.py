@@ -100,10 +100,12 @@ class Running:
         return follow
 
     async def _answer(self, work: Work, result: dict[str, Any]) -> None:
-        """Encode a finished request's pixels (PNG or mp4) off the event loop and answer it; its group is free."""
+        """Encode a finished request's pixels (its image format, or mp4) off the event loop and answer it; its
+        group is free."""
         video = self.job.spec.video
         try:
-            outputs = await asyncio.to_thread(lambda: [encode(pixels, video) for pixels in result["pixels"]])
+            outputs = await asyncio.to_thread(lambda: [encode(pixels, video, *work.image_format)
+                                                       for pixels in result["pixels"]])
             work.encoded = time.monotonic()
             work.finish({"outputs": outputs, "records": result["records"]})
         except Exception as err:  # noqa: BLE001 - an encoder failure fails this request only

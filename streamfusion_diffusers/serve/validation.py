@@ -226,9 +226,6 @@ class Checker:
         if request.response_format == "url":
             raise bad("response_format", "response_format \"url\": only \"b64_json\" is served (no image is stored "
                                          "behind a url)")
-        if request.output_format not in (None, "png"):
-            raise bad("output_format", f"output_format {request.output_format!r}: only \"png\" is served "
-                                       f"(lossless, as generate writes it)")
         if request.background == "transparent":
             raise bad("background", "background \"transparent\": images are opaque here; send \"opaque\" or \"auto\"")
         for name in ("n", "output_compression", "partial_images"):

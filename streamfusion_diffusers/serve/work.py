@@ -36,6 +36,7 @@ class Work:
     encoded: float | None = None  # when its pixels were encoded
     group: Any = None  # the group running it
     steps: asyncio.Queue | None = None  # a streamed request's step notes (runtime/progress.py's StepNote), in order
+    image_format: tuple[str, int] = ("png", 100)  # how its images are encoded: OpenAI's output_format, compression
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def finish(self, result: Any) -> None:
