@@ -1,4 +1,4 @@
-"""What a pool's fork server imports first (pool.py's `_start_method`): the quiet the command asked for
+"""What a pool's fork server imports first (fork_server.py's PRELOAD): the quiet the command asked for
 (`STREAMFUSION_QUIET`, as the ranks read it), so that the libraries it imports next, once for every rank, print
 none of what a spawned rank's imports would not print either."""
 from __future__ import annotations
