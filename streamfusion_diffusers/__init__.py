@@ -49,3 +49,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     globals()[name] = value  # once: later lookups find it without coming here
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
