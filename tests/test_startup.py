@@ -186,3 +186,32 @@ def test_the_warm_up_line_says_where_its_time_went():
     assert warmup_split(record, True) == (": first step 2.3 s (kernel choice 1.2 s, layout choice 0.3 s), the capture "
                                           "0.5 s, text encoding 0.1 s, decode 0.3 s")
     assert "second step 0.5 s" in warmup_split(record, False) and warmup_split(None, True) == ""
+
+
+def test_a_refused_command_leaves_no_fork_server_behind(tmp_path):
+    """The fork server starts before the arguments are checked; a command refused with one line (exit 2) ends it
+    as it exits, so nothing of it runs on."""
+    import contextlib
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    def servers() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["cmdline"])
+                if "multiprocessing.forkserver" in " ".join(p.info["cmdline"] or [])}
+
+    before = servers()
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:  # a file, not a pipe: a server left behind would hold a pipe open, run() wait on it
+        run = subprocess.run([sys.executable, "-m", "streamfusion_diffusers", "generate", "--model", "no-such-model"],
+                             stdout=subprocess.DEVNULL, stderr=stderr, timeout=120,
+                             env={k: v for k, v in os.environ.items() if k != "RANK"})
+    said = err.read_text()
+    assert run.returncode == 2 and said.count("\n") == 1 and "invalid choice" in said, said
+    left = servers() - before
+    for pid in left:  # a server's last moments after its parent's exit
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).wait(timeout=1)
+    assert not servers() - before
