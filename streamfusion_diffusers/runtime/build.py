@@ -91,7 +91,8 @@ def prepare(job: Job) -> Prepared:
     ctx = init_parallel(job.parallel)
     started = time.perf_counter()
     prompt: dict[str, Any] = {"prompt": job.prompt}
-    # sharded weights (on more than one rank; on one they are a no-op): held (or loaded) in host memory, each
+    # sharded weights (on more than one rank, where the whole pipeline does not fit: `_whole_fits`; on one rank
+    # they are a no-op): held (or loaded) in host memory, each
     # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model;
     # random ones are made on the GPU a part at a time where each part fits (`_builds_on`), then parked there
     shards = job.shard_weights and job.world_size > 1 and not _whole_fits(job, device)
