@@ -92,9 +92,9 @@ def prepare(job: Job) -> Prepared:
     started = time.perf_counter()
     prompt: dict[str, Any] = {"prompt": job.prompt}
     # sharded weights (on more than one rank, where the whole pipeline does not fit: `_whole_fits`; on one rank
-    # they are a no-op): held (or loaded) in host memory, each
-    # rank's shards then moved to its GPU one block at a time by parallelize, so no GPU holds a whole model;
-    # random ones are made on the GPU a part at a time where each part fits (`_builds_on`), then parked there
+    # they are a no-op): held (or loaded) in host memory, each rank's shards then moved to its GPU one block at a
+    # time by parallelize, so no GPU holds a whole model; random ones are made on the GPU a part at a time where
+    # each part fits (`_builds_on`), then parked there
     shards = job.shard_weights and job.world_size > 1 and not _whole_fits(job, device)
     home = torch.device("cpu") if shards and real_size(job.model) else device
     made_on = device if home != device and not job.weights and _builds_on(job.model, device) else home
