@@ -10,7 +10,7 @@ On GPUs (NCCL, bf16, Flux-dev's heads; the microseconds are the host's time to i
         --heads 24 --head-dim 128 --grid 64x64 --text 512
 
 Rank 0 prints one row per layout and what (plain diffusers first: the whole sequence on one process, SDPA), and
-writes every figure to $OUT/host_path_<label>.json (or the current folder), with the Python functions one attention
+writes every figure to $OUT/host_path_<label>.json (default outputs/), with the Python functions one attention
 call runs, in order; --label names the code that ran.
 """
 from __future__ import annotations
@@ -62,7 +62,9 @@ def main() -> None:
         with ProcessPool(args.world) as pool:
             results = pool.run(run_rank, layouts, shape, args.reps)[0]
     print(table(results))
-    path = os.path.join(os.environ.get("OUT", "."), f"host_path_{args.label}.json")
+    folder = os.environ.get("OUT", "outputs")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"host_path_{args.label}.json")
     with open(path, "w") as f:
         json.dump({"shape": dataclasses.asdict(shape), "layouts": layouts,
                    "results": [{"label": m.label, **{w: {k: v for k, v in dataclasses.asdict(getattr(m, w)).items()
