@@ -210,8 +210,9 @@ def test_auto_caches_one_choice_per_signature() -> None:
 
 
 def test_auto_takes_sdpa_untimed_below_the_fused_floor() -> None:
-    """One chunk pair of fewer than FUSED_MIN_WORK queries x keys: sdpa, no candidate timed (no fused compile in a
-    job's first step); the same work as several query chunks is still timed (the fused kernel saves launches)."""
+    """Queries over every key at once, fewer than FUSED_MIN_WORK queries x keys: sdpa, no candidate timed (no fused
+    compile in a job's first step); the same work as several query chunks is still timed (the fused kernel saves
+    launches), and so is a pass that merges into a state (a ring's)."""
     from streamfusion_diffusers.kernels import FUSED_MIN_WORK
 
     dispatch.clear()
@@ -221,6 +222,8 @@ def test_auto_takes_sdpa_untimed_below_the_fused_floor() -> None:
     assert not current().local and not current().times
     attend_chunks([Partial(), Partial()], [q[:, : n // 2], q[:, n // 2:]], [(k, v)], kernel="auto", finalize=True)
     assert list(current().local.values()) in (["sdpa"], ["fused"])
+    attend_chunks([Partial()], [q], [(k, v)], kernel="auto", finalize=False)  # a ring's first pass: a state follows
+    assert len(current().local) == 2
 
 
 def test_attention_without_lse_runs_the_fastest_backend() -> None:

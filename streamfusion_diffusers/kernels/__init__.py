@@ -6,10 +6,10 @@ chunk pair), "fused" (one launch for all chunks, merge in the kernel: paper Algo
 elsewhere: fused.py) or "auto"
 (reference off CUDA, else the faster of sdpa and fused for the call's shape, measured once and cached in the
 context's KernelState, state.py; inside `agreed_choices` every rank of the layer picks the same: see dispatch.py).
-A call of one query chunk and one key chunk below FUSED_MIN_WORK takes sdpa untimed: the fused kernel has lost every
-such shape measured (BENCHMARKS.md, the kernel tables: it gains where it saves launches and merges, many chunks in
-one call), and timing it there costs its compile (seconds per variant on a cold Triton cache) in a job's first
-step for nothing.
+Queries that see every key at once (one query chunk, one key chunk, no state: P = 1, or Ulysses after its
+all-to-all) below FUSED_MIN_WORK take sdpa untimed: the fused kernel has lost every such shape measured
+(BENCHMARKS.md, the kernel tables; it gains where it saves launches and merges, many chunks in one call), and
+timing it there costs its compile (seconds per variant on a cold Triton cache) in a job's first step for nothing.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ __all__ = ["KernelState", "Partial", "agreed_choices", "attention_with_lse", "at
            "merge_into"]
 
 _HALF = (torch.float16, torch.bfloat16)
-FUSED_MIN_WORK = 25e6  # queries x keys of a one-chunk call, per head, below which auto takes sdpa
+FUSED_MIN_WORK = 25e6  # queries x keys per head of a whole-keys call below which auto takes sdpa
 
 
 def attention_with_lse(
@@ -227,7 +227,7 @@ def _choose_path(kernel: str, pairs: Pairs, kv: KV, scale: float, finalize: bool
         if not (aligned(k) and aligned(v)):
             return "sdpa"
         kv_lens.append(k.shape[1])
-    if len(q_lens) == 1 and len(kv_lens) == 1 and q_lens[0] * kv_lens[0] < FUSED_MIN_WORK:
+    if finalize and not load_state and len(q_lens) == len(kv_lens) == 1 and q_lens[0] * kv_lens[0] < FUSED_MIN_WORK:
         return "sdpa"
     b, _, h, d = q.shape
     key = (q.device, q.dtype, b, h, d, tuple(q_lens), tuple(kv_lens), load_state, finalize)
