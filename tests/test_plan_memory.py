@@ -118,3 +118,17 @@ def test_a_split_that_keeps_every_part_whole_streams_nothing():
     roomy, tight = (estimate("flux2-dev", 1024, 1024, 1, 2, sharded=True, max_memory=gib) for gib in (130.0, 72.0))
     assert not roomy.streams and roomy.split == "whole: text_encoder, transformer" and roomy.peak < 130
     assert tight.streams and "kept" in tight.split
+
+
+def test_a_sharded_start_that_would_exhaust_host_memory_is_refused_in_one_line():
+    """Random weights are made whole on every rank and parked in host memory before sharding: flux2-dev's 105 GiB
+    per rank, 4 ranks on 80 GB GPUs, need about 420 GiB; refused where less is available, started where more is,
+    and nothing is parked where the whole pipeline fits the GPUs (141 GB: nothing to shard)."""
+    from streamfusion_diffusers import ParallelConfig
+    from streamfusion_diffusers.runtime.job import check_host_memory
+
+    size = ("flux2-dev", 1024, 1024, 1, 4, ParallelConfig(), None)
+    with pytest.raises(ValueError, match=r"4 ranks of this machine .* about 4\d\d GiB in all, and 300 GiB"):
+        check_host_memory(*size, available=300.0, gpu_gib=74.5, local=4)
+    check_host_memory(*size, available=500.0, gpu_gib=74.5, local=4)
+    check_host_memory(*size, available=300.0, gpu_gib=131.0, local=4)

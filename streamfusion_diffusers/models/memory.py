@@ -155,6 +155,16 @@ def streamed_choice(model: str, height: int, width: int, frames: int, ranks: int
     return "tensor" if tensor.received + tensor.tokens < gathered.received else "gather"
 
 
+def parked_gib(model: str, height: int, width: int, frames: int, ranks: int, local_ranks: int, gpu_gib: float, *,
+               cfg: int = 1, parts: dict[str, PartSizes] | None = None) -> float:
+    """Host memory, GiB, that a sharded job's random weights take on one machine while it starts: each of its
+    `local_ranks` makes the whole pipeline and parks it in host memory before sharding it (runtime/build.py); 0
+    where the split keeps every part whole on GPUs of `gpu_gib` (nothing is sharded, nothing parked)."""
+    parts = parts or pipeline_parts(model)
+    e = estimate(model, height, width, frames, ranks, cfg=cfg, sharded=True, parts=parts, max_memory=gpu_gib)
+    return local_ranks * sum(p.total for p in parts.values()) / GIB if e.streams else 0.0
+
+
 def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None = None, cfg: int = 1,
                  sharded: bool = False, streamed: str = "gather") -> tuple[int, int]:
     """(the most pixels of a square image, the most frames at the model's own size) whose peak fits a GPU of
@@ -184,5 +194,5 @@ def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None =
     return side * side, most_frames
 
 
-__all__ = ["GPUS_GB", "Estimate", "PartSizes", "RUNTIME_GIB", "estimate", "largest_size", "pipeline_parts", "shardable",
-           "streamed_choice", "weight_budget"]
+__all__ = ["GPUS_GB", "Estimate", "PartSizes", "RUNTIME_GIB", "estimate", "largest_size", "parked_gib", "pipeline_parts",
+           "shardable", "streamed_choice", "weight_budget"]

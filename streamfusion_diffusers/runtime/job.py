@@ -250,6 +250,8 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
                if args.compile else "is not yet checked with the adapters' layers inside the sharded blocks")
         raise ValueError(f"{flag} with named LoRAs (--lora NAME=PATH) is not supported: it {why}; fuse them "
                          f"(--lora PATH) or drop {flag}")
+    if gpu and args.shard_weights and world > 1 and real_size(args.model) and not args.weights:
+        check_host_memory(args.model, height, width, frames, world, parallel, args.max_memory)
     return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
@@ -259,3 +261,36 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
                shard_weights=args.shard_weights, max_memory=args.max_memory,
                streamed_blocks=args.streamed_blocks or "auto", stack=stack,
                weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)
+
+
+def available_host_gib() -> float | None:
+    """This machine's available memory (Linux's MemAvailable), GiB; None where it is not known."""
+    try:
+        with open("/proc/meminfo") as f:
+            line = next(x for x in f if x.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) / 2**20
+
+
+def check_host_memory(model: str, height: int, width: int, frames: int, world: int, parallel: ParallelConfig,
+                      max_memory: float | None, available: float | None = None, gpu_gib: float | None = None,
+                      local: int | None = None) -> None:
+    """--shard-weights with random weights: each rank of a machine makes the whole pipeline in host memory before
+    sharding it, so a machine without that much memory would lose ranks to the out-of-memory killer mid start:
+    refuse in one line first."""
+    from ..models.memory import GIB, parked_gib
+
+    available = available_host_gib() if available is None else available
+    if available is None:
+        return
+    gpu_gib = gpu_gib or max_memory or torch.cuda.get_device_properties(0).total_memory / GIB
+    local = local or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or torch.cuda.device_count()  # a rank per GPU
+    cfg = parallel.cfg if isinstance(parallel.cfg, int) else 1
+    need = parked_gib(model, height, width, frames, world, local, gpu_gib, cfg=cfg)
+    if need > available:
+        raise ValueError(f"--shard-weights: {local} ranks of this machine each make {model}'s random weights in host "
+                         f"memory before sharding them, about {need:.0f} GiB in all, and {available:.0f} GiB is "
+                         f"available: run fewer ranks per machine (CUDA_VISIBLE_DEVICES, or launch's "
+                         f"--nproc-per-node), load real weights (--weights), or free memory")
+
