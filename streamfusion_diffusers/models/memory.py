@@ -12,6 +12,7 @@ memory").
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -71,13 +72,19 @@ class Estimate:
 
 
 def pipeline_parts(model: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, PartSizes]:
-    """Parameter bytes of each module of MODELS[model]'s pipeline as generate builds it, on the meta device."""
+    """Parameter bytes of each module of MODELS[model]'s pipeline as generate builds it, on the meta device (made
+    once per process: a real-size pipeline's meta build takes seconds, and a server's start asks several times)."""
+    return dict(_parts(model, dtype))
+
+
+@functools.cache
+def _parts(model: str, dtype: torch.dtype) -> tuple[tuple[str, PartSizes], ...]:
     from .build import build_pipeline
     from .full import build_full_pipeline
 
     build = build_pipeline if model.startswith("tiny-") else build_full_pipeline
     pipe = build(model, dtype=dtype, device="meta")
-    return {name: part_sizes(c) for name, c in pipe.components.items() if isinstance(c, nn.Module)}
+    return tuple((name, part_sizes(c)) for name, c in pipe.components.items() if isinstance(c, nn.Module))
 
 
 def shardable(parts: dict[str, PartSizes]) -> dict[str, PartSizes]:
