@@ -132,3 +132,9 @@ def test_a_sharded_start_that_would_exhaust_host_memory_is_refused_in_one_line()
         check_host_memory(*size, available=300.0, gpu_gib=74.5, local=4)
     check_host_memory(*size, available=500.0, gpu_gib=74.5, local=4)
     check_host_memory(*size, available=300.0, gpu_gib=131.0, local=4)
+
+
+def test_plan_memory_says_what_a_sharded_start_parks_in_host_memory(capsys):
+    plan.main(_args("--model", "flux2-dev", "--memory", "--gpus-per-machine", "4"))
+    line = next(x for x in capsys.readouterr().out.splitlines() if "start-up with random weights" in x)
+    assert "(104.9 GiB)" in line and "420 GiB per machine" in line

@@ -117,7 +117,7 @@ def calibrated(args: argparse.Namespace) -> tuple[str, Gpu]:
 
 def memory(args: argparse.Namespace) -> int:
     """--memory: models/memory.py's estimate, whole weights and sharded, as a table or JSON."""
-    from ..models.memory import GPUS_GB, RUNTIME_GIB, estimate, pipeline_parts, streamed_choice
+    from ..models.memory import GIB, GPUS_GB, RUNTIME_GIB, estimate, pipeline_parts, streamed_choice
 
     frames, height, width = size_of(args)
     ranks = args.machines * args.gpus_per_machine
@@ -142,6 +142,10 @@ def memory(args: argparse.Namespace) -> int:
         if r.split:
             moved = f", {r.tokens:.2f} GiB of token rows (tensor-parallel blocks)" if r.tokens else ""
             print(f"         split: {r.split}; {r.received:.2f} GiB of weights received per rank per step{moved}")
+        if r.sharded and r.streams:
+            each = sum(p.total for p in parts.values()) / GIB
+            print(f"         start-up with random weights: each rank makes the whole pipeline ({each:.1f} GiB) in "
+                  f"host memory before sharding it, {args.gpus_per_machine * each:.0f} GiB per machine")
     return 0
 
 
