@@ -28,3 +28,31 @@ def test_a_late_gpu_transfer_ends_the_process_naming_it():
     assert done.returncode == EXIT_CODE, done.stderr[-2000:]
     assert "attention layer 3, ulysses all-to-all did not complete within 2 s" in done.stderr, done.stderr[-2000:]
     assert "ending this process" in done.stderr and "Thread" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_deadline_names_the_transfer_while_the_watchdog_is_blocked_in_a_cuda_call():
+    """A per-case deadline (commands/timing.py) that expires while the watchdog thread is stuck in a CUDA event's
+    query (behind a full launch queue, holding its lock) still says what the GPU waits for, at once."""
+    import threading
+    import time
+
+    from streamfusion_diffusers.backends.watchdog import Watchdog, waiting_line
+
+    release = threading.Event()
+
+    class Stuck:  # a CUDA event whose query blocks, as one behind a full launch queue
+        def query(self) -> bool:
+            release.wait(30)
+            return False
+
+    dog = Watchdog(poll_s=0.01)
+    try:
+        dog.watch(Stuck(), "attention layer 7, ulysses all-to-all", time.monotonic() - 4.0, 600.0)
+        time.sleep(0.1)  # the thread is in query() now, holding the lock
+        started = time.monotonic()
+        line = waiting_line()
+        assert time.monotonic() - started < 1.0
+        assert line.startswith("the GPU waits for attention layer 7, ulysses all-to-all, posted 4."), line
+    finally:
+        release.set()
+        dog.close()

@@ -66,6 +66,16 @@ class Watchdog:
                 self._pending.popleft()
             return None if not self._pending else (self._pending[0][0], self._pending[0][1], self._pending[0][3])
 
+    def last_seen(self) -> tuple[float, What] | None:
+        """(posted, what) of the oldest watched transfer not yet seen complete, as of the thread's last look: read
+        without the lock or a CUDA call, either of which can block behind a full launch queue (a host that queued
+        seconds of work), where a deadline that expired elsewhere must still say what was waited for."""
+        try:
+            posted, _, _, what = self._pending[0]
+        except IndexError:
+            return None
+        return posted, what
+
     def close(self) -> None:
         """Stop watching: forget what is pending and end the thread."""
         with self._lock:
@@ -93,14 +103,14 @@ class Watchdog:
 
 
 def waiting_line() -> str:
-    """The oldest transfer a live watchdog waits for (blocking the host, or pending on the GPU), as one line."""
+    """The oldest transfer a live watchdog waits for (blocking the host, or pending on the GPU as its thread last
+    saw), as one line; it makes no CUDA call and takes no lock, so it is said even where those would block."""
     found = []
     for dog in list(_LIVE):
         if dog.waiting is not None:
             found.append((dog.waiting[0], "the host waits for", dog.waiting[1]))
-        oldest = dog.oldest()
-        if oldest is not None:
-            found.append((oldest[0], "the GPU waits for", oldest[2]))
+        if (seen := dog.last_seen()) is not None:
+            found.append((seen[0], "the GPU waits for", seen[1]))
     if not found:
         return "no attention transfer was pending (the wait is elsewhere: see the stacks)"
     since, how, what = min(found, key=lambda f: f[0])
