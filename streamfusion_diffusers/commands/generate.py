@@ -29,6 +29,7 @@ from ..runtime import output, worker
 from ..runtime.arguments import DTYPES, add_arguments
 from ..runtime.job import Job, make_job, real_size
 from ..runtime.build import import_ahead
+from ..runtime.record import one_time_text
 from ..runtime.run import run_job
 from ..runtime.startup import describe
 
@@ -96,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     if answer is not None:  # rank 0's (under a launcher, the other ranks return None)
         record = write_outputs(job, answer)
         steps = record["step_latency_s"]
-        once = ", ".join(f"{kind} {sec:.2f} s" for kind, sec in record["one_time_s"].items())
+        once = one_time_text(record)
         pace = f"{1e3 * sum(steps):.1f} ms/step"
         if len(steps) > 1:
             pace = (f"{1e3 * statistics.median(steps[1:]):.1f} ms/step after the first ({steps[0]:.2f} s"

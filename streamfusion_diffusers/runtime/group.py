@@ -23,6 +23,7 @@ from .build import import_ahead
 from .job import Job
 from .pool import Pool, ProcessPool, RankFailure
 from .progress import StepNote
+from .record import one_time_text
 from .remote import Hosts
 from .request import Request
 
@@ -158,19 +159,19 @@ def failure_status(err: RankFailure) -> int:
     return 504 if stalled else 500
 
 
-
 def warmup_split(record: dict | None, graphs: bool) -> str:
     """Where a warm-up's time went, from its run record: the first step (and its one-time work), the second (the
     default size's CUDA graph captured), the text encoding and the decode."""
     if not record:
         return ""
     steps, phases = record.get("step_latency_s") or [], record.get("phases_s") or {}
-    once = ", ".join(f"{kind} {sec:.1f} s" for kind, sec in (record.get("one_time_s") or {}).items())
+    once = one_time_text(record, digits=1)
     parts = [f"first step {steps[0]:.1f} s" + (f" ({once})" if once else "")] if steps else []
     if len(steps) > 1:
         parts.append(f"{'the capture' if graphs else 'second step'} {steps[1]:.1f} s")
     parts += [f"{name.replace('_', ' ')} {phases[name]:.1f} s" for name in ("text_encoding", "decode")
               if name in phases]
     return f": {', '.join(parts)}" if parts else ""
+
 
 __all__ = ["BuildTimeout", "Group", "RankFailure", "failure_status"]

@@ -29,6 +29,7 @@ def to_pil(images: Any) -> list:
 
 
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}  # OpenAI's output_format -> PIL's
+PNG = ("png", 100)  # (format, quality): what an answer's images are unless a request asks otherwise
 
 
 def png(image: Any) -> bytes:
@@ -82,4 +83,4 @@ def write(pixels: Any, video: bool, folder: str) -> list[str]:
     return [str(p) for p in paths]
 
 
-__all__ = ["FPS", "IMAGE_FORMATS", "encode", "image_bytes", "mp4", "png", "to_pil", "write"]
+__all__ = ["FPS", "IMAGE_FORMATS", "PNG", "encode", "image_bytes", "mp4", "png", "to_pil", "write"]

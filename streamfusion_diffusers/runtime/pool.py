@@ -24,7 +24,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-
 from ..core.config import DEFAULT_TIMEOUT_S
 from ..core.join import join_job
 from . import fork_server

@@ -113,4 +113,9 @@ def _output_size(job: Job, result: Any) -> dict:
     return {"height": height, "width": width, "frames": len(frames)}
 
 
-__all__ = ["crossed", "crossed_since", "graph_record", "layout_record", "run_record"]
+def one_time_text(record: dict, digits: int = 2) -> str:
+    """A run record's one-time work (`one_time_s`) as words, kind by kind ("" for none)."""
+    return ", ".join(f"{kind} {sec:.{digits}f} s" for kind, sec in (record.get("one_time_s") or {}).items())
+
+
+__all__ = ["crossed", "crossed_since", "graph_record", "layout_record", "one_time_text", "run_record"]

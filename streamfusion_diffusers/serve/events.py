@@ -29,14 +29,14 @@ def sse(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
 
-def image_fields(size: str, fmt: str = "png") -> dict[str, Any]:
+def image_fields(size: str, fmt: str) -> dict[str, Any]:
     """The fields every image event of OpenAI's carries, as this server makes images."""
     return {"created_at": int(time.time()), "size": size, "output_format": fmt, "background": "opaque",
             "quality": "auto"}
 
 
 async def image_events(kind: str, notes: AsyncIterator[StepNote], request_id: str, size: str, finish: Any,
-                       image_format: tuple[str, int] = ("png", 100)) -> AsyncIterator[bytes]:
+                       image_format: tuple[str, int]) -> AsyncIterator[bytes]:
     """Progress and previews of `request_id` as its steps end, then `finish()`'s completed event (the request's
     answer), each named `kind.<event>`, the images in `image_format`; an ApiError on the way ends the stream with
     an error event."""

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ..runtime.output import PNG
 from ..runtime.progress import StepNote
 from ..runtime.request import Request
 from .errors import ApiError
@@ -33,7 +34,7 @@ class Following:
     request_timeout_s: float
 
     async def submit(self, kind: str, params: Request, streamed: bool = False,
-                     image_format: tuple[str, int] = ("png", 100)) -> Work:
+                     image_format: tuple[str, int] = PNG) -> Work:
         """Queue a checked request (429 when full, 503 when draining, stopped, or no group can run it); a
         `streamed` one follows its steps (`stream`); its images are answered in `image_format`."""
         if error := self.stranded():

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ApiError
+from ..runtime.output import PNG
 from ..runtime.request import Request
 
 
@@ -36,7 +37,7 @@ class Work:
     encoded: float | None = None  # when its pixels were encoded
     group: Any = None  # the group running it
     steps: asyncio.Queue | None = None  # a streamed request's step notes (runtime/progress.py's StepNote), in order
-    image_format: tuple[str, int] = ("png", 100)  # how its images are encoded: OpenAI's output_format, compression
+    image_format: tuple[str, int] = PNG  # how its images are encoded: OpenAI's output_format and compression
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def finish(self, result: Any) -> None:
