@@ -56,6 +56,8 @@ def _step_ms(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, de
 
 
 def _config(variant: str) -> ParallelConfig:
+    if variant.startswith("mlp@"):  # mlp@C: the MLP overlap with its GEMMs leaving C SMs to the exchanges (mlp: the default)
+        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]))
     if variant in ("stock", "mlp"):
         return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp")
     return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False)

@@ -22,7 +22,9 @@ wait is a stream wait, so the schedule is captured by a CUDA graph as it runs ea
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -46,13 +48,15 @@ OutProject = Callable[[int, Tensor], tuple[Tensor, ...]]
 
 @dataclass(frozen=True)
 class OverlapPlan:
-    """One call's pipeline: its mesh and kernel, every rank's slice length, the joint rows and the group count."""
+    """One call's pipeline: its mesh and kernel, every rank's slice length, the joint rows, the group count and
+    the SMs that GEMMs beside an exchange leave to it."""
 
     mesh: Mesh
     kernel: str
     lens: list[int]
     joint: int
     groups: int
+    exchange_sms: int = 0
 
 
 def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
@@ -78,7 +82,7 @@ def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
         raise ValueError(f"overlap_groups={asked} does not divide the {per_rank} heads each rank attends "
                          f"({like.shape[2]} heads over Ulysses degree {lay.ulysses}); pass a divisor of "
                          f"{per_rank}, or 1 (or None) to turn overlap off")
-    return OverlapPlan(mesh, kernel, lens, joint_len, asked)
+    return OverlapPlan(mesh, kernel, lens, joint_len, asked, ctx.config.exchange_sms)
 
 
 def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, project: Project,
@@ -96,7 +100,7 @@ def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, projec
     signature = ("sp_attention", plan.mesh.layout, tuple(plan.lens), plan.joint, b, h, d, like.dtype)
     try:
         with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, like[:, :, :h], plan.kernel):
-            return _Pipeline(plan, transport, scale, project, out_project, beside).run()
+            return _Pipeline(plan, transport, scale, project, out_project, beside, like.is_cuda).run()
     finally:
         transport.end_layer()  # also on an error: every transfer posted is over before it propagates
 
@@ -105,27 +109,69 @@ def _nothing() -> None:
     """No work beside the exchanges."""
 
 
+@contextmanager
+def sms_left(count: int) -> Iterator[None]:
+    """cuBLAS GEMMs issued inside leave `count` SMs free: a GEMM that fills every SM holds the all-to-all's
+    kernels back until it ends, so without this an exchange "beside" a projection runs after it."""
+    if not count:
+        yield
+        return
+    before = torch._C._get_sm_carveout_experimental()
+    _set_carveout(count)
+    try:
+        yield
+    finally:
+        _set_carveout(before)
+
+
+def _set_carveout(count: int | None) -> None:
+    """torch's setter, whose first call prints an "experimental" notice from C++ on every rank: that one call
+    runs with the process's stderr pointed at /dev/null."""
+    global _warned
+    if _warned:
+        torch._C._set_sm_carveout_experimental(count)
+        return
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        torch._C._set_sm_carveout_experimental(count)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+        _warned = True
+
+
+_warned = False
+
+
 class _Pipeline:
     """One layer's schedule over the head groups (the module docstring draws it)."""
 
     def __init__(self, plan: OverlapPlan, transport: Transport, scale: float | None, project: Project,
-                 out_project: OutProject | None, beside: tuple[Callable[[], None], Callable[[], None]] | None):
+                 out_project: OutProject | None, beside: tuple[Callable[[], None], Callable[[], None]] | None,
+                 cuda: bool):
         self.mesh, self.transport, self.lens, self.joint = plan.mesh, transport, plan.lens, plan.joint
         self.groups, self.scale, self.kernel = plan.groups, scale, plan.kernel
+        self.sms = plan.exchange_sms if cuda else 0  # cuBLAS's setting: nothing to leave on the CPU
         self.project, self.out_project = project, out_project
         self.first, self.last = beside or (_nothing, _nothing)
 
     def run(self) -> Tensor | tuple[Tensor, ...]:
         groups = self.groups
         inbound, outbound, parts = self.post_in(0), [], []
-        self.first()  # in(0) travels meanwhile
+        with sms_left(self.sms):
+            self.first()  # in(0) travels meanwhile
         for g in range(groups):
-            following = self.post_in(g + 1) if g + 1 < groups else None  # projected while in(g) travels
+            with sms_left(self.sms):
+                following = self.post_in(g + 1) if g + 1 < groups else None  # projected while in(g) travels
             outbound.append(self.attend(*inbound))  # in(g + 1) travels meanwhile
             inbound = following
             if g > 0:
-                parts.append(self.finish(g - 1, *outbound[g - 1]))  # while out(g) travels
-        self.last()  # out(G - 1) travels meanwhile
+                with sms_left(self.sms):
+                    parts.append(self.finish(g - 1, *outbound[g - 1]))  # while out(g) travels
+        with sms_left(self.sms):
+            self.last()  # out(G - 1) travels meanwhile
         parts.append(self.finish(groups - 1, *outbound[-1]))
         if self.out_project is None:
             return torch.cat(parts, dim=2)

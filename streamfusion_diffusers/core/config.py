@@ -62,7 +62,8 @@ class ParallelConfig:
     of an attention call; G > 1: on (G must divide the heads per rank). overlap_mlp: Flux.1's single blocks
     run their MLP projections while the Ulysses all-to-alls travel (diffusers/overlap_mlp.py: every GEMM
     whole), where the attention is pure Ulysses over the torch transport and not compiled; True by default,
-    False runs the stock block order.
+    False runs the stock block order. exchange_sms: the SMs that the GEMMs run beside an overlapped all-to-all
+    leave free for it (a GEMM that fills every SM holds the exchange's kernels back until it ends); 0: all.
     """
 
     machines: int = 1
@@ -81,6 +82,7 @@ class ParallelConfig:
     comm_dtype: str | None = None
     overlap_groups: int | None = None
     overlap_mlp: bool = True
+    exchange_sms: int = 24
 
     def __post_init__(self) -> None:
         if self.method not in METHODS + ("auto",):
@@ -96,6 +98,8 @@ class ParallelConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.exchange_sms, int) or self.exchange_sms < 0:
+            raise ValueError(f"exchange_sms must be a non-negative integer, got {self.exchange_sms!r}")
         if self.comm_dtype not in COMM_DTYPES:
             raise ValueError(f"comm_dtype {self.comm_dtype!r} is not one of None, 'fp8', 'int8'")
         if self.timeout_s <= 0:
