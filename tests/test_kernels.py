@@ -172,6 +172,43 @@ def test_triton_merge_interpreted(interpreted: None) -> None:
     assert math.isfinite(out.sum().item())
 
 
+@interpreter_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rotary_qk_interpreted(interpreted: None, dtype: torch.dtype) -> None:
+    """The one-pass rotary embedding gives diffusers' apply_rotary_emb (more rows than one block holds, and a
+    last block only partly full): bit for bit in float32; in bfloat16 within one unit in the last place, since
+    the interpreter casts float32 to bfloat16 by truncation where GPUs round to nearest even
+    (tests/test_kernels_gpu.py checks the bits there)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    from streamfusion_diffusers.kernels.triton_rotary import rotary_qk_triton
+
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(2, 37, 3, 32, generator=g).to(dtype) for _ in range(2))
+    cos, sin = (torch.randn(37, 32, generator=g) for _ in range(2))
+    for x, got in zip((q, k), rotary_qk_triton(q, k, cos, sin)):
+        want = apply_rotary_emb(x, (cos, sin), sequence_dim=1)
+        assert got.dtype == dtype
+        if dtype == torch.float32:
+            assert torch.equal(got, want)
+        else:
+            ulp = want.float().abs() * 2.0 ** -7  # bfloat16 keeps 8 significant bits
+            assert ((got.float() - want.float()).abs() <= ulp).all()
+
+
+def test_rotary_qk_runs_diffusers_where_the_pass_does_not_fit() -> None:
+    """Off CUDA (and for shapes the pass does not take) q and k go through diffusers' own function."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    from streamfusion_diffusers.kernels.rotary import rotary_qk
+
+    g = torch.Generator().manual_seed(6)
+    q, k = (torch.randn(1, 5, 2, 6, generator=g) for _ in range(2))
+    freqs = (torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g))
+    for x, got in zip((q, k), rotary_qk(q, k, freqs)):
+        assert torch.equal(got, apply_rotary_emb(x, freqs, sequence_dim=1))
+
+
 def test_a_gluon_variant_that_does_not_build_falls_back_alone(monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A variant (dtype, head dim, state loaded, finalized) whose Gluon build fails costs one warning and runs the

@@ -237,3 +237,33 @@ def test_attention_without_lse_runs_the_fastest_backend() -> None:
     (pick,) = state.no_lse.values()
     assert pick in BACKENDS and torch.equal(out, attention_no_lse(pick, q, k, v, 0.1)) and torch.equal(out, again)
     assert _rel(out, reference_attention(q, k, v, 0.1)) <= threshold(q.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rotary_qk_is_diffusers_bit_for_bit(dtype: torch.dtype) -> None:
+    """Flux's rotary tables (its position embedding of text and image ids) and random ones, at a rank's share of
+    flux-dev 1024 and at an odd row count: the one Triton pass gives diffusers' apply_rotary_emb bit for bit,
+    eagerly and replayed from a CUDA graph."""
+    pytest.importorskip("triton")
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
+
+    from streamfusion_diffusers.kernels import rotary
+    from streamfusion_diffusers.kernels.rotary import rotary_qk
+
+    rows = int(_lengths(1, 900, 1400)[0])
+    ids = torch.cat([torch.zeros(128, 3), torch.randint(0, 64, (rows, 3)).float()]).cuda()
+    flux = FluxPosEmbed(theta=10000, axes_dim=[16, 56, 56])(ids)
+    random = tuple(torch.randn(128 + rows, 128, device="cuda") for _ in range(2))
+    for freqs in (flux, random):
+        q, k = (torch.randn(1, 128 + rows, 24, 128, device="cuda", dtype=dtype) for _ in range(2))
+        assert rotary._fits(q, k, *freqs)
+        for x, got in zip((q, k), rotary_qk(q, k, freqs)):
+            assert torch.equal(got, apply_rotary_emb(x, freqs, sequence_dim=1))
+        want = rotary_qk(q, k, freqs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = rotary_qk(q, k, freqs)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, w) for o, w in zip(out, want))

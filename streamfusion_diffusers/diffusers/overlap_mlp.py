@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from diffusers.hooks import ModelHook
-from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, _get_qkv_projections
 from torch import Tensor
 
 from ..attention.overlap import run_overlapped
+from ..kernels.rotary import rotary_qk
 from .processors.backend import Route
 from .processors.overlap import pipeline_plan
 
@@ -60,8 +60,7 @@ class OverlapMlpHook(ModelHook):
             q, k, v = (x.unflatten(-1, (-1, d)) for x in _get_qkv_projections(attn, normed, None)[:3])
             q, k = attn.norm_q(q), attn.norm_k(k)
             if image_rotary_emb is not None:
-                q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
-                k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+                q, k = rotary_qk(q, k, image_rotary_emb)
             return q, k, v
 
         def first() -> None:  # Q, K and V travel meanwhile

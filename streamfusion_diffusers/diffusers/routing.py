@@ -7,7 +7,8 @@ backend (processors/backend.py), with the module's route (context, shard state, 
 slot that the dispatcher hands the backend. Nothing global changes: a module that is not routed runs as before,
 and `unparallelize` puts the original processors back. Stock processors that call torch's SDPA themselves
 (CogVideoX's) are replaced by the plan's adapter instead; Flux.1's and Qwen-Image's by their twins that pipeline
-the Ulysses all-to-all with the projections (processors/overlap.py), where overlap_groups > 1 asks for it.
+the Ulysses all-to-all with the projections (processors/overlap.py), where overlap_groups > 1 asks for it (Flux's
+always: its one-group path runs RoPE in one pass).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from ..context import ParallelContext
 from .plans import ModelPlan
 from .processors.backend import BACKEND, Route, backend_name, streamfusion_attention
-from .processors.overlap import OVERLAPPED
+from .processors.overlap import DEFAULT_TWINS, OVERLAPPED
 from .sharding import PlanState
 
 
@@ -42,7 +43,8 @@ def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan,
                          f"dispatch_attention_fn; its plan needs an adapter processor for it")
     overlapped = OVERLAPPED.get(type(processor))
     asked = route.ctx.config.overlap_groups  # the pipeline runs only where asked for (core/config.py says why)
-    mine = overlapped() if overlapped is not None and asked is not None and asked > 1 else copy.copy(processor)
+    twin = overlapped is not None and ((asked is not None and asked > 1) or type(processor) in DEFAULT_TWINS)
+    mine = overlapped() if twin else copy.copy(processor)
     mine._attention_backend, mine._parallel_config = backend_name(), route
     return mine
 

@@ -5,6 +5,9 @@ schedule applies (attention/overlap.py), projects Q, K, V one head group at a ti
 views), applies QK-norm and RoPE per group (both act per head), and hands the output projection each group's
 column slice of its weight. Elsewhere (overlap off or not applicable, a mask, a swapped attention, fused or
 non-plain projections such as LoRA or quantized layers, compiled code) it runs the stock call unchanged.
+
+Flux's twin is installed without head groups asked for too (`DEFAULT_TWINS`): its one-group schedule is plain
+Ulysses, with RoPE in one pass over Q and K (kernels/rotary.py) where diffusers' code makes about eight.
 """
 from __future__ import annotations
 
@@ -12,13 +15,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
                                                                  apply_rotary_emb_qwen)
 from torch import Tensor
 
 from ...attention.overlap import OverlapPlan, overlap_plan, run_overlapped
+from ...kernels.rotary import rotary_qk
 from .backend import Route
 
 QKV = tuple[Tensor, Tensor, Tensor]
@@ -59,13 +62,13 @@ class _Overlapped:
 
     _parallel_config: Route
 
-    def _plan(self, attn: torch.nn.Module, like: Tensor, masked: bool, *linears: torch.nn.Module | None
-              ) -> OverlapPlan | None:
+    def _plan(self, attn: torch.nn.Module, like: Tensor, masked: bool, *linears: torch.nn.Module | None,
+              groups: int | None = None) -> OverlapPlan | None:
         """The pipeline for this call; None: run the stock call (also where the projections are not plain
-        layers whose weights can be sliced by head group)."""
+        layers whose weights can be sliced by head group). groups: as overlap_plan's."""
         if not _plain(*linears) or getattr(attn, "fused_projections", False):
             return None
-        return pipeline_plan(self._parallel_config, like, masked)
+        return pipeline_plan(self._parallel_config, like, masked, groups)
 
     def _run(self, plan: OverlapPlan, like: Tensor, project: Callable[[int], QKV],
              out_project: Callable[[int, Tensor], tuple[Tensor, ...]] | None) -> Tensor | tuple[Tensor, ...]:
@@ -92,7 +95,9 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
         like = hidden_states.new_empty(()).expand(b, text + hidden_states.shape[1], attn.heads, d)
         extra = (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.to_out[0], attn.to_add_out) \
             if joint_block else ()
-        plan = self._plan(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v, *extra)
+        asked = self._parallel_config.ctx.config.overlap_groups
+        plan = self._plan(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v, *extra,
+                          groups=asked if asked and asked > 1 else 1)  # one group: plain Ulysses, RoPE in one pass
         if plan is None:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         groups = plan.groups
@@ -107,8 +112,7 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
                 k = torch.cat([attn.norm_added_k(_rows(attn.add_k_proj, e, g, groups, d)), k], dim=1)
                 v = torch.cat([_rows(attn.add_v_proj, e, g, groups, d), v], dim=1)
             if image_rotary_emb is not None:
-                q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
-                k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+                q, k = rotary_qk(q, k, image_rotary_emb)
             return q, k, v
 
         if not joint_block:
@@ -159,8 +163,11 @@ class QwenImageOverlapAttnProcessor(_Overlapped, QwenDoubleStreamAttnProcessor2_
         return img, txt
 
 
-# stock processor -> its overlapped twin, which `parallelize` installs in its place (routing.py)
+# stock processor -> its overlapped twin, which `parallelize` installs in its place (routing.py) where head
+# groups are asked for; those of DEFAULT_TWINS also where they are not (their one-group path is the faster)
 OVERLAPPED: dict[type, type] = {FluxAttnProcessor: FluxOverlapAttnProcessor,
                                 QwenDoubleStreamAttnProcessor2_0: QwenImageOverlapAttnProcessor}
+DEFAULT_TWINS = frozenset({FluxAttnProcessor})
 
-__all__ = ["OVERLAPPED", "FluxOverlapAttnProcessor", "QwenImageOverlapAttnProcessor", "pipeline_plan"]
+__all__ = ["DEFAULT_TWINS", "OVERLAPPED", "FluxOverlapAttnProcessor", "QwenImageOverlapAttnProcessor",
+           "pipeline_plan"]

@@ -1,0 +1,38 @@
+"""Flux's rotary embedding of Q and K: diffusers' `apply_rotary_emb`, in one Triton pass where it can run.
+
+The pass (triton_rotary.py) gives diffusers' numbers bit for bit; it runs on CUDA tensors of the shapes Flux
+makes (q and k alike, [B, S, H, D] with D / 2 a power of two, real float32 tables [S, D]) outside torch.compile,
+which fuses diffusers' own code itself. Anything else runs diffusers' function.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .optional import has_triton
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def rotary_qk(q: Tensor, k: Tensor, freqs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """`apply_rotary_emb(x, freqs, sequence_dim=1)` of q and of k ([B, S, H, D]; freqs: (cos, sin))."""
+    cos, sin = freqs
+    if _fits(q, k, cos, sin):
+        from .triton_rotary import rotary_qk_triton
+
+        return rotary_qk_triton(q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous())
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    return apply_rotary_emb(q, freqs, sequence_dim=1), apply_rotary_emb(k, freqs, sequence_dim=1)
+
+
+def _fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Whether the Triton pass computes exactly what diffusers' function would for these inputs."""
+    if not (q.is_cuda and has_triton()) or torch.compiler.is_compiling():
+        return False
+    half = q.shape[-1] // 2 if q.dim() == 4 and q.shape[-1] % 2 == 0 else 0
+    return (q.shape == k.shape and q.dtype == k.dtype and q.dtype in _DTYPES and half > 0 and half & (half - 1) == 0
+            and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (q.shape[1], q.shape[3]))
+
+
+__all__ = ["rotary_qk"]
