@@ -28,7 +28,7 @@ def rotary_qk(q: Tensor, k: Tensor, freqs: tuple[Tensor, Tensor]) -> tuple[Tenso
 
 def _fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Whether the Triton pass computes exactly what diffusers' function would for these inputs."""
-    if not (q.is_cuda and has_triton()) or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not (q.is_cuda and has_triton()):  # compiled: before the cached probe
         return False
     half = q.shape[-1] // 2 if q.dim() == 4 and q.shape[-1] % 2 == 0 else 0
     return (q.shape == k.shape and q.dtype == k.dtype and q.dtype in _DTYPES and half > 0 and half & (half - 1) == 0

@@ -6,8 +6,9 @@ views), applies QK-norm and RoPE per group (both act per head), and hands the ou
 column slice of its weight. Elsewhere (overlap off or not applicable, a mask, a swapped attention, fused or
 non-plain projections such as LoRA or quantized layers, compiled code) it runs the stock call unchanged.
 
-Flux's twin is installed without head groups asked for too (`DEFAULT_TWINS`): its one-group schedule is plain
-Ulysses, with RoPE in one pass over Q and K (kernels/rotary.py) where diffusers' code makes about eight.
+Flux's twin is installed without head groups asked for too (`DEFAULT_TWINS`): it runs RoPE in one pass over Q
+and K (kernels/rotary.py) where diffusers' code makes about eight, on its one-group schedule (plain Ulysses) and
+on the stock call's path alike.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
 from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
                                                                  apply_rotary_emb_qwen)
 from torch import Tensor
@@ -99,7 +101,7 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
         plan = self._plan(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v, *extra,
                           groups=asked if asked and asked > 1 else 1)  # one group: plain Ulysses, RoPE in one pass
         if plan is None:
-            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+            return self._plain(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         groups = plan.groups
 
         def project(g: int) -> QKV:
@@ -119,6 +121,28 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
             return self._run(plan, like, project, None).flatten(2, 3)
         img, txt = self._run(plan, like, project, self._joint_out(attn, text, groups))
         return attn.to_out[1](img), txt
+
+    def _plain(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None,
+               attention_mask: Tensor | None, image_rotary_emb: tuple[Tensor, Tensor] | None
+               ) -> Tensor | tuple[Tensor, Tensor]:
+        """diffusers' FluxAttnProcessor call, step for step, with RoPE in one pass: the path of every layout
+        without a pipeline (one rank, ring or Torus stages, a mask, fused or LoRA projections)."""
+        q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in (q, k, v))
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        if attn.added_kv_proj_dim is not None:
+            eq, ek, ev = (x.unflatten(-1, (-1, attn.head_dim)) for x in (eq, ek, ev))
+            eq, ek = attn.norm_added_q(eq), attn.norm_added_k(ek)
+            q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+        if image_rotary_emb is not None:
+            q, k = rotary_qk(q, k, image_rotary_emb)
+        out = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend,
+                                    parallel_config=self._parallel_config).flatten(2, 3).to(q.dtype)
+        if encoder_hidden_states is None:
+            return out
+        joint = encoder_hidden_states.shape[1]
+        text, out = out.split_with_sizes([joint, out.shape[1] - joint], dim=1)
+        return attn.to_out[1](attn.to_out[0](out.contiguous())), attn.to_add_out(text.contiguous())
 
 
 class QwenImageOverlapAttnProcessor(_Overlapped, QwenDoubleStreamAttnProcessor2_0):
