@@ -6,6 +6,9 @@ which fuses diffusers' own code itself. Anything else runs diffusers' function.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
+
 import torch
 from torch import Tensor
 
@@ -18,12 +21,23 @@ def rotary_qk(q: Tensor, k: Tensor, freqs: tuple[Tensor, Tensor]) -> tuple[Tenso
     """`apply_rotary_emb(x, freqs, sequence_dim=1)` of q and of k ([B, S, H, D]; freqs: (cos, sin))."""
     cos, sin = freqs
     if _fits(q, k, cos, sin):
-        from .triton_rotary import rotary_qk_triton
+        return _one_pass()(q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous())
+    apply_rotary_emb = _diffusers()
+    return apply_rotary_emb(q, freqs, sequence_dim=1), apply_rotary_emb(k, freqs, sequence_dim=1)
 
-        return rotary_qk_triton(q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous())
+
+@cache  # imported once: this runs at every block
+def _one_pass() -> Callable[..., tuple[Tensor, Tensor]]:
+    from .triton_rotary import rotary_qk_triton
+
+    return rotary_qk_triton
+
+
+@cache  # diffusers is imported only to run (the kernels import without it)
+def _diffusers() -> Callable[..., Tensor]:
     from diffusers.models.embeddings import apply_rotary_emb
 
-    return apply_rotary_emb(q, freqs, sequence_dim=1), apply_rotary_emb(k, freqs, sequence_dim=1)
+    return apply_rotary_emb
 
 
 def _fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:

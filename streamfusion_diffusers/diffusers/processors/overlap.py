@@ -6,9 +6,9 @@ views), applies QK-norm and RoPE per group (both act per head), and hands the ou
 column slice of its weight. Elsewhere (overlap off or not applicable, a mask, a swapped attention, fused or
 non-plain projections such as LoRA or quantized layers, compiled code) it runs the stock call unchanged.
 
-Flux's twin is installed without head groups asked for too (`DEFAULT_TWINS`): it runs RoPE in one pass over Q
-and K (kernels/rotary.py) where diffusers' code makes about eight, on its one-group schedule (plain Ulysses) and
-on the stock call's path alike.
+Flux's twin is installed without head groups asked for too (`DEFAULT_TWINS`): where no pipeline runs, it makes
+diffusers' call step for step (the lean path through `dispatch_attention_fn`), with RoPE in one pass over Q and K
+(kernels/rotary.py) where diffusers' code makes about eight; the pipeline runs RoPE the same way.
 """
 from __future__ import annotations
 
@@ -64,13 +64,13 @@ class _Overlapped:
 
     _parallel_config: Route
 
-    def _plan(self, attn: torch.nn.Module, like: Tensor, masked: bool, *linears: torch.nn.Module | None,
-              groups: int | None = None) -> OverlapPlan | None:
+    def _plan(self, attn: torch.nn.Module, like: Tensor, masked: bool, *linears: torch.nn.Module | None
+              ) -> OverlapPlan | None:
         """The pipeline for this call; None: run the stock call (also where the projections are not plain
-        layers whose weights can be sliced by head group). groups: as overlap_plan's."""
+        layers whose weights can be sliced by head group)."""
         if not _plain(*linears) or getattr(attn, "fused_projections", False):
             return None
-        return pipeline_plan(self._parallel_config, like, masked, groups)
+        return pipeline_plan(self._parallel_config, like, masked)
 
     def _run(self, plan: OverlapPlan, like: Tensor, project: Callable[[int], QKV],
              out_project: Callable[[int, Tensor], tuple[Tensor, ...]] | None) -> Tensor | tuple[Tensor, ...]:
@@ -91,17 +91,18 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
     def __call__(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
                  attention_mask: Tensor | None = None, image_rotary_emb: tuple[Tensor, Tensor] | None = None
                  ) -> Tensor | tuple[Tensor, Tensor]:
+        stock = (attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        if (self._parallel_config.ctx.config.overlap_groups or 1) == 1:  # no pipeline asked for: the lean path
+            return self._plain(*stock)
         joint_block = encoder_hidden_states is not None and attn.added_kv_proj_dim is not None
         text = encoder_hidden_states.shape[1] if joint_block else 0
         b, d = hidden_states.shape[0], attn.head_dim
         like = hidden_states.new_empty(()).expand(b, text + hidden_states.shape[1], attn.heads, d)
         extra = (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.to_out[0], attn.to_add_out) \
             if joint_block else ()
-        asked = self._parallel_config.ctx.config.overlap_groups
-        plan = self._plan(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v, *extra,
-                          groups=asked if asked and asked > 1 else 1)  # one group: plain Ulysses, RoPE in one pass
+        plan = self._plan(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v, *extra)
         if plan is None:
-            return self._plain(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+            return self._plain(*stock)
         groups = plan.groups
 
         def project(g: int) -> QKV:
@@ -125,15 +126,15 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
     def _plain(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None,
                attention_mask: Tensor | None, image_rotary_emb: tuple[Tensor, Tensor] | None
                ) -> Tensor | tuple[Tensor, Tensor]:
-        """diffusers' FluxAttnProcessor call, step for step, with RoPE in one pass: the path of every layout
-        without a pipeline (one rank, ring or Torus stages, a mask, fused or LoRA projections)."""
+        """diffusers' FluxAttnProcessor call, step for step, with RoPE in one pass: every call without a pipeline
+        (none asked for, one rank, ring or Torus stages, a mask, fused or LoRA projections)."""
         q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in (q, k, v))
-        q, k = attn.norm_q(q), attn.norm_k(k)
+        heads = (-1, attn.head_dim)  # no comprehensions here: this runs at every block, eagerly too
+        q, k, v = attn.norm_q(q.unflatten(-1, heads)), attn.norm_k(k.unflatten(-1, heads)), v.unflatten(-1, heads)
         if attn.added_kv_proj_dim is not None:
-            eq, ek, ev = (x.unflatten(-1, (-1, attn.head_dim)) for x in (eq, ek, ev))
-            eq, ek = attn.norm_added_q(eq), attn.norm_added_k(ek)
-            q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+            eq, ek = attn.norm_added_q(eq.unflatten(-1, heads)), attn.norm_added_k(ek.unflatten(-1, heads))
+            q, k = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1)
+            v = torch.cat([ev.unflatten(-1, heads), v], dim=1)
         if image_rotary_emb is not None:
             q, k = rotary_qk(q, k, image_rotary_emb)
         out = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend,
