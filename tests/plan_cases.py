@@ -90,6 +90,7 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
         with torch.no_grad():
             reference = model(**inputs, return_dict=False)[0]
             parallelize(model, context(config))
+            processors = sorted({type(p).__name__ for p in model.attn_processors.values()})
             out = model(**inputs, return_dict=False)[0]
             unparallelize(model)
             restored = model(**inputs, return_dict=False)[0]
@@ -98,7 +99,7 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
         overlap_processors.run_overlapped = real_overlapped
     return {"error": relative_error(out, reference),
             "restored_error": relative_error(restored, reference),
-            "calls": calls, "rank": dist.get_rank(), "world": dist.get_world_size()}
+            "calls": calls, "rank": dist.get_rank(), "world": dist.get_world_size(), "processors": processors}
 
 
 def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[str, Any]]:

@@ -68,6 +68,14 @@ def test_new_models_match_on_every_layout(pool, layout, family):
     check(pool, config(layout), NEW[family])
 
 
+@pytest.mark.parametrize("layout", ["ulysses-U4R1", "torus-U2R2"])
+def test_flux2_runs_its_twins_with_rope_in_one_pass(pool, layout):
+    """Flux.2's joint and single blocks run diffusers' calls step for step with RoPE in one pass (one Triton pass
+    on GPUs; diffusers' function here), on the plain path and with Torus stages alike."""
+    for res in check(pool, config(layout), NEW["flux2"]):
+        assert res["processors"] == ["Flux2RotaryAttnProcessor", "Flux2RotaryParallelSelfAttnProcessor"], res
+
+
 @pytest.mark.parametrize("case", EDITS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_input_images_match_on_every_layout(pool, layout, case):

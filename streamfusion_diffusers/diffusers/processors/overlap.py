@@ -6,9 +6,9 @@ views), applies QK-norm and RoPE per group (both act per head), and hands the ou
 column slice of its weight. Elsewhere (overlap off or not applicable, a mask, a swapped attention, fused or
 non-plain projections such as LoRA or quantized layers, compiled code) it runs the stock call unchanged.
 
-Flux's twin is installed without head groups asked for too (`DEFAULT_TWINS`): where no pipeline runs, it makes
-diffusers' call step for step (the lean path through `dispatch_attention_fn`), with RoPE in one pass over Q and K
-(kernels/rotary.py) where diffusers' code makes about eight; the pipeline runs RoPE the same way.
+Flux's twin is installed without head groups asked for too (routing.py's `TWINS`): where no pipeline runs, it
+makes the call of FluxRotaryAttnProcessor (processors/flux.py: diffusers' call with RoPE in one pass), the lean path
+through `dispatch_attention_fn`; the pipeline runs RoPE the same way.
 """
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
                                                                  apply_rotary_emb_qwen)
 from torch import Tensor
@@ -25,6 +24,7 @@ from torch import Tensor
 from ...attention.overlap import OverlapPlan, overlap_plan, run_overlapped
 from ...kernels.rotary import rotary_qk
 from .backend import Route
+from .flux import FluxRotaryAttnProcessor
 
 QKV = tuple[Tensor, Tensor, Tensor]
 
@@ -85,15 +85,16 @@ class _Overlapped:
         return out_project
 
 
-class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
-    """diffusers' FluxAttnProcessor (joint and single blocks) with the all-to-all pipelined by head groups."""
+class FluxOverlapAttnProcessor(_Overlapped, FluxRotaryAttnProcessor):
+    """diffusers' FluxAttnProcessor (joint and single blocks) with the all-to-all pipelined by head groups, and
+    RoPE in one pass on either path."""
 
     def __call__(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
                  attention_mask: Tensor | None = None, image_rotary_emb: tuple[Tensor, Tensor] | None = None
                  ) -> Tensor | tuple[Tensor, Tensor]:
         stock = (attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         if (self._parallel_config.ctx.config.overlap_groups or 1) == 1:  # no pipeline asked for: the lean path
-            return self._plain(*stock)
+            return super().__call__(*stock)
         joint_block = encoder_hidden_states is not None and attn.added_kv_proj_dim is not None
         text = encoder_hidden_states.shape[1] if joint_block else 0
         b, d = hidden_states.shape[0], attn.head_dim
@@ -102,7 +103,7 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
             if joint_block else ()
         plan = self._plan(attn, like, attention_mask is not None, attn.to_q, attn.to_k, attn.to_v, *extra)
         if plan is None:
-            return self._plain(*stock)
+            return super().__call__(*stock)
         groups = plan.groups
 
         def project(g: int) -> QKV:
@@ -122,28 +123,6 @@ class FluxOverlapAttnProcessor(_Overlapped, FluxAttnProcessor):
             return self._run(plan, like, project, None).flatten(2, 3)
         img, txt = self._run(plan, like, project, self._joint_out(attn, text, groups))
         return attn.to_out[1](img), txt
-
-    def _plain(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None,
-               attention_mask: Tensor | None, image_rotary_emb: tuple[Tensor, Tensor] | None
-               ) -> Tensor | tuple[Tensor, Tensor]:
-        """diffusers' FluxAttnProcessor call, step for step, with RoPE in one pass: every call without a pipeline
-        (none asked for, one rank, ring or Torus stages, a mask, fused or LoRA projections)."""
-        q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        heads = (-1, attn.head_dim)  # no comprehensions here: this runs at every block, eagerly too
-        q, k, v = attn.norm_q(q.unflatten(-1, heads)), attn.norm_k(k.unflatten(-1, heads)), v.unflatten(-1, heads)
-        if attn.added_kv_proj_dim is not None:
-            eq, ek = attn.norm_added_q(eq.unflatten(-1, heads)), attn.norm_added_k(ek.unflatten(-1, heads))
-            q, k = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1)
-            v = torch.cat([ev.unflatten(-1, heads), v], dim=1)
-        if image_rotary_emb is not None:
-            q, k = rotary_qk(q, k, image_rotary_emb)
-        out = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend,
-                                    parallel_config=self._parallel_config).flatten(2, 3).to(q.dtype)
-        if encoder_hidden_states is None:
-            return out
-        joint = encoder_hidden_states.shape[1]
-        text, out = out.split_with_sizes([joint, out.shape[1] - joint], dim=1)
-        return attn.to_out[1](attn.to_out[0](out.contiguous())), attn.to_add_out(text.contiguous())
 
 
 class QwenImageOverlapAttnProcessor(_Overlapped, QwenDoubleStreamAttnProcessor2_0):
@@ -189,10 +168,8 @@ class QwenImageOverlapAttnProcessor(_Overlapped, QwenDoubleStreamAttnProcessor2_
 
 
 # stock processor -> its overlapped twin, which `parallelize` installs in its place (routing.py) where head
-# groups are asked for; those of DEFAULT_TWINS also where they are not (their one-group path is the faster)
+# groups are asked for
 OVERLAPPED: dict[type, type] = {FluxAttnProcessor: FluxOverlapAttnProcessor,
                                 QwenDoubleStreamAttnProcessor2_0: QwenImageOverlapAttnProcessor}
-DEFAULT_TWINS = frozenset({FluxAttnProcessor})
 
-__all__ = ["DEFAULT_TWINS", "OVERLAPPED", "FluxOverlapAttnProcessor", "QwenImageOverlapAttnProcessor",
-           "pipeline_plan"]
+__all__ = ["OVERLAPPED", "FluxOverlapAttnProcessor", "QwenImageOverlapAttnProcessor", "pipeline_plan"]
