@@ -126,3 +126,40 @@ def test_a_new_lora_choice_never_replays_a_graph_captured_under_another():
         set_variant(model, choice)
         assert torch.equal(model(x), torch.nn.functional.linear(x, model.weight, model.bias))
     assert hook.stats.eager_calls == 3 and hook.stats.captures == 0
+
+
+def twins_against_stock(config: ParallelConfig, family: str, seed: int) -> float:
+    """On every rank: a tiny model of the family parallelized with its processor twins (RoPE in one pass) and
+    with the stock processors routed (routing.TWINS emptied), eager, bf16: the largest difference."""
+    from plan_cases import Case as PlanCase
+    from plan_cases import context as plan_context
+
+    import streamfusion_diffusers.diffusers.routing as routing
+
+    case = PlanCase(family, (6, 5), text=7)
+    inputs = tree_map_only(torch.Tensor, lambda x: x.cuda().to(torch.bfloat16) if x.is_floating_point() else x.cuda(),
+                           case.inputs(seed + 1))
+    outs, twins = [], routing.TWINS
+    with torch.inference_mode():
+        for chosen in (twins, {}):
+            routing.TWINS = chosen
+            try:
+                model = case.model(seed).to("cuda", torch.bfloat16)
+                parallelize(model, plan_context(config))
+                outs.append(model(**inputs, return_dict=False)[0].float())
+                unparallelize(model)
+            finally:
+                routing.TWINS = twins
+    dist.barrier()
+    return (outs[0] - outs[1]).abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 or more CUDA GPUs")
+@pytest.mark.parametrize("method", ["ulysses", "ring"])
+@pytest.mark.parametrize("family", ["flux", "flux2"])
+def test_rotary_twins_give_the_stock_processors_output(gpu_pool, family, method):
+    """Flux.1's and Flux.2's twins make diffusers' calls step for step with RoPE in one Triton pass: the same
+    output, bit for bit, as the stock processors on the same path."""
+    for rank, diff in enumerate(gpu_pool.run(twins_against_stock, ParallelConfig(method=method), family, 3)):
+        assert diff == 0.0, f"rank {rank}: {diff}"
