@@ -60,7 +60,25 @@ def test_errors_name_the_fix(kw, heads, words):
         assert word in str(err.value)
 
 
-@pytest.mark.parametrize("kw", [dict(method="zigzag"), dict(backend="mpi"), dict(ring=0), dict(timeout_s=0)])
+@pytest.mark.parametrize("kw", [dict(method="zigzag"), dict(backend="mpi"), dict(ring=0), dict(timeout_s=0),
+                                dict(exchange_sms=-1)])
 def test_bad_config_values(kw):
     with pytest.raises(ValueError):
         ParallelConfig(**kw)
+
+
+def test_the_sms_left_to_an_exchange_are_set_around_the_work_beside_it_and_put_back():
+    """cuBLAS's SM carveout holds inside `sms_left` only, also when the work raises; 0 leaves it untouched."""
+    import torch
+
+    from streamfusion_diffusers.attention.overlap import sms_left
+
+    before = torch._C._get_sm_carveout_experimental()
+    with sms_left(24):
+        assert torch._C._get_sm_carveout_experimental() == 24
+    assert torch._C._get_sm_carveout_experimental() == before
+    with pytest.raises(RuntimeError), sms_left(16):
+        raise RuntimeError("the projection failed")
+    assert torch._C._get_sm_carveout_experimental() == before
+    with sms_left(0):
+        assert torch._C._get_sm_carveout_experimental() == before
