@@ -167,3 +167,24 @@ def test_across_machines_every_split_serve_can_make_is_planned_and_a_group_spans
     assert [(s["replicas"], s["ranks"], s["machines"]) for s in splits] == [(1, 8, 2), (2, 4, 1), (4, 2, 1),
                                                                             (8, 1, 1)]
     assert all(replica_shape(2, 4, s["replicas"]) == (s["machines"], s["ranks"] // s["machines"]) for s in splits)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_each_split_is_predicted_at_the_layout_auto_runs(ranks):
+    """The layout a group is predicted at is the one `method="auto"` runs there (a recipe entry, else the cost
+    model ranked with the host's costs), not one that only the replayed costs would favour."""
+    from streamfusion_diffusers.choice.choose import Cluster, choose, gpu_of
+    from streamfusion_diffusers.choice.recipe import load_recipes
+    from streamfusion_diffusers.choice.replicas import attention_s, workload_of
+
+    recipe = next(r for r in load_recipes(None) if r.model == "flux-dev")
+    w = workload_of("flux-dev", 1, 1024, 1024)
+    _, label = attention_s(w, ranks, gpu_of(recipe.calibration_for("H100")))
+    assert label == choose(w, Cluster(1, ranks), gpu="H100").layout.label
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3", "H100", "h100", "nvidia h100"])
+def test_a_gpu_is_named_as_users_type_it(name):
+    from streamfusion_diffusers.choice.recipe import gpu_kind
+
+    assert gpu_kind(name) == "H100"

@@ -41,8 +41,9 @@ ANY_GPU = "any"  # the kind of a calibration written before calibrations were ke
 
 
 def gpu_kind(device: str) -> str:
-    """The GPU model in a device name ('NVIDIA H100 80GB HBM3' -> 'H100'), which a calibration is fitted for."""
-    found = re.search(r"[A-Z]+\d+", device.removeprefix("NVIDIA "))
+    """The GPU model in a device name ('NVIDIA H100 80GB HBM3' -> 'H100'; 'h100' too), which a calibration is
+    fitted for."""
+    found = re.search(r"[A-Z]+\d+", device.upper().removeprefix("NVIDIA "))
     return found.group(0) if found else device
 
 

@@ -6,9 +6,9 @@ across them the cost model's, Torus among the layouts; or an equal share of ever
 What is predicted, and from what (the records: choice/recipes/generations.json, each read from its file):
 - The GPU's work in one denoising step of a group of P' = P / R ranks, in two parts. The attention (with its
   transfers) is the cost model's (costmodel.py, the calibrated `Gpu` of the model's recipe, less the fixed costs
-  per kernel, stage and call, which were fitted on eager timings and are the host's): the fastest layout
-  `method="auto"` would rank for P' ranks, per block, times the transformer calls per step (2 with classifier-free
-  guidance). The rest of the step (projections, MLP, norms, modulation) is a recorded one-GPU step, which waits
+  per kernel, stage and call, which were fitted on eager timings and are the host's) of the layout
+  `method="auto"` runs for P' ranks (a recipe entry, else the cost model's fastest with those costs, as choose.py
+  ranks them at run time), per block, times the transformer calls per step (2 with classifier-free guidance). The rest of the step (projections, MLP, norms, modulation) is a recorded one-GPU step, which waits
   on the GPU, less that attention, scaled by the tokens a rank holds (its image tokens / P' plus the joint text
   tokens every rank keeps), with Amdahl's serial share `sigma` fitted where a record of several GPUs waits on the
   GPU too (a graphed one first: flux-dev 1024 at P = 4; else at P = 2: Wan 2.2 TI2V-5B 49 f), their mean elsewhere.
@@ -34,9 +34,10 @@ from dataclasses import asdict, dataclass, replace
 
 from ..core.config import divisors
 from ..models.configs import MODELS
-from .choose import Cluster, ranked
+from .choose import Cluster, entry_layout, find_entry, ranked
 from .calibrate import host_per_block
-from .costmodel import Gpu
+from .costmodel import Gpu, predict
+from .recipe import load_recipes
 from .store import load_generations
 from .workloads import MODELS as WORKLOADS, Workload
 
@@ -126,9 +127,11 @@ def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, 
 
 def attention_s(w: Workload, ranks: int, gpu: Gpu, machines: int = 1) -> tuple[float, str]:
     """The cost model's device time of one transformer call's attention on `machines` machines of ranks / machines
-    GPUs, fastest layout."""
-    best = ranked(w, Cluster(machines, ranks // machines), graph_gpu(gpu))[0]
-    return w.blocks * best.layer_ms / 1e3, best.layout.label
+    GPUs, at the layout `method="auto"` runs there (ranked with the host's costs, as at run time), replayed."""
+    cluster = Cluster(machines, ranks // machines)
+    hit = find_entry(load_recipes(None), w, cluster)
+    layout = entry_layout(hit[1], w.heads) if hit is not None else ranked(w, cluster, gpu)[0].layout
+    return w.blocks * predict(layout, w, cluster.inter, graph_gpu(gpu)).layer_ms / 1e3, layout.label
 
 
 def _share(w: Workload, ranks: int) -> float:
