@@ -52,10 +52,14 @@ def test_a_changed_diffusers_fails_naming_the_version(monkeypatch):
         backend._check_diffusers()
 
 
-def test_flux_adapter_is_the_stock_processor_on_the_backend():
+def test_flux_adapter_is_the_stock_call_with_rope_in_one_pass_on_the_backend():
+    from streamfusion_diffusers.diffusers.processors.flux import FluxRotaryAttnProcessor
+
     processor = FluxSPAttnProcessor.__new__(FluxSPAttnProcessor)  # no context needed to read the class
     assert isinstance(processor, FluxAttnProcessor)
-    assert FluxSPAttnProcessor.__call__ is FluxAttnProcessor.__call__  # no copy of diffusers' code
+    # the one call that `parallelize` routes too: diffusers' step for step, RoPE in one pass (bit for bit on GPUs:
+    # tests/test_graphs.py, test_rotary_twins_give_the_stock_processors_output)
+    assert FluxSPAttnProcessor.__call__ is FluxRotaryAttnProcessor.__call__
 
 
 @pytest.fixture(scope="module")

@@ -20,23 +20,32 @@ from .backend import Route, backend_name
 from .base import ShardState, SPAttnProcessor
 
 
+def rotary_attention(processor: FluxAttnProcessor, attn: torch.nn.Module, projections: tuple[Tensor | None, ...],
+                     attention_mask: Tensor | None, image_rotary_emb: tuple[Tensor, Tensor] | None) -> Tensor:
+    """Flux.1's and Flux.2's attention from their projections (q, k, v and the text's, None without text), as
+    diffusers' processors run it: heads split, QK-norm, the text's rows first, RoPE (here in one pass), then
+    `dispatch_attention_fn` on the processor's backend; [B, S, H * D] in Q's dtype."""
+    q, k, v, eq, ek, ev = projections
+    heads = (-1, attn.head_dim)  # -1: the heads this rank holds (its share under tensor parallelism)
+    q, k, v = attn.norm_q(q.unflatten(-1, heads)), attn.norm_k(k.unflatten(-1, heads)), v.unflatten(-1, heads)
+    if eq is not None:  # no comprehensions on this path: it runs at every block, eagerly too
+        eq, ek = attn.norm_added_q(eq.unflatten(-1, heads)), attn.norm_added_k(ek.unflatten(-1, heads))
+        q, k = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1)
+        v = torch.cat([ev.unflatten(-1, heads), v], dim=1)
+    if image_rotary_emb is not None:
+        q, k = rotary_qk(q, k, image_rotary_emb)
+    return dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=processor._attention_backend,
+                                 parallel_config=processor._parallel_config).flatten(2, 3).to(q.dtype)
+
+
 class FluxRotaryAttnProcessor(FluxAttnProcessor):
     """diffusers' FluxAttnProcessor (joint and single blocks) with RoPE in one pass."""
 
     def __call__(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
                  attention_mask: Tensor | None = None, image_rotary_emb: tuple[Tensor, Tensor] | None = None
                  ) -> Tensor | tuple[Tensor, Tensor]:
-        q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        heads = (-1, attn.head_dim)  # no comprehensions here: this runs at every block, eagerly too
-        q, k, v = attn.norm_q(q.unflatten(-1, heads)), attn.norm_k(k.unflatten(-1, heads)), v.unflatten(-1, heads)
-        if attn.added_kv_proj_dim is not None:
-            eq, ek = attn.norm_added_q(eq.unflatten(-1, heads)), attn.norm_added_k(ek.unflatten(-1, heads))
-            q, k = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1)
-            v = torch.cat([ev.unflatten(-1, heads), v], dim=1)
-        if image_rotary_emb is not None:
-            q, k = rotary_qk(q, k, image_rotary_emb)
-        out = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend,
-                                    parallel_config=self._parallel_config).flatten(2, 3).to(q.dtype)
+        projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        out = rotary_attention(self, attn, projections, attention_mask, image_rotary_emb)
         if encoder_hidden_states is None:
             return out
         joint = encoder_hidden_states.shape[1]
@@ -57,4 +66,4 @@ class FluxSPAttnProcessor(SPAttnProcessor, FluxRotaryAttnProcessor):
         self._parallel_config = Route(self.ctx, self.state, type(self).__name__, self.attend)
 
 
-__all__ = ["FluxRotaryAttnProcessor", "FluxSPAttnProcessor"]
+__all__ = ["FluxRotaryAttnProcessor", "FluxSPAttnProcessor", "rotary_attention"]
