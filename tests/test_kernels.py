@@ -2,6 +2,7 @@
 and merge Triton kernels run by Triton's CPU interpreter. Inputs are fresh random draws on every run."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -207,6 +208,41 @@ def test_rotary_qk_runs_diffusers_where_the_pass_does_not_fit() -> None:
     freqs = (torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g))
     for x, got in zip((q, k), rotary_qk(q, k, freqs)):
         assert torch.equal(got, apply_rotary_emb(x, freqs, sequence_dim=1))
+
+
+def test_rotary_qk_that_does_not_build_says_so_once_and_runs_diffusers(monkeypatch: pytest.MonkeyPatch,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A one-pass RoPE that fails to compile on a device costs one warning; diffusers' function runs there from
+    then on, without trying again. A launch fault that is not a build failure is raised, not hidden."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    from streamfusion_diffusers.kernels import rotary
+
+    tries: list[int] = []
+
+    def unbuildable(*args: object) -> None:
+        tries.append(1)
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(rotary, "_fits", lambda *args: True)
+    monkeypatch.setattr(rotary, "_one_pass", lambda: unbuildable)
+    monkeypatch.setattr(rotary, "_unbuilt", set())
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(1, 5, 2, 6, generator=g) for _ in range(2))
+    freqs = (torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            got = rotary.rotary_qk(q, k, freqs)
+            assert torch.equal(got[0], apply_rotary_emb(q, freqs, sequence_dim=1))
+    assert tries == [1] and sum("did not build" in r.message for r in caplog.records) == 1
+
+    def faulty(*args: object) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(rotary, "_one_pass", lambda: faulty)
+    monkeypatch.setattr(rotary, "_unbuilt", set())
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        rotary.rotary_qk(q, k, freqs)
 
 
 def test_a_gluon_variant_that_does_not_build_falls_back_alone(monkeypatch: pytest.MonkeyPatch,

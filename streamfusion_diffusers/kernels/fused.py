@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..core.logs import say_once
+from .optional import is_build_error
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def multi_chunk_attention(
             _settle(key, kernel, "the Gluon Hopper kernel")
             return
         except Exception as err:  # noqa: BLE001  a build failure of this triton's Gluon: said once, then Triton
-            if not _is_build_error(err):
+            if not is_build_error(err):
                 raise
             import triton
 
@@ -107,9 +108,3 @@ def _portable() -> Kernel:
 
     return triton_kernel
 
-
-def _is_build_error(err: Exception) -> bool:
-    """A failure to compile the kernel (the front end, or an MLIR pass), not a fault of the launch itself."""
-    from triton.compiler.errors import CompilationError
-
-    return isinstance(err, CompilationError) or "PassManager::run failed" in str(err)

@@ -9,3 +9,10 @@ from functools import cache
 def has_triton() -> bool:
     """True when triton can be imported (its interpreter counts: TRITON_INTERPRET=1 runs kernels on CPU)."""
     return importlib.util.find_spec("triton") is not None
+
+
+def is_build_error(err: Exception) -> bool:
+    """A Triton kernel's failure to compile (the front end, or an MLIR pass), not a fault of its launch."""
+    from triton.compiler.errors import CompilationError
+
+    return isinstance(err, CompilationError) or "PassManager::run failed" in str(err)

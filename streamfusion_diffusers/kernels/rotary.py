@@ -2,17 +2,23 @@
 
 The pass (triton_rotary.py) gives diffusers' numbers bit for bit; it runs on CUDA tensors of the shapes Flux
 makes (q and k alike, [B, S, H, D] with D / 2 a power of two, real float32 tables [S, D]) outside torch.compile,
-which fuses diffusers' own code itself. Anything else runs diffusers' function.
+which fuses diffusers' own code itself. Anything else runs diffusers' function, and so does every call after the
+pass failed to build on this GPU (said once).
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import cache
 
 import torch
 from torch import Tensor
 
-from .optional import has_triton
+from ..core.logs import say_once
+from .optional import has_triton, is_build_error
+
+logger = logging.getLogger(__name__)
+_unbuilt: set[torch.device] = set()  # the devices where the pass failed to build: diffusers' function there
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -20,8 +26,15 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def rotary_qk(q: Tensor, k: Tensor, freqs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """`apply_rotary_emb(x, freqs, sequence_dim=1)` of q and of k ([B, S, H, D]; freqs: (cos, sin))."""
     cos, sin = freqs
-    if _fits(q, k, cos, sin):
-        return _one_pass()(q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous())
+    if q.device not in _unbuilt and _fits(q, k, cos, sin):
+        try:
+            return _one_pass()(q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous())
+        except Exception as err:
+            if not is_build_error(err):
+                raise
+            _unbuilt.add(q.device)
+            say_once(logger, logging.WARNING, "RoPE in one pass did not build on %s (%s): diffusers' "
+                     "apply_rotary_emb runs instead", q.device, str(err).splitlines()[0][:200])
     apply_rotary_emb = _diffusers()
     return apply_rotary_emb(q, freqs, sequence_dim=1), apply_rotary_emb(k, freqs, sequence_dim=1)
 
