@@ -4,11 +4,10 @@ Each is the stock processor (routed to the "streamfusion" backend like any other
 schedule applies (attention/overlap.py), projects Q, K, V one head group at a time (row slices of the weights:
 views), applies QK-norm and RoPE per group (both act per head), and hands the output projection each group's
 column slice of its weight. Elsewhere (overlap off or not applicable, a mask, a swapped attention, fused or
-non-plain projections such as LoRA or quantized layers, compiled code) it runs the stock call unchanged.
-
-Flux's twin is installed without head groups asked for too (routing.py's `TWINS`): where no pipeline runs, it
-makes the call of FluxRotaryAttnProcessor (processors/flux.py: diffusers' call with RoPE in one pass), the lean path
-through `dispatch_attention_fn`; the pipeline runs RoPE the same way.
+non-plain projections such as LoRA or quantized layers, compiled code) it runs the stock call: Qwen-Image's
+unchanged, Flux's as FluxRotaryAttnProcessor makes it (processors/flux.py: diffusers' call with RoPE in one pass,
+the lean path through `dispatch_attention_fn`). Flux's twin is therefore installed without head groups asked for
+too (routing.py's `TWINS`); its pipeline runs RoPE the same way.
 """
 from __future__ import annotations
 
