@@ -163,8 +163,10 @@ class _Pipeline:
         with sms_left(self.sms):
             self.first()  # in(0) travels meanwhile
         for g in range(groups):
-            with sms_left(self.sms):
-                following = self.post_in(g + 1) if g + 1 < groups else None  # projected while in(g) travels
+            following = None
+            if g + 1 < groups:
+                with sms_left(self.sms):
+                    following = self.post_in(g + 1)  # projected while in(g) travels
             outbound.append(self.attend(*inbound))  # in(g + 1) travels meanwhile
             inbound = following
             if g > 0:

@@ -8,8 +8,9 @@ What is predicted, and from what (the records: choice/recipes/generations.json, 
   transfers) is the cost model's (costmodel.py, the calibrated `Gpu` of the model's recipe, less the fixed costs
   per kernel, stage and call, which were fitted on eager timings and are the host's) of the layout
   `method="auto"` runs for P' ranks (a recipe entry, else the cost model's fastest with those costs, as choose.py
-  ranks them at run time), per block, times the transformer calls per step (2 with classifier-free guidance). The rest of the step (projections, MLP, norms, modulation) is a recorded one-GPU step, which waits
-  on the GPU, less that attention, scaled by the tokens a rank holds (its image tokens / P' plus the joint text
+  ranks them at run time), per block, times the transformer calls per step (2 with classifier-free guidance).
+  The rest of the step (projections, MLP, norms, modulation) is a recorded one-GPU step, which waits on the GPU,
+  less that attention, scaled by the tokens a rank holds (its image tokens / P' plus the joint text
   tokens every rank keeps), with Amdahl's serial share `sigma` fitted where a record of several GPUs waits on the
   GPU too (a graphed one first: flux-dev 1024 at P = 4; else at P = 2: Wan 2.2 TI2V-5B 49 f), their mean elsewhere.
 - The host. Replayed from CUDA graphs (serve's default on GPUs) the host issues one replay per call, while the
@@ -31,13 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import cache
 
 from ..core.config import divisors
 from ..models.configs import MODELS
 from .choose import Cluster, entry_layout, find_entry, ranked
 from .calibrate import host_per_block
 from .costmodel import Gpu, predict
-from .recipe import load_recipes
+from .recipe import Recipe, load_recipes
 from .store import load_generations
 from .workloads import MODELS as WORKLOADS, Workload
 
@@ -125,11 +127,17 @@ def replica_shape(machines: int, per_machine: int, replicas: int) -> tuple[int, 
                      f"equal groups: use a divisor of {machines * per_machine}")
 
 
+@cache  # read once: a plan predicts every split and record through attention_s
+def _recipes() -> list[Recipe]:
+    """The recipes `method="auto"` reads (the user's, then the packaged ones)."""
+    return load_recipes(None)
+
+
 def attention_s(w: Workload, ranks: int, gpu: Gpu, machines: int = 1) -> tuple[float, str]:
     """The cost model's device time of one transformer call's attention on `machines` machines of ranks / machines
     GPUs, at the layout `method="auto"` runs there (ranked with the host's costs, as at run time), replayed."""
     cluster = Cluster(machines, ranks // machines)
-    hit = find_entry(load_recipes(None), w, cluster)
+    hit = find_entry(_recipes(), w, cluster)
     layout = entry_layout(hit[1], w.heads) if hit is not None else ranked(w, cluster, gpu)[0].layout
     return w.blocks * predict(layout, w, cluster.inter, graph_gpu(gpu)).layer_ms / 1e3, layout.label
 
