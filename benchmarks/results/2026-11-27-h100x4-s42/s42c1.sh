@@ -13,6 +13,6 @@ date -u >> $L
 OUT=$OUT bash benchmarks/fast_default_gpu.sh
 cat $OUT/generate.log $OUT/host_path.log >> $L; grep -E "ready in" $OUT/serve.log >> $L
 date -u >> $L
-timeout 200 python -m streamfusion_diffusers launch --nproc-per-node 4 -m streamfusion_diffusers bench --level step --workloads flux-dev:1024 --methods ulysses,usp --layouts U4R1,U2R2 --variants cuda-graph --out $OUT/bench_u4_u2 > $OUT/bench_u4_u2.log 2>&1
-echo "bench exit $?" >> $L; cat $OUT/bench_u4_u2/table.md >> $L 2>/dev/null; tail -c 1500 $OUT/bench_u4_u2.log > $OUT/bench_u4_u2.tail; rm -f $OUT/bench_u4_u2.log
+timeout 200 python -m streamfusion_diffusers launch --nproc-per-node 4 -m streamfusion_diffusers bench --level step --workloads flux-dev:1024 --methods ulysses,usp --layouts U4R1,U2R2 --variants cuda-graph --out /tmp/bench_u4_u2 > $OUT/bench_u4_u2.log 2>&1
+echo "bench exit $?" >> $L; cp /tmp/bench_u4_u2/table.md $OUT/bench_u4_u2.md; cat $OUT/bench_u4_u2.md >> $L 2>/dev/null; tail -c 1500 $OUT/bench_u4_u2.log > $OUT/bench_u4_u2.tail; rm -f $OUT/bench_u4_u2.log
 date -u >> $L
