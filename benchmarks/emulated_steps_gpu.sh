@@ -7,12 +7,14 @@
 # collective it waited on and every rank's stack, before the job's outer timeout. An eager 4096 px step takes
 # 5-17 s there and a case's first step its one-time work: one warm-up and two timed steps per case. One MACHINES
 # value fits one device call (three jobs of at most 3.5 minutes).
-# Run from the project root on 4 GPUs: MACHINES=2 bash benchmarks/emulated_steps_gpu.sh, then MACHINES=4.
+# Run from the project root on 4 GPUs: MACHINES=2 bash benchmarks/emulated_steps_gpu.sh, then MACHINES=4
+# (CASES="method:layout ..." runs those cases alone).
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
 m=${MACHINES:-2}
 if [ "$m" = 2 ]; then cases="usp:U2R2 torus:U2R2T2 diffusers-cp:U2R2"; else cases="usp:U4R1 torus:U4R1T4 diffusers-cp:U4R1"; fi
+cases=${CASES:-$cases}
 for c in $cases; do
   method=${c%%:*}; layout=${c##*:}; name="m${m}_${method}_${layout}"
   timeout 210 python -m streamfusion_diffusers launch --nproc-per-node 4 -m streamfusion_diffusers bench \
