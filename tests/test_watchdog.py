@@ -53,6 +53,10 @@ def test_a_deadline_names_the_transfer_while_the_watchdog_is_blocked_in_a_cuda_c
         line = waiting_line()
         assert time.monotonic() - started < 1.0
         assert line.startswith("the GPU waits for attention layer 7, ulysses all-to-all, posted 4."), line
+        dog.watch(Stuck(), "attention layer 8, ulysses all-to-all", time.monotonic(), 600.0)
+        dog.last_done = "attention layer 6, end of layer"
+        line = waiting_line()
+        assert line.endswith("(the last seen complete: attention layer 6, end of layer); 1 more pending behind it"), line
     finally:
         release.set()
         dog.close()

@@ -119,6 +119,9 @@ class _GpuQueue:
             say_once(log, logging.WARNING, "emulated link: no host-held bookings (%s); using sleep kernels, which "
                      "attention delays, so transfers that would overlap it are emulated as serial", err)
 
+    def state(self) -> str:
+        return self.nic.state() if self.nic is not None else "sleep kernels"
+
     def book(self, seconds: float) -> torch.cuda.Event:
         if self.nic is None or torch.cuda.is_current_stream_capturing():
             if self.nic is not None:
@@ -128,12 +131,23 @@ class _GpuQueue:
         return self.nic.book(seconds)
 
 
-@functools.cache  # the emulated NIC is the machine's, not a context's: every context of the process shares it
+_NICS: dict[int, tuple[_GpuQueue, _GpuQueue]] = {}  # GPU index -> its NIC's queues, made once per process
+
+
 def _gpu_queues(index: int) -> tuple[_GpuQueue, _GpuQueue]:
     """This process's NIC on GPU `index`, outgoing and incoming: one per rank, shared by every context of a job
     (bench and tune build many), as one machine's NIC is shared by whatever runs on it."""
-    device = torch.device("cuda", index)
-    return _GpuQueue(device), _GpuQueue(device)
+    if index not in _NICS:
+        device = torch.device("cuda", index)
+        _NICS[index] = (_GpuQueue(device), _GpuQueue(device))
+    return _NICS[index]
+
+
+def nic_state() -> str:
+    """This process's emulated NIC queues on GPUs as one clause ("" where none was made): a hang report says
+    whether the link still holds a transfer."""
+    return "; ".join(f"emulated NIC of cuda:{i}: out {out.state()}, in {into.state()}"
+                     for i, (out, into) in list(_NICS.items()))
 
 
 class _EventHandle:

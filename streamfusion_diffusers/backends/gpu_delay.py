@@ -80,6 +80,10 @@ class NicQueue:
         """Bookings posted and not yet released by the thread."""
         return self._posted - int(self._done_view[0])
 
+    def state(self) -> str:
+        """Its bookings so far, as a hang report says them (read without a lock or a CUDA call)."""
+        return f"{self._posted} booked, {int(self._done_view[0])} released"
+
     def book(self, seconds: float) -> torch.cuda.Event:
         """Hold `seconds` on this queue once the current stream's work so far is done; returns its end event.
         Waits first (sleeping, so the GIL is free) while MAX_UNRELEASED bookings are pending."""

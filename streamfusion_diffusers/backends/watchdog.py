@@ -9,10 +9,14 @@ import faulthandler
 import logging
 import os
 import sys
+import tempfile
 import threading
 import time
 import weakref
+from typing import NoReturn
+
 import torch
+import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
+        self.last_done: What | None = None  # the latest watched transfer seen complete: where a stuck GPU got to
 
     def watch(self, event: torch.cuda.Event, what: What, posted: float, timeout_s: float) -> None:
         with self._lock:
@@ -63,18 +68,19 @@ class Watchdog:
         """(posted, timeout_s, what) of the oldest watched transfer not yet complete; forgets completed ones."""
         with self._lock:
             while self._pending and self._pending[0][2].query():
-                self._pending.popleft()
+                self.last_done = self._pending.popleft()[3]
             return None if not self._pending else (self._pending[0][0], self._pending[0][1], self._pending[0][3])
 
-    def last_seen(self) -> tuple[float, What] | None:
-        """(posted, what) of the oldest watched transfer not yet seen complete, as of the thread's last look: read
-        without the lock or a CUDA call, either of which can block behind a full launch queue (a host that queued
-        seconds of work), where a deadline that expired elsewhere must still say what was waited for."""
+    def last_seen(self) -> tuple[float, What, int] | None:
+        """(posted, what, how many are pending) of the oldest watched transfer not yet seen complete, as of the
+        thread's last look: read without the lock or a CUDA call, either of which can block behind a full launch
+        queue (a host that queued seconds of work), where a deadline that expired elsewhere must still say what was
+        waited for."""
         try:
             posted, _, _, what = self._pending[0]
         except IndexError:
             return None
-        return posted, what
+        return posted, what, len(self._pending)
 
     def close(self) -> None:
         """Stop watching: forget what is pending and end the thread."""
@@ -90,10 +96,8 @@ class Watchdog:
         while not self._closed.wait(self.poll_s):
             oldest = self.oldest()
             if oldest is not None and time.monotonic() - oldest[0] > GPU_MARGIN * oldest[1]:
-                logger.critical("%s; ending this process (exit code %d)", late(oldest[2], oldest[1]), EXIT_CODE)
                 logging.shutdown()
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-                os._exit(EXIT_CODE)
+                report_and_exit(f"{late(oldest[2], oldest[1])}; ending this process (exit code {EXIT_CODE})")
             with self._lock:
                 if self._pending:
                     busy = time.monotonic()
@@ -108,13 +112,34 @@ def waiting_line() -> str:
     found = []
     for dog in list(_LIVE):
         if dog.waiting is not None:
-            found.append((dog.waiting[0], "the host waits for", dog.waiting[1]))
+            found.append((dog.waiting[0], "the host waits for", dog.waiting[1], ""))
         if (seen := dog.last_seen()) is not None:
-            found.append((seen[0], "the GPU waits for", seen[1]))
+            after = f" (the last seen complete: {dog.last_done})" if dog.last_done is not None else ""
+            behind = f"; {seen[2] - 1} more pending behind it" if seen[2] > 1 else ""
+            found.append((seen[0], "the GPU waits for", seen[1], f"{after}{behind}"))
     if not found:
         return "no attention transfer was pending (the wait is elsewhere: see the stacks)"
-    since, how, what = min(found, key=lambda f: f[0])
-    return f"{how} {what}, posted {time.monotonic() - since:.1f} s ago"
+    since, how, what, more = min(found, key=lambda f: f[0])
+    return f"{how} {what}, posted {time.monotonic() - since:.1f} s ago{more}"
+
+
+def this_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+
+
+def report_and_exit(head: str) -> NoReturn:
+    """Write `head` and every thread's stack as one block, each line marked with this rank, then end the process
+    with EXIT_CODE: the ranks of a job share one stderr, and stacks written line by line at once interleave past
+    reading."""
+    rank = this_rank()
+    with tempfile.TemporaryFile() as dump:
+        faulthandler.dump_traceback(file=dump, all_threads=True)  # needs a file descriptor
+        dump.seek(0)
+        stacks = dump.read().decode(errors="replace").splitlines()
+    block = "\n".join([head, *(f"rank {rank}| {line}" for line in stacks if line.strip())]) + "\n"
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), block.encode())
+    os._exit(EXIT_CODE)
 
 
 def late(what: What, timeout_s: float) -> str:
@@ -123,4 +148,4 @@ def late(what: What, timeout_s: float) -> str:
             f"takes longer")
 
 
-__all__ = ["EXIT_CODE", "Watchdog", "late", "waiting_line"]
+__all__ = ["EXIT_CODE", "Watchdog", "late", "report_and_exit", "this_rank", "waiting_line"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import faulthandler
 import gc
 import math
-import os
 import statistics
 import sys
 import threading
@@ -26,7 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..backends.watchdog import EXIT_CODE, waiting_line
+from ..backends.emulated import nic_state
+from ..backends.watchdog import EXIT_CODE, report_and_exit, this_rank, waiting_line
 
 SPREAD_LIMIT = 0.05  # (max - min) / median above which a case is flagged as noisy
 SAMPLE_MS = 2.0  # a timed sample lasts at least this long (n back-to-back calls)
@@ -173,9 +173,6 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def _expired(seconds: float) -> None:
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    print(f"streamfusion: rank {rank}: nothing finished within {seconds:g} s (--timeout); {waiting_line()}; "
-          f"every thread's stack follows, then this rank exits (code {EXIT_CODE})", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    sys.stderr.flush()
-    os._exit(EXIT_CODE)
+    nic = nic_state()
+    report_and_exit(f"streamfusion: rank {this_rank()}: nothing finished within {seconds:g} s (--timeout); {waiting_line()}"
+                    f"{'; ' + nic if nic else ''}; every thread's stack follows, then this rank exits (code {EXIT_CODE})")
