@@ -1,0 +1,154 @@
+"""Probe: an all-to-all that takes no SM, beside a GEMM that takes every SM (issue 41 item 4).
+
+NCCL's all-to-all runs as kernels: beside a cuBLAS GEMM filling every SM it starts only when the GEMM ends, so
+the exchange of a Flux single block hides little behind its proj_mlp (BENCHMARKS, session 41). Here each rank
+pulls its pieces from its peers' symmetric-memory buffers with the copy engines (`cuMemcpyDtoDAsync` on a side
+stream), and the two synchronizations an exchange needs (a peer's data is ready; a peer has read mine) are
+stream memory operations on the symmetric signal pads (`cuStreamWriteValue32` into a peer's pad,
+`cuStreamWaitValue32` on one's own), which the GPU's front end runs without an SM. If the GEMM and this exchange
+together take about the GEMM's time, a transport built this way hides the exchange wherever it has work beside it.
+
+    torchrun --nproc-per-node 4 benchmarks/ce_a2a_probe.py [--iters 40]
+
+Prints one JSON line (rank 0): microseconds per call of the GEMM alone, each exchange alone and beside the GEMM
+(NCCL, copy-engine pulls), and whether the pulled pieces equal NCCL's all-to-all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        from cuda import cuda as driver  # cuda-python before 12.6
+    return driver
+
+
+def _check(result: tuple) -> None:
+    if int(result[0]) != 0:
+        raise RuntimeError(f"CUDA driver call failed: {result[0]}")
+
+
+class CopyEngineExchange:
+    """An even all-to-all of `n` elements per rank (n / world to each peer) pulled with the copy engines, its
+    synchronizations stream memory operations on the symmetric signal pads: slot j of a rank's pad counts the
+    rounds peer j's data was ready in; slot world + j the rounds peer j finished reading this rank's."""
+
+    def __init__(self, n: int, dtype: torch.dtype, device: torch.device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.drv = _driver()
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.send = symm_mem.empty(n, dtype=dtype, device=device)
+        self.handle = symm_mem.rendezvous(self.send, dist.group.WORLD.group_name)
+        self.chunk_bytes = n // self.world * self.send.element_size()
+        self.buffers = [self.handle.buffer_ptrs[j] for j in range(self.world)]
+        self.pads = [self.handle.signal_pad_ptrs[j] for j in range(self.world)]
+        self.pull_streams = [torch.cuda.Stream(device) for _ in range(self.world)]
+        self.side = torch.cuda.Stream(device)
+        self.round = 0
+        self.handle.get_signal_pad(self.rank, (2 * self.world,), dtype=torch.int32).zero_()
+        torch.cuda.synchronize(device)
+        dist.barrier()
+
+    def _write(self, stream: torch.cuda.Stream, address: int, value: int) -> None:
+        _check(self.drv.cuStreamWriteValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
+                                             value, 0))
+
+    def _wait(self, stream: torch.cuda.Stream, address: int, value: int) -> None:
+        flags = self.drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        _check(self.drv.cuStreamWaitValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
+                                            value, flags))
+
+    def __call__(self, recv: torch.Tensor) -> None:
+        """Post this round on side streams after the current stream's work; the current stream waits for it."""
+        self.round += 1
+        k, me, world = self.round, self.rank, self.world
+        current = torch.cuda.current_stream()
+        self.side.wait_stream(current)
+        for j in range(world):  # my data of this round is ready: say so in every peer's pad
+            self._write(self.side, self.pads[j] + 4 * me, k)
+        done = self.side.record_event()
+        for j, stream in enumerate(self.pull_streams):
+            stream.wait_event(done)
+            self._wait(stream, self.pads[me] + 4 * j, k)  # peer j's data is ready
+            dst = recv.data_ptr() + j * self.chunk_bytes
+            src = self.buffers[j] + me * self.chunk_bytes
+            _check(self.drv.cuMemcpyDtoDAsync(self.drv.CUdeviceptr(dst), self.drv.CUdeviceptr(src), self.chunk_bytes,
+                                              self.drv.CUstream(stream.cuda_stream)))
+            self._write(stream, self.pads[j] + 4 * (world + me), k)  # finished reading peer j's
+            current.wait_stream(stream)
+        for j in range(world):  # nobody reads my buffer any more before I may write it again
+            self._wait(current, self.pads[me] + 4 * (world + j), k)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=40)
+    args = parser.parse_args()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    device, bf = torch.device("cuda"), torch.bfloat16
+    x = torch.randn(1664, 3072, device=device, dtype=bf)  # a flux-dev 1024 rank's rows at P = 4, proj_mlp
+    w = torch.randn(12288, 3072, device=device, dtype=bf)
+    side = torch.cuda.Stream()
+
+    def timed(fn) -> float:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return round(start.elapsed_time(end) / args.iters * 1000, 1)
+
+    def gemm() -> None:
+        x @ w.t()
+
+    def beside(comm):
+        def both() -> None:  # the exchange posted first, on its own streams, then the GEMM
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                comm()
+            gemm()
+            torch.cuda.current_stream().wait_stream(side)
+        return both
+
+    found: dict[str, object] = {"gemm_us": timed(gemm)}
+    for name, n in (("qkv", 3 * 1152 * 3072), ("out", 1152 * 3072)):
+        send = torch.randn(n, device=device, dtype=bf)
+        recv = torch.empty_like(send)
+        found[f"nccl_{name}_us"] = timed(lambda: dist.all_to_all_single(recv, send))
+        found[f"gemm+nccl_{name}_us"] = timed(beside(lambda: dist.all_to_all_single(recv, send)))
+        try:
+            ce = CopyEngineExchange(n, bf, device)
+            ce.send.copy_(send)
+            pulled = torch.empty_like(send)
+            found[f"ce_{name}_us"] = timed(lambda: ce(pulled))
+            found[f"gemm+ce_{name}_us"] = timed(beside(lambda: ce(pulled)))
+            expected = torch.empty_like(send)
+            dist.all_to_all_single(expected, send)
+            ce(pulled)
+            torch.cuda.synchronize()
+            found[f"ce_{name}_exact"] = bool(torch.equal(expected, pulled))
+        except Exception as err:  # noqa: BLE001 - a probe: say what failed and go on
+            found[f"ce_{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+    if dist.get_rank() == 0:
+        print(json.dumps(found), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
