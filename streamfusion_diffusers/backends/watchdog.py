@@ -5,9 +5,12 @@ oldest transfer any live watchdog still waits for."""
 from __future__ import annotations
 
 import collections
+import ctypes
 import faulthandler
 import logging
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -130,16 +133,36 @@ def this_rank() -> int:
 def report_and_exit(head: str) -> NoReturn:
     """Write `head` and every thread's stack as one block, each line marked with this rank, then end the process
     with EXIT_CODE: the ranks of a job share one stderr, and stacks written line by line at once interleave past
-    reading."""
+    reading. Where py-spy is on PATH, its native stacks follow in a second block (which thread holds the GIL, where
+    each waits in C): written after the first, which a peer's exit must not cut off."""
     rank = this_rank()
     with tempfile.TemporaryFile() as dump:
         faulthandler.dump_traceback(file=dump, all_threads=True)  # needs a file descriptor
         dump.seek(0)
         stacks = dump.read().decode(errors="replace").splitlines()
-    block = "\n".join([head, *(f"rank {rank}| {line}" for line in stacks if line.strip())]) + "\n"
     sys.stderr.flush()
-    os.write(sys.stderr.fileno(), block.encode())
+    os.write(sys.stderr.fileno(), _marked(rank, stacks, head))
+    if native := _native_stacks():
+        os.write(sys.stderr.fileno(), _marked(rank, native))
     os._exit(EXIT_CODE)
+
+
+def _marked(rank: int, lines: list[str], head: str = "") -> bytes:
+    return "".join([f"{head}\n" if head else "", *(f"rank {rank}| {line}\n" for line in lines if line.strip())]).encode()
+
+
+def _native_stacks() -> list[str]:
+    """py-spy's dump of this process (native frames, GIL holder), or nothing where py-spy is not installed."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return []
+    try:  # let a child trace this process where Yama allows only ancestors (PR_SET_PTRACER, PR_SET_PTRACER_ANY)
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(2**64 - 1), 0, 0, 0)
+        done = subprocess.run([spy, "dump", "--native", "--pid", str(os.getpid())], capture_output=True, text=True,
+                              timeout=30)
+        return ["py-spy dump --native:", *(done.stdout + done.stderr).splitlines()]
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [f"py-spy dump failed: {err}"]
 
 
 def late(what: What, timeout_s: float) -> str:

@@ -173,6 +173,7 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def _expired(seconds: float) -> None:
+    faulthandler.cancel_dump_traceback_later()  # Python runs: the report below, py-spy's included, replaces it
     nic = nic_state()
     report_and_exit(f"streamfusion: rank {this_rank()}: nothing finished within {seconds:g} s (--timeout); {waiting_line()}"
                     f"{'; ' + nic if nic else ''}; every thread's stack follows, then this rank exits (code {EXIT_CODE})")
