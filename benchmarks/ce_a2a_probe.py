@@ -89,6 +89,42 @@ class CopyEngineExchange:
             self._wait(current, self.pads[me] + 4 * (world + j), k)
 
 
+def copy_engine_timers(timed, beside, device: torch.device) -> dict[str, object]:
+    """An emulated link's delay held by a copy engine instead of a host thread: how long a copy of a given size
+    takes alone and beside the GEMM (the same beside it: a timer no attention delays and no GIL holds up).
+    A host-to-device copy of pinned bytes (PCIe), and a 2D device copy of one-byte rows (the copy engine's row
+    rate, in little memory)."""
+    drv, found = _driver(), {}
+    stream = torch.cuda.Stream(device)
+    pinned = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
+    landing = torch.empty(64 << 20, dtype=torch.uint8, device=device)
+    rows = 1 << 20
+    narrow = torch.empty(2 * rows, dtype=torch.uint8, device=device)
+
+    def h2d() -> None:
+        with torch.cuda.stream(stream):
+            landing.copy_(pinned, non_blocking=True)
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def rows_2d() -> None:  # rows of 1 byte at a pitch of 2: no 1D copy can stand in for it
+        params = drv.CUDA_MEMCPY2D()
+        params.srcMemoryType = params.dstMemoryType = drv.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        params.srcDevice = drv.CUdeviceptr(narrow.data_ptr())
+        params.dstDevice = drv.CUdeviceptr(narrow.data_ptr() + 1)
+        params.srcPitch = params.dstPitch = 2
+        params.WidthInBytes, params.Height = 1, rows
+        _check(drv.cuMemcpy2DAsync(params, drv.CUstream(stream.cuda_stream)))
+        torch.cuda.current_stream().wait_stream(stream)
+
+    for name, fn in (("h2d_64MiB", h2d), ("rows_2d_1M", rows_2d)):
+        try:
+            found[f"{name}_us"] = timed(fn)
+            found[f"gemm+{name}_us"] = timed(beside(fn))
+        except Exception as err:  # noqa: BLE001 - a probe: say what failed and go on
+            found[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=40)
@@ -145,6 +181,7 @@ def main() -> None:
             found[f"ce_{name}_exact"] = bool(torch.equal(expected, pulled))
         except Exception as err:  # noqa: BLE001 - a probe: say what failed and go on
             found[f"ce_{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+    found.update(copy_engine_timers(timed, beside, device))
     if dist.get_rank() == 0:
         print(json.dumps(found), flush=True)
     dist.destroy_process_group()
