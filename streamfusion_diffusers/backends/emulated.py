@@ -51,6 +51,9 @@ class _HostQueue:
     def __init__(self) -> None:
         self.busy_until = 0.0
 
+    def drain(self) -> None:
+        """Nothing is held: a CPU transfer's handle sleeps its booking out when waited on."""
+
     def book(self, seconds: float) -> float:
         start = max(time.perf_counter(), self.busy_until)
         self.busy_until = start + seconds
@@ -122,6 +125,10 @@ class _GpuQueue:
     def state(self) -> str:
         return self.nic.state() if self.nic is not None else "sleep kernels"
 
+    def drain(self) -> None:
+        if self.nic is not None:
+            self.nic.drain()
+
     def book(self, seconds: float) -> torch.cuda.Event:
         if self.nic is None or torch.cuda.is_current_stream_capturing():
             if self.nic is not None:
@@ -172,6 +179,11 @@ class EmulatedNic:
         else:
             self._queues = (_HostQueue(), _HostQueue())
 
+    def drain(self) -> None:
+        """Return once the link released every transfer booked so far (see EmulatedTransport.drain_link)."""
+        for queue in self._queues:
+            queue.drain()
+
     def remote(self, rank: int) -> bool:
         """Whether global `rank` is on another machine than this rank."""
         return rank // self.gpus_per_machine != self.rank // self.gpus_per_machine
@@ -200,6 +212,14 @@ class EmulatedTransport:
     def __getattr__(self, name: str):
         """Buffers and layer hooks are the real transport's; only data movement is slowed."""
         return getattr(self.inner, name)
+
+    def drain_link(self) -> None:
+        """Wait, the GIL free, until the emulated link released every transfer booked so far. A host thread
+        releases them on GPUs (gpu_delay.py); a rank whose host then blocked in another wait on the GPU (an
+        `.item()`, a copy to the CPU, a barrier) while bookings were pending never saw them released (BENCHMARKS.md,
+        sessions 34 and 42), so the transformer's forward ends here (diffusers/sharding.py's ForwardHook) before
+        the pipeline's own waits."""
+        self.nic.drain()
 
     def _remote(self, group: Group, peer: int) -> bool:
         return self.nic.remote(group.ranks[peer])

@@ -84,6 +84,11 @@ class NicQueue:
         """Its bookings so far, as a hang report says them (read without a lock or a CUDA call)."""
         return f"{self._posted} booked, {int(self._done_view[0])} released"
 
+    def drain(self) -> None:
+        """Return once every booking posted so far is released (sleeping: the GIL stays free for the thread)."""
+        while self.pending():
+            time.sleep(_ROOM_POLL_S)
+
     def book(self, seconds: float) -> torch.cuda.Event:
         """Hold `seconds` on this queue once the current stream's work so far is done; returns its end event.
         Waits first (sleeping, so the GIL is free) while MAX_UNRELEASED bookings are pending."""

@@ -62,12 +62,18 @@ class Stats:
                 "calls": self.calls}
 
 
+def settle(device: torch.device) -> None:
+    """Wait for this rank's queued GPU work in torch.cuda.synchronize, the one wait a rank may make while an
+    emulated link holds bookings: they are released by a host thread (backends/gpu_delay.py), and a rank that
+    blocked in a barrier or a `.item()` with bookings pending never saw them released (BENCHMARKS.md, sessions
+    34 and 42); a synchronize first leaves those calls nothing queued to wait on."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def sample_ms(call: Callable[[], object], n: int, device: torch.device) -> float:
     """This rank's milliseconds per call of n back-to-back calls, started together with its peers."""
-    if device.type == "cuda":
-        # this rank's work first, with the GIL free (an emulated link's bookings are released by a host thread),
-        # then the barrier, which then waits on nothing queued
-        torch.cuda.synchronize(device)
+    settle(device)
     dist.barrier()
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
