@@ -8,10 +8,11 @@ stream memory operations on the symmetric signal pads (`cuStreamWriteValue32` in
 `cuStreamWaitValue32` on one's own), which the GPU's front end runs without an SM. If the GEMM and this exchange
 together take about the GEMM's time, a transport built this way hides the exchange wherever it has work beside it.
 
-    torchrun --nproc-per-node 4 benchmarks/ce_a2a_probe.py [--iters 40]
+    torchrun --nproc-per-node 4 benchmarks/ce_a2a_probe.py [--iters 40] [--ctas default,8,4] [--carveouts 0,24]
 
-Prints one JSON line (rank 0): microseconds per call of the GEMM alone, each exchange alone and beside the GEMM
-(NCCL, copy-engine pulls), and whether the pulled pieces equal NCCL's all-to-all.
+Prints one JSON line (rank 0): microseconds per call of the GEMM alone (leaving C SMs free), each exchange alone
+and beside it (NCCL with its own CTA count and capped, copy-engine pulls), whether the pulled pieces equal NCCL's
+all-to-all, and the copy-engine timers.
 """
 from __future__ import annotations
 
@@ -125,16 +126,29 @@ def copy_engine_timers(timed, beside, device: torch.device) -> dict[str, object]
     return found
 
 
+def nccl_group(max_ctas: int | None) -> dist.ProcessGroup:
+    """A group over every rank whose NCCL communicator runs its collectives on at most `max_ctas` CTAs."""
+    if max_ctas is None:
+        return dist.group.WORLD
+    options = dist.ProcessGroupNCCL.Options()
+    options.config.max_ctas = max_ctas
+    return dist.new_group(backend="nccl", pg_options=options)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--ctas", default="default,8,4", help="NCCL CTA caps to try (default: NCCL's own)")
+    parser.add_argument("--carveouts", default="0,24", help="SMs the GEMM leaves free (torch's cuBLASLt carveout)")
     args = parser.parse_args()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
     device, bf = torch.device("cuda"), torch.bfloat16
     x = torch.randn(1664, 3072, device=device, dtype=bf)  # a flux-dev 1024 rank's rows at P = 4, proj_mlp
     w = torch.randn(12288, 3072, device=device, dtype=bf)
+    bias = torch.randn(12288, device=device, dtype=bf)  # with a bias: cuBLASLt, which honours the carveout
     side = torch.cuda.Stream()
+    carveout = [0]
 
     def timed(fn) -> float:
         for _ in range(5):
@@ -151,7 +165,9 @@ def main() -> None:
         return round(start.elapsed_time(end) / args.iters * 1000, 1)
 
     def gemm() -> None:
-        x @ w.t()
+        torch._C._set_sm_carveout_experimental(carveout[0] or None)
+        torch.nn.functional.linear(x, w, bias)
+        torch._C._set_sm_carveout_experimental(None)
 
     def beside(comm):
         def both() -> None:  # the exchange posted first, on its own streams, then the GEMM
@@ -162,18 +178,22 @@ def main() -> None:
             torch.cuda.current_stream().wait_stream(side)
         return both
 
-    found: dict[str, object] = {"gemm_us": timed(gemm)}
+    found: dict[str, object] = {}
+    carveouts = [int(c) for c in args.carveouts.split(",")]
+    for c in carveouts:
+        carveout[0] = c
+        found[f"gemm@{c}_us"] = timed(gemm)
+    groups = {name: nccl_group(None if name == "default" else int(name)) for name in args.ctas.split(",")}
     for name, n in (("qkv", 3 * 1152 * 3072), ("out", 1152 * 3072)):
         send = torch.randn(n, device=device, dtype=bf)
         recv = torch.empty_like(send)
-        found[f"nccl_{name}_us"] = timed(lambda: dist.all_to_all_single(recv, send))
-        found[f"gemm+nccl_{name}_us"] = timed(beside(lambda: dist.all_to_all_single(recv, send)))
+        exchanges = {f"nccl[{ctas}]": (lambda g=g: dist.all_to_all_single(recv, send, group=g))
+                     for ctas, g in groups.items()}
         try:
             ce = CopyEngineExchange(n, bf, device)
             ce.send.copy_(send)
             pulled = torch.empty_like(send)
-            found[f"ce_{name}_us"] = timed(lambda: ce(pulled))
-            found[f"gemm+ce_{name}_us"] = timed(beside(lambda: ce(pulled)))
+            exchanges["ce"] = lambda: ce(pulled)
             expected = torch.empty_like(send)
             dist.all_to_all_single(expected, send)
             ce(pulled)
@@ -181,6 +201,12 @@ def main() -> None:
             found[f"ce_{name}_exact"] = bool(torch.equal(expected, pulled))
         except Exception as err:  # noqa: BLE001 - a probe: say what failed and go on
             found[f"ce_{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+        for kind, exchange in exchanges.items():
+            found[f"{kind}_{name}_us"] = timed(exchange)
+            for c in carveouts:
+                carveout[0] = c
+                found[f"gemm@{c}+{kind}_{name}_us"] = timed(beside(exchange))
+    carveout[0] = 0
     found.update(copy_engine_timers(timed, beside, device))
     if dist.get_rank() == 0:
         print(json.dumps(found), flush=True)
