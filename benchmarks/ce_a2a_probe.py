@@ -39,8 +39,10 @@ def _check(result: tuple) -> None:
 
 class CopyEngineExchange:
     """An even all-to-all of `n` elements per rank (n / world to each peer) pulled with the copy engines, its
-    synchronizations stream memory operations on the symmetric signal pads: slot j of a rank's pad counts the
-    rounds peer j's data was ready in; slot world + j the rounds peer j finished reading this rank's."""
+    synchronizations stream memory operations on the symmetric signal pads, with constant values so that a CUDA
+    graph replays them: slot j of a rank's pad is raised by peer j when its data is ready and lowered by the rank
+    once it saw it; slot world + j is raised by peer j when it finished reading this rank's buffer and lowered by
+    the rank before it may write the buffer again."""
 
     def __init__(self, n: int, dtype: torch.dtype, device: torch.device):
         import torch.distributed._symmetric_memory as symm_mem
@@ -54,7 +56,6 @@ class CopyEngineExchange:
         self.pads = [self.handle.signal_pad_ptrs[j] for j in range(self.world)]
         self.pull_streams = [torch.cuda.Stream(device) for _ in range(self.world)]
         self.side = torch.cuda.Stream(device)
-        self.round = 0
         self.handle.get_signal_pad(self.rank, (2 * self.world,), dtype=torch.int32).zero_()
         torch.cuda.synchronize(device)
         dist.barrier()
@@ -63,31 +64,32 @@ class CopyEngineExchange:
         _check(self.drv.cuStreamWriteValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
                                              value, 0))
 
-    def _wait(self, stream: torch.cuda.Stream, address: int, value: int) -> None:
-        flags = self.drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+    def _wait(self, stream: torch.cuda.Stream, address: int) -> None:
+        """Wait until the slot is raised, then lower it (the next raise comes only after what follows it)."""
+        flags = self.drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
         _check(self.drv.cuStreamWaitValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
-                                            value, flags))
+                                            1, flags))
+        self._write(stream, address, 0)
 
     def __call__(self, recv: torch.Tensor) -> None:
-        """Post this round on side streams after the current stream's work; the current stream waits for it."""
-        self.round += 1
-        k, me, world = self.round, self.rank, self.world
+        """Post one exchange on side streams after the current stream's work; the current stream waits for it."""
+        me, world = self.rank, self.world
         current = torch.cuda.current_stream()
         self.side.wait_stream(current)
-        for j in range(world):  # my data of this round is ready: say so in every peer's pad
-            self._write(self.side, self.pads[j] + 4 * me, k)
-        done = self.side.record_event()
+        for j in range(world):  # my data is ready: raise my slot in every peer's pad
+            self._write(self.side, self.pads[j] + 4 * me, 1)
+        posted = self.side.record_event()
         for j, stream in enumerate(self.pull_streams):
-            stream.wait_event(done)
-            self._wait(stream, self.pads[me] + 4 * j, k)  # peer j's data is ready
+            stream.wait_event(posted)
+            self._wait(stream, self.pads[me] + 4 * j)  # peer j's data is ready
             dst = recv.data_ptr() + j * self.chunk_bytes
             src = self.buffers[j] + me * self.chunk_bytes
             _check(self.drv.cuMemcpyDtoDAsync(self.drv.CUdeviceptr(dst), self.drv.CUdeviceptr(src), self.chunk_bytes,
                                               self.drv.CUstream(stream.cuda_stream)))
-            self._write(stream, self.pads[j] + 4 * (world + me), k)  # finished reading peer j's
+            self._write(stream, self.pads[j] + 4 * (world + me), 1)  # finished reading peer j's
             current.wait_stream(stream)
         for j in range(world):  # nobody reads my buffer any more before I may write it again
-            self._wait(current, self.pads[me] + 4 * (world + j), k)
+            self._wait(current, self.pads[me] + 4 * (world + j))
 
 
 def copy_engine_timers(timed, beside, device: torch.device) -> dict[str, object]:
@@ -201,6 +203,18 @@ def main() -> None:
             found[f"ce_{name}_exact"] = bool(torch.equal(expected, pulled))
         except Exception as err:  # noqa: BLE001 - a probe: say what failed and go on
             found[f"ce_{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+        if "ce" in exchanges:
+            try:  # the same exchange captured once and replayed: what a graphed step would run
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    ce(pulled)
+                pulled.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+                found[f"ce_graph_{name}_exact"] = bool(torch.equal(expected, pulled))
+                exchanges["ce_graph"] = graph.replay
+            except Exception as err:  # noqa: BLE001
+                found[f"ce_graph_{name}_error"] = f"{type(err).__name__}: {err}"[:300]
         for kind, exchange in exchanges.items():
             found[f"{kind}_{name}_us"] = timed(exchange)
             for c in carveouts:
