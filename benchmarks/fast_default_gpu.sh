@@ -1,21 +1,15 @@
 #!/usr/bin/env bash
-# "Fast by default" on 1 x 4 in one call (under 10 minutes, 8 files at most under $OUT): `generate` flux-dev 1024
-# at P = 4 and P = 1 on the same machine, default flags (CUDA graphs) and --no-cuda-graph (the eager bar is 0.55x
-# the one-GPU step, the graphed one 0.30x); the host's Python calls and microseconds per attention call and block
-# at P = 4; a warm served 28-step request and the server's ready time, by stage, with each answer's split.
+# "Fast by default" on 1 x 4 in one call (under 10 minutes, 6 files under $OUT): `generate` flux-dev 1024 at P = 4
+# and P = 1 on the same machine, default flags (CUDA graphs) and --no-cuda-graph (default_path_gpu.sh: the eager
+# bar is 0.55x the one-GPU step, the graphed one 0.30x); the host's Python calls and microseconds per attention
+# call and block at P = 4; a warm served 28-step request and the server's ready time, by stage, with each answer's
+# split (serve needs the `serve` extra's wheels: fastapi, starlette, pydantic, uvicorn, python-multipart,
+# prometheus_client, httpx).
 # Run from the project root on 4 GPUs: bash benchmarks/fast_default_gpu.sh
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name --format=csv,noheader | head -1 > "$OUT/generate.log"
-for p in 4 1; do
-  for flags in "" "--no-cuda-graph"; do
-    echo "== P = $p ${flags:-default}" >> "$OUT/generate.log"
-    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((p - 1))) timeout 100 python -m streamfusion_diffusers generate --model flux-dev \
-      --height 1024 --width 1024 --steps 8 --output "/tmp/gen-p$p$flags" $flags 2>&1 \
-      | grep -E "^streamfusion generate: flux|^phases" >> "$OUT/generate.log"
-  done
-done
+GEN_PS="4 1" OUT=$OUT bash benchmarks/default_path_gpu.sh  # default_path.json: plan --serve's step records
 timeout 90 torchrun --nproc-per-node 4 benchmarks/host_path.py --layouts ulysses --heads 24 --head-dim 128 \
   --grid 64x64 --text 512 --label gpu4 2>&1 | grep -E "^(layout|diffusers|ulysses)" > "$OUT/host_path.log"
 timeout 200 python benchmarks/serve_load.py --out /tmp/serve --models flux-dev --steps 28 --requests 4 \
