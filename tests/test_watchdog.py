@@ -53,10 +53,34 @@ def test_a_deadline_names_the_transfer_while_the_watchdog_is_blocked_in_a_cuda_c
         line = waiting_line()
         assert time.monotonic() - started < 1.0
         assert line.startswith("the GPU waits for attention layer 7, ulysses all-to-all, posted 4."), line
-        dog.watch(Stuck(), "attention layer 8, ulysses all-to-all", time.monotonic(), 600.0)
-        dog.last_done = "attention layer 6, end of layer"
-        line = waiting_line()
-        assert line.endswith("(the last seen complete: attention layer 6, end of layer); 1 more pending behind it"), line
     finally:
         release.set()
+        dog.close()
+
+
+def test_the_waiting_line_says_what_completed_last_and_how_many_wait_behind():
+    import time
+
+    from streamfusion_diffusers.backends.watchdog import Watchdog, waiting_line
+
+    class Done:
+        def query(self) -> bool:
+            return True
+
+    class Pending:
+        def query(self) -> bool:
+            return False
+
+    dog = Watchdog(poll_s=0.01)
+    try:
+        dog.watch(Done(), "attention layer 6, end of layer", time.monotonic() - 3.0, 600.0)
+        dog.watch(Pending(), "attention layer 7, ring pass from rank 3", time.monotonic() - 2.0, 600.0)
+        dog.watch(Pending(), "attention layer 7, end of layer", time.monotonic() - 1.0, 600.0)
+        deadline = time.monotonic() + 5
+        while dog.last_done is None and time.monotonic() < deadline:  # the thread's next look
+            time.sleep(0.01)
+        line = waiting_line()
+        assert line.startswith("the GPU waits for attention layer 7, ring pass from rank 3, posted 2."), line
+        assert line.endswith("(the last seen complete: attention layer 6, end of layer); 1 more pending behind it"), line
+    finally:
         dog.close()
