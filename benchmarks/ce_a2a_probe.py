@@ -92,12 +92,12 @@ class CopyEngineExchange:
             self._wait(current, self.pads[me] + 4 * (world + j))
 
 
-def copy_engine_timers(timed, beside, device: torch.device) -> dict[str, object]:
+def copy_engine_timers(timed, beside, device: torch.device, found: dict[str, object]) -> None:
     """An emulated link's delay held by a copy engine instead of a host thread: how long a copy of a given size
     takes alone and beside the GEMM (the same beside it: a timer no attention delays and no GIL holds up).
     A host-to-device copy of pinned bytes (PCIe), and a 2D device copy of one-byte rows (the copy engine's row
     rate, in little memory)."""
-    drv, found = _driver(), {}
+    drv = _driver()
     stream = torch.cuda.Stream(device)
     pinned = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
     landing = torch.empty(64 << 20, dtype=torch.uint8, device=device)
@@ -125,7 +125,15 @@ def copy_engine_timers(timed, beside, device: torch.device) -> dict[str, object]
             found[f"gemm+{name}_us"] = timed(beside(fn))
         except Exception as err:  # noqa: BLE001 - a probe: say what failed and go on
             found[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
-    return found
+
+
+class Found(dict):
+    """The results, each also printed by rank 0 as it comes (a later failure or a hang keeps what came before)."""
+
+    def __setitem__(self, key: str, value: object) -> None:
+        super().__setitem__(key, value)
+        if dist.get_rank() == 0:
+            print(f"{key}: {value}", flush=True)
 
 
 def nccl_group(max_ctas: int | None) -> dist.ProcessGroup:
@@ -180,7 +188,7 @@ def main() -> None:
             torch.cuda.current_stream().wait_stream(side)
         return both
 
-    found: dict[str, object] = {}
+    found = Found()
     carveouts = [int(c) for c in args.carveouts.split(",")]
     for c in carveouts:
         carveout[0] = c
@@ -221,7 +229,7 @@ def main() -> None:
                 carveout[0] = c
                 found[f"gemm@{c}+{kind}_{name}_us"] = timed(beside(exchange))
     carveout[0] = 0
-    found.update(copy_engine_timers(timed, beside, device))
+    copy_engine_timers(timed, beside, device, found)
     if dist.get_rank() == 0:
         print(json.dumps(found), flush=True)
     dist.destroy_process_group()
