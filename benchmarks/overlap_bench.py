@@ -4,7 +4,8 @@ graph, with the output checked against the stock path's.
 
 One torchrun job (P = its world size, ulysses 1 x P): per workload the transformer is built once (bf16, random
 weights), then for each graph mode and each variant ("stock": no overlap; "mlp": the single blocks' MLP beside
-the exchanges; an integer G: head groups pipelined, with the MLP overlap off) it is parallelized and its steps
+the exchanges, "mlp@C" with C SMs left to them; an integer G: head groups pipelined, with the MLP overlap off;
+any of them with "+ce": over the copy-engine transport, whose all-to-alls take no SM) it is parallelized and its steps
 timed (the slowest rank's median of --repeats; CUDA events, one synchronize per step). Per row also the relative
 error of the step's output against the stock path's, the same mode. --profile adds one profiled step per row
 (rank 0's): each CUDA stream's busy time beside the wall (shard_bench.profile_step): with the exchanges hidden,
@@ -56,11 +57,14 @@ def _step_ms(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, de
 
 
 def _config(variant: str) -> ParallelConfig:
+    """A variant's config; "+ce" at its end: over the copy-engine transport (its all-to-alls take no SM)."""
+    variant, ce = variant.removesuffix("+ce"), variant.endswith("+ce")
+    transport = {"backend": "copy-engine", "strict": True} if ce else {}
     if variant.startswith("mlp@"):  # mlp@C: the MLP overlap with its GEMMs leaving C SMs to the exchanges (mlp: the default)
-        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]))
+        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]), **transport)
     if variant in ("stock", "mlp"):
-        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp")
-    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False)
+        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp", **transport)
+    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False, **transport)
 
 
 def run(spec: str, variants: list[str], graph_modes: list[bool], repeats: int, device: torch.device,

@@ -54,7 +54,8 @@ class Choice:
 
 
 def transport_name(backend: str) -> str:
-    return "torch" if backend in ("torch", "nccl", "gloo") else backend
+    """The transport a recipe entry's timings were taken on: the copy-engine transport is torch's for its layouts."""
+    return "torch" if backend in ("torch", "nccl", "gloo", "copy-engine") else backend
 
 
 def entry_workload(entry: dict, model: str) -> Workload | None:

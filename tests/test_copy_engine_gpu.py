@@ -1,0 +1,52 @@
+"""The copy-engine transport (backends/copy_engine.py) on GPUs: its pulled all-to-alls move what NCCL's move, so a
+parallelized model gives the torch transport's output bit for bit, eagerly (graph replays: tests/test_graphs.py);
+and the pulls run: each exchange size got its buffers."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.distributed as dist
+from model_cases import FLUX_CASES, context
+from torch.utils._pytree import tree_map_only
+
+from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
+from streamfusion_diffusers.models.build import build_transformer
+from streamfusion_diffusers.runtime.pool import ProcessPool
+
+GPUS = torch.cuda.device_count()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS < 2, reason="needs 2 or more CUDA GPUs"),
+              pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="needs cuda-bindings")]
+
+
+def _against_torch(method: str, seed: int) -> tuple[float, int]:
+    """On every rank: the largest difference between the two transports' outputs, and the buffers the copy-engine
+    transport made (0: it never pulled)."""
+    case = FLUX_CASES["text-sharded-uneven-image"]
+    inputs = tree_map_only(torch.Tensor, lambda x: x.cuda().to(torch.bfloat16) if x.is_floating_point() else x.cuda(),
+                           case.inputs(seed + 1))
+    outs, made = [], 0
+    with torch.inference_mode():
+        for backend in ("torch", "copy-engine"):
+            ctx = context(ParallelConfig(method=method, backend=backend, strict=True))
+            model = build_transformer(case.config, seed=seed, dtype=torch.bfloat16, device=torch.device("cuda"))
+            parallelize(model, ctx)
+            outs.append(model(**inputs).sample.float())
+            unparallelize(model)
+            made = sum(len(slots) for slots in getattr(ctx.transport, "_slots", {}).values())
+    dist.barrier()
+    return (outs[0] - outs[1]).abs().max().item(), made
+
+
+@pytest.fixture(scope="module")
+def gpu_pool():
+    with ProcessPool(GPUS, backend="nccl") as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("method", ["ulysses", "usp"])
+def test_pulled_all_to_alls_give_the_torch_transports_output(gpu_pool, method):
+    for rank, (diff, made) in enumerate(gpu_pool.run(_against_torch, method, 5)):
+        assert diff == 0.0, f"rank {rank}: {diff}"
+        assert made > 0, f"rank {rank}: the copy-engine transport pulled nothing"
