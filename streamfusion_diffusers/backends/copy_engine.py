@@ -10,8 +10,8 @@ with it waits all the same (BENCHMARKS.md, "the all-to-all beside a GEMM"). Here
 - it raises one flag in every peer's signal pad ("my data is ready");
 - on one side stream per peer, it waits for that peer's flag, lowers it, pulls its own piece out of the peer's
   buffer with `cuMemcpyDtoDAsync` (a copy engine, no SM) and raises a flag in the peer's pad ("read");
-- `wait()` makes the current stream wait for the pulls, and for every peer's "read" flag before the buffer may
-  be written again.
+- `wait()` makes the current stream wait for the pulls; the next exchange that writes the same buffer first waits
+  for every peer's "read" flag.
 
 The flags are stream memory operations (`cuStreamWriteValue32`, `cuStreamWaitValue32`), run by the GPU's front
 end, not by an SM. Their values are constant (raised to 1, lowered to 0 by whoever waited for them), so a CUDA
@@ -57,8 +57,8 @@ class _Slot:
     buffer: Tensor
     buffers: list[int]  # every member's buffer address, as this rank addresses it
     pads: list[int]  # every member's signal pad address
-    pull_streams: list[torch.cuda.Stream]
     busy: bool = False  # posted and not yet waited on: its buffer may not be written
+    used: bool = False  # posted before: its peers raise "read" flags, lowered before the buffer is written again
 
 
 class CopyEngineTransport(TorchTransport):
@@ -72,6 +72,9 @@ class CopyEngineTransport(TorchTransport):
         self._slots: dict[tuple[str, int], list[_Slot]] = {}
         self._turn: dict[tuple[str, int], int] = {}
         self._side: torch.cuda.Stream | None = None
+        # one stream per peer position, shared by every buffer: few streams, so few share a hardware queue with
+        # the compute stream (a stream waiting on a flag holds up what its hardware queue holds behind it)
+        self._pulls: list[torch.cuda.Stream] = []
 
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
@@ -89,6 +92,10 @@ class CopyEngineTransport(TorchTransport):
         me, size, drv = group.index, group.size, self._driver
         slot.busy = True
         current = torch.cuda.current_stream(send.device)
+        if slot.used:  # every peer has read what the buffer held before (lowered here, not at wait(), so that
+            for j in range(size):  # the compute stream waits for the peers' pulls only when it must)
+                self._lower(current, slot.pads[me] + 4 * (size + j))
+        slot.used = True
         slot.buffer.view(-1).view(send.dtype)[:send.numel()].copy_(send)  # on the current stream
         side = self._side_stream(send.device)
         side.wait_stream(current)
@@ -96,14 +103,15 @@ class CopyEngineTransport(TorchTransport):
             self._raise(side, slot.pads[j] + 4 * me)
         posted = side.record_event()
         chunk = recv.nbytes // size
-        for j, stream in enumerate(slot.pull_streams):
+        pulls = self._pull_streams(size, send.device)
+        for j, stream in enumerate(pulls):
             stream.wait_event(posted)
             self._lower(stream, slot.pads[me] + 4 * j)  # peer j's data is ready
             _check(drv.cuMemcpyDtoDAsync(drv.CUdeviceptr(recv.data_ptr() + j * chunk),
                                          drv.CUdeviceptr(slot.buffers[j] + me * chunk), chunk,
                                          drv.CUstream(stream.cuda_stream)))
             self._raise(stream, slot.pads[j] + 4 * (size + me))  # I have read peer j's piece
-        return _Pulled(self, slot, size, me)
+        return _Pulled(slot, [stream.record_event() for stream in pulls])
 
     def _slot(self, group: Group, send: Tensor) -> _Slot | None:
         """The next of the group's buffers for this size, made (collectively) at its first use; None where it
@@ -132,13 +140,17 @@ class CopyEngineTransport(TorchTransport):
         torch.cuda.synchronize(send.device)
         dist.barrier(group=group.pg)  # every pad zeroed before anyone raises a flag in it
         return _Slot(buffer, [handle.buffer_ptrs[j] for j in range(group.size)],
-                     [handle.signal_pad_ptrs[j] for j in range(group.size)],
-                     [torch.cuda.Stream(send.device) for _ in range(group.size)])
+                     [handle.signal_pad_ptrs[j] for j in range(group.size)])
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
         if self._side is None:
             self._side = torch.cuda.Stream(device)
         return self._side
+
+    def _pull_streams(self, size: int, device: torch.device) -> list[torch.cuda.Stream]:
+        while len(self._pulls) < size:
+            self._pulls.append(torch.cuda.Stream(device))
+        return self._pulls[:size]
 
     def _raise(self, stream: torch.cuda.Stream, address: int) -> None:
         drv = self._driver
@@ -153,19 +165,18 @@ class CopyEngineTransport(TorchTransport):
 
 
 class _Pulled:
-    """Handle of a pulled all-to-all: the current stream waits for the pulls and for every peer's "read"."""
+    """Handle of a pulled all-to-all: the current stream waits for its pulls (events: a later exchange's pulls on
+    the same streams are not waited for)."""
 
-    def __init__(self, transport: CopyEngineTransport, slot: _Slot, size: int, me: int):
-        self.transport, self.slot, self.size, self.me = transport, slot, size, me
+    def __init__(self, slot: _Slot, pulled: list[torch.cuda.Event]):
+        self.slot, self.pulled = slot, pulled
 
     def wait(self) -> None:
         if self.slot is None:
             return
         current = torch.cuda.current_stream(self.slot.buffer.device)
-        for stream in self.slot.pull_streams:
-            current.wait_stream(stream)
-        for j in range(self.size):  # my buffer is free once every peer has read its piece
-            self.transport._lower(current, self.slot.pads[self.me] + 4 * (self.size + j))
+        for event in self.pulled:
+            current.wait_event(event)
         self.slot.busy = False
         self.slot = None
 
