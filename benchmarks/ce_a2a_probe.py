@@ -23,18 +23,7 @@ import os
 import torch
 import torch.distributed as dist
 
-
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        from cuda import cuda as driver  # cuda-python before 12.6
-    return driver
-
-
-def _check(result: tuple) -> None:
-    if int(result[0]) != 0:
-        raise RuntimeError(f"CUDA driver call failed: {result[0]}")
+from streamfusion_diffusers.backends.cuda_driver import check, driver
 
 
 class CopyEngineExchange:
@@ -47,7 +36,7 @@ class CopyEngineExchange:
     def __init__(self, n: int, dtype: torch.dtype, device: torch.device):
         import torch.distributed._symmetric_memory as symm_mem
 
-        self.drv = _driver()
+        self.drv = driver()
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.send = symm_mem.empty(n, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.send, dist.group.WORLD.group_name)
@@ -61,13 +50,13 @@ class CopyEngineExchange:
         dist.barrier()
 
     def _write(self, stream: torch.cuda.Stream, address: int, value: int) -> None:
-        _check(self.drv.cuStreamWriteValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
+        check(self.drv.cuStreamWriteValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
                                              value, 0))
 
     def _wait(self, stream: torch.cuda.Stream, address: int) -> None:
         """Wait until the slot is raised, then lower it (the next raise comes only after what follows it)."""
         flags = self.drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
-        _check(self.drv.cuStreamWaitValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
+        check(self.drv.cuStreamWaitValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
                                             1, flags))
         self._write(stream, address, 0)
 
@@ -84,7 +73,7 @@ class CopyEngineExchange:
             self._wait(stream, self.pads[me] + 4 * j)  # peer j's data is ready
             dst = recv.data_ptr() + j * self.chunk_bytes
             src = self.buffers[j] + me * self.chunk_bytes
-            _check(self.drv.cuMemcpyDtoDAsync(self.drv.CUdeviceptr(dst), self.drv.CUdeviceptr(src), self.chunk_bytes,
+            check(self.drv.cuMemcpyDtoDAsync(self.drv.CUdeviceptr(dst), self.drv.CUdeviceptr(src), self.chunk_bytes,
                                               self.drv.CUstream(stream.cuda_stream)))
             self._write(stream, self.pads[j] + 4 * (world + me), 1)  # finished reading peer j's
             current.wait_stream(stream)
@@ -97,7 +86,7 @@ def copy_engine_timers(timed, beside, device: torch.device, found: dict[str, obj
     takes alone and beside the GEMM (the same beside it: a timer no attention delays and no GIL holds up).
     A host-to-device copy of pinned bytes (PCIe), and a 2D device copy of one-byte rows (the copy engine's row
     rate, in little memory)."""
-    drv = _driver()
+    drv = driver()
     stream = torch.cuda.Stream(device)
     pinned = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
     landing = torch.empty(64 << 20, dtype=torch.uint8, device=device)
@@ -116,7 +105,7 @@ def copy_engine_timers(timed, beside, device: torch.device, found: dict[str, obj
         params.dstDevice = drv.CUdeviceptr(narrow.data_ptr() + 1)
         params.srcPitch = params.dstPitch = 2
         params.WidthInBytes, params.Height = 1, rows
-        _check(drv.cuMemcpy2DAsync(params, drv.CUstream(stream.cuda_stream)))
+        check(drv.cuMemcpy2DAsync(params, drv.CUstream(stream.cuda_stream)))
         torch.cuda.current_stream().wait_stream(stream)
 
     for name, fn in (("h2d_64MiB", h2d), ("rows_2d_1M", rows_2d)):

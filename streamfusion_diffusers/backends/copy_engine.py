@@ -31,22 +31,10 @@ from torch import Tensor
 
 from ..core.mesh import Group
 from .base import Handle
+from .cuda_driver import check, driver
 from .torch_dist import TorchTransport, _end_to_end
 
 SLOTS = 2  # buffers per (group, size), used in turn
-
-
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        from cuda import cuda as driver  # cuda-python before 12.6
-    return driver
-
-
-def _check(result: tuple) -> None:
-    if int(result[0]) != 0:
-        raise RuntimeError(f"CUDA driver call failed: {result[0]}")
 
 
 @dataclass
@@ -68,7 +56,7 @@ class CopyEngineTransport(TorchTransport):
 
     def __init__(self) -> None:
         super().__init__()
-        self._driver = _driver()
+        self._driver = driver()
         self._slots: dict[tuple[str, int], list[_Slot]] = {}
         self._turn: dict[tuple[str, int], int] = {}
         self._side: torch.cuda.Stream | None = None
@@ -107,7 +95,7 @@ class CopyEngineTransport(TorchTransport):
         for j, stream in enumerate(pulls):
             stream.wait_event(posted)
             self._lower(stream, slot.pads[me] + 4 * j)  # peer j's data is ready
-            _check(drv.cuMemcpyDtoDAsync(drv.CUdeviceptr(recv.data_ptr() + j * chunk),
+            check(drv.cuMemcpyDtoDAsync(drv.CUdeviceptr(recv.data_ptr() + j * chunk),
                                          drv.CUdeviceptr(slot.buffers[j] + me * chunk), chunk,
                                          drv.CUstream(stream.cuda_stream)))
             self._raise(stream, slot.pads[j] + 4 * (size + me))  # I have read peer j's piece
@@ -154,14 +142,14 @@ class CopyEngineTransport(TorchTransport):
 
     def _raise(self, stream: torch.cuda.Stream, address: int) -> None:
         drv = self._driver
-        _check(drv.cuStreamWriteValue32(drv.CUstream(stream.cuda_stream), drv.CUdeviceptr(address), 1, 0))
+        check(drv.cuStreamWriteValue32(drv.CUstream(stream.cuda_stream), drv.CUdeviceptr(address), 1, 0))
 
     def _lower(self, stream: torch.cuda.Stream, address: int) -> None:
         """Wait until the flag is raised, then lower it: it is raised again only after what follows here."""
         drv = self._driver
         flags = drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
-        _check(drv.cuStreamWaitValue32(drv.CUstream(stream.cuda_stream), drv.CUdeviceptr(address), 1, flags))
-        _check(drv.cuStreamWriteValue32(drv.CUstream(stream.cuda_stream), drv.CUdeviceptr(address), 0, 0))
+        check(drv.cuStreamWaitValue32(drv.CUstream(stream.cuda_stream), drv.CUdeviceptr(address), 1, flags))
+        check(drv.cuStreamWriteValue32(drv.CUstream(stream.cuda_stream), drv.CUdeviceptr(address), 0, 0))
 
 
 class _Pulled:

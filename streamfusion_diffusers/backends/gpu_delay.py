@@ -30,6 +30,7 @@ import time
 import torch
 
 from ..core.logs import say_once
+from .cuda_driver import check, driver
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +38,6 @@ log = logging.getLogger(__name__)
 _GIL_SWITCH_S = 1e-4
 MAX_UNRELEASED = 8  # bookings the host may post beyond the last one the thread released (about two layers)
 _ROOM_POLL_S = 2e-4
-
-
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        from cuda import cuda as driver  # cuda-python before 12.6
-    return driver
-
-
-def _check(result: tuple) -> tuple:
-    err, *rest = result
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA driver call failed: {err}")
-    return tuple(rest)
 
 
 def _sleep_until(deadline: float) -> None:
@@ -64,12 +50,12 @@ class NicQueue:
     """One direction of one rank's NIC: bookings run one after another, each from when its data is ready."""
 
     def __init__(self, device: torch.device):
-        self._driver = _driver()
+        self._driver = driver()
         self.device = device
         self.stream = torch.cuda.Stream(device)
         self._done = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # bookings finished, raised by the thread
         self._done_view = self._done.numpy()
-        (self._done_ptr,) = _check(self._driver.cuMemHostGetDevicePointer(self._done.data_ptr(), 0))
+        (self._done_ptr,) = check(self._driver.cuMemHostGetDevicePointer(self._done.data_ptr(), 0))
         self._posted = 0
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         if sys.getswitchinterval() > _GIL_SWITCH_S:
@@ -98,7 +84,7 @@ class NicQueue:
         self._posted += 1
         self._jobs.put((ready, time.perf_counter(), seconds, self._posted))
         flags = self._driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
-        _check(self._driver.cuStreamWaitValue32(self._driver.CUstream(self.stream.cuda_stream), self._done_ptr,
+        check(self._driver.cuStreamWaitValue32(self._driver.CUstream(self.stream.cuda_stream), self._done_ptr,
                                                 self._posted, flags))
         return self.stream.record_event()
 

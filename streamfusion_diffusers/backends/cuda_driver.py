@@ -1,0 +1,23 @@
+"""The CUDA driver API through cuda-bindings (which CUDA torch wheels bring): stream memory operations and copies
+that torch does not expose, for the emulated link's host-held bookings and the copy-engine transport."""
+from __future__ import annotations
+
+
+def driver():
+    """cuda-bindings' driver module (ImportError without cuda-bindings)."""
+    try:
+        from cuda.bindings import driver as module
+    except ImportError:
+        from cuda import cuda as module  # cuda-python before 12.6
+    return module
+
+
+def check(result: tuple) -> tuple:
+    """A driver call's results after its error code; raises on an error."""
+    err, *rest = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA driver call failed: {err}")
+    return tuple(rest)
+
+
+__all__ = ["check", "driver"]
