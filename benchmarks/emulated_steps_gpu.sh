@@ -22,7 +22,8 @@ for c in $cases; do
     --methods "$method" --layouts "$layout" --warmup 1 --iters 2 --timeout 150 \
     --out "$OUT/$name" > "$OUT/$name.log" 2>&1
   echo "$name: exit $?" >> "$OUT/emulated_steps.log"
-  cp "$OUT/$name/table.md" "$OUT/$name.md" 2>/dev/null
+  cat "$OUT/$name/table.md" >> "$OUT/emulated_steps.log" 2>/dev/null
   rm -rf "$OUT/$name"
-  tail -c 3000 "$OUT/$name.log" > "$OUT/$name.tail"; rm "$OUT/$name.log"
+  grep -E "^streamfusion: rank" "$OUT/$name.log" | cut -c1-900 >> "$OUT/emulated_steps.log"  # a stall's report
+  gzip -f "$OUT/$name.log"  # every rank's stacks, lines marked "rank N| "
 done
