@@ -1,6 +1,6 @@
 """Fallbacks and choices are said once per job, on global rank 0 (4 gloo processes): a job of two nvshmem
-contexts and a copy-engine one without a GPU (the fallbacks), method "auto" and a parallelized tiny Flux forward logs each message
-once in all, not once per rank or per context."""
+contexts and a copy-engine one without a GPU (the fallbacks), method "auto" and a parallelized tiny Flux forward
+logs each message once in all, not once per rank or per context."""
 from __future__ import annotations
 
 import logging

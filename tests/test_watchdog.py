@@ -81,6 +81,7 @@ def test_the_waiting_line_says_what_completed_last_and_how_many_wait_behind():
             time.sleep(0.01)
         line = waiting_line()
         assert line.startswith("the GPU waits for attention layer 7, ring pass from rank 3, posted 2."), line
-        assert line.endswith("(the last seen complete: attention layer 6, end of layer); 1 more pending behind it"), line
+        assert line.endswith("(the last seen complete: attention layer 6, end of layer); 1 more pending behind it"), \
+            line
     finally:
         dog.close()

@@ -216,9 +216,9 @@ class EmulatedTransport:
     def drain_link(self) -> None:
         """Wait, the GIL free, until the emulated link released every transfer booked so far. A host thread
         releases them on GPUs (gpu_delay.py); a rank whose host then blocked in another wait on the GPU (an
-        `.item()`, a copy to the CPU, a barrier) while bookings were pending never saw them released (BENCHMARKS.md,
-        sessions 34 and 42), so the transformer's forward ends here (diffusers/sharding.py's ForwardHook) before
-        the pipeline's own waits."""
+        `.item()`, a copy to the CPU, a barrier) while bookings were pending never saw them released (BENCHMARKS.md:
+        the emulated step that stopped), so the transformer's forward ends here (diffusers/sharding.py's
+        ForwardHook) before the pipeline's own waits."""
         self.nic.drain()
 
     def _remote(self, group: Group, peer: int) -> bool:

@@ -148,7 +148,8 @@ def report_and_exit(head: str) -> NoReturn:
 
 
 def _marked(rank: int, lines: list[str], head: str = "") -> bytes:
-    return "".join([f"{head}\n" if head else "", *(f"rank {rank}| {line}\n" for line in lines if line.strip())]).encode()
+    marked = (f"rank {rank}| {line}\n" for line in lines if line.strip())
+    return "".join([f"{head}\n" if head else "", *marked]).encode()
 
 
 def _native_stacks() -> list[str]:

@@ -65,8 +65,8 @@ class Stats:
 def settle(device: torch.device) -> None:
     """Wait for this rank's queued GPU work in torch.cuda.synchronize, the one wait a rank may make while an
     emulated link holds bookings: they are released by a host thread (backends/gpu_delay.py), and a rank that
-    blocked in a barrier or a `.item()` with bookings pending never saw them released (BENCHMARKS.md, sessions
-    34 and 42); a synchronize first leaves those calls nothing queued to wait on."""
+    blocked in a barrier or a `.item()` with bookings pending never saw them released (BENCHMARKS.md: the emulated
+    barrier and step that stopped); a synchronize first leaves those calls nothing queued to wait on."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -181,5 +181,6 @@ def deadline(seconds: float) -> Iterator[None]:
 def _expired(seconds: float) -> None:
     faulthandler.cancel_dump_traceback_later()  # Python runs: the report below, py-spy's included, replaces it
     nic = nic_state()
-    report_and_exit(f"streamfusion: rank {this_rank()}: nothing finished within {seconds:g} s (--timeout); {waiting_line()}"
-                    f"{'; ' + nic if nic else ''}; every thread's stack follows, then this rank exits (code {EXIT_CODE})")
+    report_and_exit(f"streamfusion: rank {this_rank()}: nothing finished within {seconds:g} s (--timeout); "
+                    f"{waiting_line()}{'; ' + nic if nic else ''}; every thread's stack follows, then this rank exits "
+                    f"(code {EXIT_CODE})")

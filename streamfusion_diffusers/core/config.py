@@ -40,9 +40,9 @@ class ParallelConfig:
     machines, Ring inside) | torus (TAS with Pull Q / Pull KV / Push O stages). backend: how bytes move
     ("torch": torch.distributed's NCCL or gloo; "copy-engine": the same, its even all-to-alls on GPUs pulled by
     the copy engines, which need no SM and so run beside a GEMM that fills them all; "nvshmem": one-sided puts
-    into symmetric memory; both fall back to "torch" with one warning where they cannot run). kernel: local attention ("auto", "reference",
-    "sdpa", "fused"). timeout_s: the longest any collective may wait before it fails instead of hanging.
-    strict: raise instead of falling back when the asked-for backend cannot run. emulate_link: make transfers
+    into symmetric memory; both fall back to "torch" with one warning where they cannot run). kernel: local
+    attention ("auto", "reference", "sdpa", "fused"). timeout_s: the longest any collective may wait before it
+    fails instead of hanging. strict: raise instead of falling back when the asked-for backend cannot run. emulate_link: make transfers
     between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's
     GPUs, split into `machines` groups, stand in for a cluster. method "auto": the layout (method, U, R, T and
     the kernel, when kernel is "auto") is chosen at the first `sp_attention` call from the attention shape and
