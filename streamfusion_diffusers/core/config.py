@@ -42,9 +42,9 @@ class ParallelConfig:
     the copy engines, which need no SM and so run beside a GEMM that fills them all; "nvshmem": one-sided puts
     into symmetric memory; both fall back to "torch" with one warning where they cannot run). kernel: local
     attention ("auto", "reference", "sdpa", "fused"). timeout_s: the longest any collective may wait before it
-    fails instead of hanging. strict: raise instead of falling back when the asked-for backend cannot run. emulate_link: make transfers
-    between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's
-    GPUs, split into `machines` groups, stand in for a cluster. method "auto": the layout (method, U, R, T and
+    fails instead of hanging. strict: raise instead of falling back when the asked-for backend cannot run.
+    emulate_link: make transfers between machines as slow as this link (a preset: dgx, p4de, p5, or
+    'GBPS:LATENCY_US'), so that one host's GPUs, split into `machines` groups, stand in for a cluster. method "auto": the layout (method, U, R, T and
     the kernel, when kernel is "auto") is chosen at the first `sp_attention` call from the attention shape and
     the cluster, by `choice.choose`: a recipe entry for that shape, else the cost model. recipe: where "auto"
     looks (a packaged name, a YAML file or a folder of them; None: the packaged recipes). cfg: classifier-free-
