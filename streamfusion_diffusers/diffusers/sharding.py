@@ -213,9 +213,10 @@ class ForwardHook(ModelHook):
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
         self.state.layout, self.state.masks_checked, self.state.key_padding = None, (), False
-        drain_link = getattr(self.ctx.transport, "drain_link", None)  # an emulated link's transport only
-        if drain_link is not None and not torch.compiler.is_compiling():
-            drain_link()
+        if not torch.compiler.is_compiling():
+            drain_link = getattr(self.ctx.transport, "drain_link", None)  # an emulated link's transport only
+            if drain_link is not None:
+                drain_link()
         return output
 
 
