@@ -51,13 +51,13 @@ class CopyEngineExchange:
 
     def _write(self, stream: torch.cuda.Stream, address: int, value: int) -> None:
         check(self.drv.cuStreamWriteValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
-                                             value, 0))
+                                            value, 0))
 
     def _wait(self, stream: torch.cuda.Stream, address: int) -> None:
         """Wait until the slot is raised, then lower it (the next raise comes only after what follows it)."""
         flags = self.drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
         check(self.drv.cuStreamWaitValue32(self.drv.CUstream(stream.cuda_stream), self.drv.CUdeviceptr(address),
-                                            1, flags))
+                                           1, flags))
         self._write(stream, address, 0)
 
     def __call__(self, recv: torch.Tensor) -> None:
@@ -74,7 +74,7 @@ class CopyEngineExchange:
             dst = recv.data_ptr() + j * self.chunk_bytes
             src = self.buffers[j] + me * self.chunk_bytes
             check(self.drv.cuMemcpyDtoDAsync(self.drv.CUdeviceptr(dst), self.drv.CUdeviceptr(src), self.chunk_bytes,
-                                              self.drv.CUstream(stream.cuda_stream)))
+                                             self.drv.CUstream(stream.cuda_stream)))
             self._write(stream, self.pads[j] + 4 * (world + me), 1)  # finished reading peer j's
             current.wait_stream(stream)
         for j in range(world):  # nobody reads my buffer any more before I may write it again

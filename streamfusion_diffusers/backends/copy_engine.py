@@ -96,8 +96,8 @@ class CopyEngineTransport(TorchTransport):
             stream.wait_event(posted)
             self._lower(stream, slot.pads[me] + 4 * j)  # peer j's data is ready
             check(drv.cuMemcpyDtoDAsync(drv.CUdeviceptr(recv.data_ptr() + j * chunk),
-                                         drv.CUdeviceptr(slot.buffers[j] + me * chunk), chunk,
-                                         drv.CUstream(stream.cuda_stream)))
+                                        drv.CUdeviceptr(slot.buffers[j] + me * chunk), chunk,
+                                        drv.CUstream(stream.cuda_stream)))
             self._raise(stream, slot.pads[j] + 4 * (size + me))  # I have read peer j's piece
         return _Pulled(slot, [stream.record_event() for stream in pulls])
 

@@ -85,7 +85,7 @@ class NicQueue:
         self._jobs.put((ready, time.perf_counter(), seconds, self._posted))
         flags = self._driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
         check(self._driver.cuStreamWaitValue32(self._driver.CUstream(self.stream.cuda_stream), self._done_ptr,
-                                                self._posted, flags))
+                                               self._posted, flags))
         return self.stream.record_event()
 
     def _serve(self) -> None:
