@@ -12,7 +12,7 @@ timeout 200 python -m pytest -x -q tests/test_copy_engine_gpu.py tests/test_grap
   > "$OUT/ce_tests.log" 2>&1
 echo "tests: exit $?" > "$OUT/copy_engine.log"; tail -3 "$OUT/ce_tests.log" >> "$OUT/copy_engine.log"
 timeout 120 torchrun --nproc-per-node 4 benchmarks/ce_a2a_probe.py > "$OUT/ce_probe.log" 2>&1
-echo "probe: exit $?" >> "$OUT/copy_engine.log"; grep -E "^[a-z@+_\[\]0-9]+: |^\{" "$OUT/ce_probe.log" | head -60 >> "$OUT/copy_engine.log"
+echo "probe: exit $?" >> "$OUT/copy_engine.log"; grep -E '^[^ ]+_(us|exact|error): |^\{' "$OUT/ce_probe.log" | head -60 >> "$OUT/copy_engine.log"
 timeout 200 torchrun --nproc-per-node 4 benchmarks/overlap_bench.py --workloads flux-dev:1024 \
   --variants stock,mlp,stock+ce,mlp+ce,mlp@0+ce --graph graph --repeats 10 --out "$OUT/ce_step.json" \
   > "$OUT/ce_step.log" 2>&1
