@@ -32,7 +32,7 @@ from torch import Tensor
 from ..core.mesh import Group
 from .base import Handle
 from .cuda_driver import check, driver
-from .torch_dist import TorchTransport, _end_to_end
+from .torch_dist import _ASYNC, TorchTransport, _end_to_end
 
 SLOTS = 2  # buffers per (group, size), used in turn
 
@@ -68,12 +68,11 @@ class CopyEngineTransport(TorchTransport):
                    group: Group) -> Handle:
         packed = _end_to_end(sends) if group.size > 1 else None
         unpacked = _end_to_end(recvs) if packed is not None else None
-        if packed is None or unpacked is None or not packed[0].is_cuda or not _even(packed[1], unpacked[1]) or \
-                packed[0].dtype != unpacked[0].dtype:
-            return super().all_to_all(sends, recvs, group)
-        slot = self._slot(group, packed[0])
-        if slot is None:  # a new size inside a CUDA-graph capture, where no buffer can be made: NCCL's
-            return super().all_to_all(sends, recvs, group)
+        if unpacked is None or unpacked[0].dtype != packed[0].dtype:
+            return self._by_pieces(sends, recvs, group)
+        slot = self._slot(group, packed[0]) if packed[0].is_cuda and _even(packed[1], unpacked[1]) else None
+        if slot is None:  # uneven, on the CPU, or a new size inside a CUDA-graph capture (no buffer made there)
+            return group.pg.alltoall_base(unpacked[0], packed[0], unpacked[1], packed[1], _ASYNC)
         return self._pull(packed[0], unpacked[0], group, slot)
 
     def _pull(self, send: Tensor, recv: Tensor, group: Group, slot: _Slot) -> Handle:

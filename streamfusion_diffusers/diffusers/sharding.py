@@ -213,10 +213,8 @@ class ForwardHook(ModelHook):
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
         self.state.layout, self.state.masks_checked, self.state.key_padding = None, (), False
-        if not torch.compiler.is_compiling():
-            drain_link = getattr(self.ctx.transport, "drain_link", None)  # an emulated link's transport only
-            if drain_link is not None:
-                drain_link()
+        if self.ctx.config.emulate_link is not None and not torch.compiler.is_compiling():
+            self.ctx.transport.drain_link()  # EmulatedTransport's, through the wrappers outside it
         return output
 
 
