@@ -5,6 +5,7 @@ the kernels' state of kernels/), so it sits above them and below attention/, whi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import weakref
@@ -91,6 +92,7 @@ class ParallelContext:
         self.chosen: dict[tuple, Chosen] = {}  # method "auto": the chooser's answer per attention shape
         self.agreed: set[tuple] = set()  # sp_attention shapes every rank has agreed on (attention/agreement.py)
         self.plans: dict[tuple, object] = {}  # per sp_attention shape, what the call runs (attention/layer.py)
+        self._on_close: list[Callable[[], None]] = []
         self.fault = None  # verify --self-test only: a deliberate fault for the schedules (attention/faults.py)
         self._cfg: CfgGroups | None = None
         if self.worlds:
@@ -204,7 +206,8 @@ class ParallelContext:
 
     def close(self) -> None:
         """Forget what this context keeps: meshes, process groups (shared ones too), layout and kernel choices,
-        agreed shapes, captured tables; stop the transport's watchdog; compiled code can no longer reach it."""
+        agreed shapes, captured tables, what asked to be released (on_close); stop the transport's watchdog;
+        compiled code can no longer reach it."""
         self.groups.clear()
         self._meshes.clear()
         self._by_heads.clear()
@@ -212,8 +215,15 @@ class ParallelContext:
         self.agreed.clear()
         self.plans.clear()
         self.kernels.clear()
+        while self._on_close:
+            self._on_close.pop()()
         self.transport.close()
         _LIVE.pop(self.handle, None)
+
+    def on_close(self, release: Callable[[], None]) -> None:
+        """Run `release` when the context closes: what holds work on its process groups (CUDA graphs that
+        captured NCCL calls) lets go of it before the groups are destroyed."""
+        self._on_close.append(release)
 
     def __repr__(self) -> str:
         return f"ParallelContext({self.config}, rank={self.global_rank}/{self.job_size})"
@@ -247,20 +257,26 @@ def context_of(handle: int) -> ParallelContext:
 
 
 def shutdown(ctx: ParallelContext | None = None, destroy: bool = True) -> None:
-    """Empty the context's caches (ctx.close), finalize NVSHMEM (when it was started) and destroy the process
-    group; every rank calls it at the end. The job is over: messages said once are said again in the next.
-    destroy=False leaves the process group to the process's exit (a rank process about to end: runtime/rank.py).
+    """End the job on this rank: close every live context (`ctx` and any other: ctx.close), finalize NVSHMEM
+    (when it was started) and destroy the process group; every rank calls it at the end. The job is over: messages
+    said once are said again in the next. destroy=False leaves the process group to the process's exit (a rank
+    process about to end: runtime/rank.py).
 
     Both are collective; the barrier first bounds the wait for late ranks by the process group's timeout.
     NVSHMEM is one runtime per process (backends/nvshmem_runtime.py), shared by every context, so it is torn down
-    here, with the process group, rather than by one context.
+    here, with the process group, rather than by one context. A CUDA graph that captured NCCL calls holds them
+    until it is freed, and NCCL's communicator teardown waits for that: the contexts free their graphs (on_close),
+    and unreachable ones are collected, before the groups are destroyed.
     """
     if dist.is_initialized():
         dist.barrier()
-    if ctx is not None:
-        ctx.close()
+    for live in dict.fromkeys([ctx] * (ctx is not None) + list(_LIVE.values())):
+        live.close()
     nvshmem.close()
     forget_said()
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     if destroy and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -1,7 +1,7 @@
 """What a ParallelContext keeps (process groups, meshes, method "auto"'s choices, agreed shapes, the kernels'
 choices and captured tables, the transport's watchdog) lives on it and is gone after shutdown(ctx): no module
-global keeps the context alive, and two contexts in one process never share a kernel choice; a context made with
-groups=ctx.groups reuses its process groups instead of creating its own (2 ranks)."""
+global keeps the context alive, every live context is closed (what it was asked to release released), and two
+contexts in one process never share a kernel choice; a context made with groups=ctx.groups reuses its process groups instead of creating its own (2 ranks)."""
 from __future__ import annotations
 
 import gc
@@ -52,6 +52,9 @@ def _run_then_shut_down() -> dict:
     before = _kept(ctx)
     shared = other.groups is ctx.groups
     alive, handle = weakref.ref(ctx), ctx.handle
+    released: list[str] = []  # what holds work on the groups (CUDA graphs) lets go, the other context's too
+    ctx.on_close(lambda: released.append("ctx"))
+    other.on_close(lambda: released.append("other"))
     shutdown(ctx)
     after = _kept(ctx)
     try:
@@ -62,7 +65,7 @@ def _run_then_shut_down() -> dict:
     del ctx, other
     gc.collect()
     return {"before": before, "after": after, "shared": shared, "picks": picks, "standalone": len(current().local),
-            "alive": alive() is not None, "reachable": reachable}
+            "alive": alive() is not None, "reachable": reachable, "released": sorted(released)}
 
 
 def test_shutdown_empties_what_the_context_keeps(pool):
@@ -72,6 +75,7 @@ def test_shutdown_empties_what_the_context_keeps(pool):
         assert all(n == 0 for n in res["after"].values()), res
         assert res["picks"] == ("sdpa", "fused") and res["standalone"] == 0, res  # each context its own choice
         assert not res["alive"] and not res["reachable"], res  # no module global keeps the context
+        assert res["released"] == ["ctx", "other"], res  # every live context closed, each release run once
 
 
 class _Event:

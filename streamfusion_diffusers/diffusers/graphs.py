@@ -169,6 +169,7 @@ class GraphedForward(ModelHook):
         self.stats = GraphStats(budget_bytes=budget_bytes)
         self.horizon: int | None = None  # calls left in this generation (None: unbounded, as a server's)
         self.variant: Any = None  # what the calls depend on beyond their inputs (set_variant), part of each key
+        ctx.on_close(self.release)
 
     def _pays(self) -> bool:
         """Whether a capture now is followed by enough replays to pay for it."""
@@ -229,6 +230,16 @@ class GraphedForward(ModelHook):
             self._free(next(iter(self.graphs)))
             self.stats.evicted += 1
         return captured
+
+    def deinitalize_hook(self, module: torch.nn.Module) -> torch.nn.Module:  # diffusers' spelling
+        """The hook is removed (unparallelize): its graphs go with it."""
+        self.release()
+        return module
+
+    def release(self) -> None:
+        """Free every graph (the context closes: NCCL's teardown waits for the graphs that captured its calls)."""
+        while self.graphs:
+            self._free(next(iter(self.graphs)))
 
     def _free(self, key: tuple) -> None:
         """Free one graph and its memory pool."""
