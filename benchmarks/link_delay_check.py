@@ -5,7 +5,7 @@ max(A, D) ms after both become ready. This times a booking beside a full-GPU cuD
 Ulysses U2 share, about 10 ms on an H200), both waiting on the same preceding kernel, as in a layer:
 
 - sleep: the old booking, `torch.cuda._sleep` cycles on a side stream (needs an SM to run);
-- nic: `NicQueue`, held by a host thread, the stream waiting on a pinned-memory counter (no SM).
+- nic: `NicQueue`, a copy between pinned host memory and the GPU sized to the booked time (a copy engine, no SM).
 
 Columns: the delay alone (idle GPU), the attention's end, the booking's end, the ideal max(A, D), and the
 excess over it; then a train of 50 bookings of 0.1 ms on one queue (ideal 5 ms). Medians of 5.
@@ -27,7 +27,7 @@ def main() -> None:
     q = torch.randn(1, 12, 33024, 128, device=dev, dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     rate = sleep_cycles_per_second(dev)
-    side, nic = torch.cuda.Stream(dev), NicQueue(dev)
+    side, nic = torch.cuda.Stream(dev), NicQueue(dev, to_gpu=True)
 
     def book(kind: str, seconds: float) -> torch.cuda.Event:
         if kind == "nic":

@@ -4,13 +4,12 @@ graph, with the output checked against the stock path's.
 
 One torchrun job (P = its world size, ulysses 1 x P): per workload the transformer is built once (bf16, random
 weights), then for each graph mode and each variant ("stock": no overlap; "mlp": the single blocks' MLP beside
-the exchanges, "mlp@C" with C SMs left to them; an integer G: head groups pipelined, with the MLP overlap off;
-any of them with "+ce": over the copy-engine transport, whose all-to-alls take no SM) it is parallelized and its steps
-timed (the slowest rank's median of --repeats; CUDA events, one synchronize per step). Per row also the relative
-error of the step's output against the stock path's, the same mode. --profile adds one profiled step per row
-(rank 0's): each CUDA stream's busy time beside the wall (shard_bench.profile_step): with the exchanges hidden,
-the compute stream's busy time comes closer to the wall, and the NCCL stream's time overlaps it. --trace DIR also
-writes each profiled step as a Chrome trace (Perfetto). One JSON line per row on stdout, all rows in --out.
+the exchanges, "mlp@C" with C SMs left to them; an integer G: head groups pipelined, with the MLP overlap off) it is
+parallelized and its steps timed (the slowest rank's median of --repeats; CUDA events, one synchronize per step). Per
+row also the relative error of the step's output against the stock path's, the same mode. --profile adds one profiled
+step per row (rank 0's): each CUDA stream's busy time beside the wall (shard_bench.profile_step): with the exchanges
+hidden, the compute stream's busy time comes closer to the wall, and the NCCL stream's time overlaps it. --trace DIR
+also writes each profiled step as a Chrome trace (Perfetto). One JSON line per row on stdout, all rows in --out.
 
     torchrun --nproc-per-node 4 benchmarks/overlap_bench.py --workloads flux-dev:1024 qwen-image:1328 --profile
 """
@@ -57,14 +56,11 @@ def _step_ms(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, de
 
 
 def _config(variant: str) -> ParallelConfig:
-    """A variant's config; "+ce" at its end: over the copy-engine transport (its all-to-alls take no SM)."""
-    variant, ce = variant.removesuffix("+ce"), variant.endswith("+ce")
-    transport = {"backend": "copy-engine", "strict": True} if ce else {}
     if variant.startswith("mlp@"):  # mlp@C: the MLP overlap with its GEMMs leaving C SMs to the exchanges (mlp: the default)
-        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]), **transport)
+        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]))
     if variant in ("stock", "mlp"):
-        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp", **transport)
-    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False, **transport)
+        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp")
+    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False)
 
 
 def run(spec: str, variants: list[str], graph_modes: list[bool], repeats: int, device: torch.device,

@@ -1,6 +1,7 @@
 """The emulated link's bookings on a GPU behave like a NIC's transfers: they overlap an attention kernel that
-fills every SM (a sleep kernel cannot: it waits for the attention to end), and bookings on one queue run one
-after another. One GPU; needs cuda-bindings (it comes with CUDA torch wheels)."""
+fills every SM (a sleep kernel cannot: it waits for the attention to end), bookings on one queue run one after
+another, a host blocked on the GPU with bookings pending goes on, and a CUDA graph replays a booking's time. One
+GPU; needs cuda-bindings (it comes with CUDA torch wheels)."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,7 +36,7 @@ def test_a_booking_overlaps_attention_that_fills_every_sm():
     from streamfusion_diffusers.backends.emulated import _gpu_queues
 
     send, _ = _gpu_queues(torch.cuda.current_device())
-    assert send.nic is not None, "host-held bookings unavailable: the emulated link would serialize transfers"
+    assert send.nic is not None, "copy-engine bookings unavailable: the emulated link would serialize transfers"
     attend = _attention()
     attend()
     attention_ms = min(_ms(attend) for _ in range(3))
@@ -74,22 +75,43 @@ for _ in range({rounds}):
     for queue in (send, receive):
         torch.cuda.current_stream().wait_event(queue.book(2e-3))
     x = x @ x.t() / 4096  # kernels between bookings, as layers put them
-{drain}
 print("item", float(x.float().norm().item()))  # the host blocks here until the GPU is done
 """
 
 
-@pytest.mark.parametrize("drain", [False, True])
-def test_a_host_blocked_on_the_gpu_with_bookings_pending_finishes(drain):
-    """A rank's host that blocks in a GPU wait (`.item()`) while its link still holds bookings: the GPU waits for
-    bookings that a host thread releases. The emulated step over 2 x 2 stopped in this state (BENCHMARKS.md);
-    `drain()` first (what a transformer forward now ends with) leaves the wait nothing booked."""
+def test_a_host_blocked_on_the_gpu_with_bookings_pending_finishes():
+    """A rank's host that blocks in a GPU wait (`.item()`) while its link still holds bookings: the emulated step
+    over 2 x 2 stopped in this state when a host thread released the bookings (BENCHMARKS.md)."""
     import subprocess
     import sys
 
-    code = _BLOCKED.format(rounds=12, drain="send.drain(); receive.drain()" if drain else "")
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-c", _BLOCKED.format(rounds=12)], capture_output=True, text=True,
+                              timeout=60)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the host's .item() did not return within 60 s with bookings pending (drain first: {drain})")
+        pytest.fail("the host's .item() did not return within 60 s with bookings pending")
     assert done.returncode == 0 and "item" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_cuda_graph_replays_a_bookings_time():
+    """Step-level graphs over an emulated link: a booking captured with the attention beside it holds its time
+    at every replay, as eagerly."""
+    from streamfusion_diffusers.backends.emulated import _gpu_queues
+    from streamfusion_diffusers.diffusers.graphs import capture
+
+    send, _ = _gpu_queues(torch.cuda.current_device())
+    attend = _attention()
+    attend()
+    seconds = 2 * min(_ms(attend) for _ in range(3)) * 1e-3
+
+    def booked_beside_attention():
+        event = send.book(seconds)
+        out = attend()
+        torch.cuda.current_stream().wait_event(event)
+        return out
+
+    eager = min(_ms(booked_beside_attention) for _ in range(3))
+    graph, _ = capture(booked_beside_attention)
+    replayed = min(_ms(graph.replay) for _ in range(3))
+    assert 0.97 * seconds * 1e3 < replayed < 1.15 * seconds * 1e3, (replayed, eager)
+    assert abs(replayed - eager) < 0.1 * eager, (replayed, eager)

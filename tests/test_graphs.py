@@ -83,8 +83,7 @@ def gpu_pool():
         yield pool
 
 
-BACKENDS = ["torch"] + (["copy-engine"] if importlib.util.find_spec("cuda") else []) + \
-    (["nvshmem"] if importlib.util.find_spec("nvshmem") else [])
+BACKENDS = ["torch"] + (["nvshmem"] if importlib.util.find_spec("nvshmem") else [])
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """Fallbacks and choices are said once per job, on global rank 0 (4 gloo processes): a job of two nvshmem
-contexts and a copy-engine one without a GPU (the fallbacks), method "auto" and a parallelized tiny Flux forward
-logs each message once in all, not once per rank or per context."""
+contexts without a GPU (the fallback), method "auto" and a parallelized tiny Flux forward logs each message
+once in all, not once per rank or per context."""
 from __future__ import annotations
 
 import logging
@@ -40,8 +40,7 @@ def job_messages() -> list[tuple[int, str]]:
     package.setLevel(logging.INFO)
     try:
         configs = [ParallelConfig(machines=2, gpus_per_machine=2, method="auto", backend="nvshmem"),
-                   ParallelConfig(machines=1, gpus_per_machine=4, method="ulysses", backend="nvshmem"),
-                   ParallelConfig(machines=1, gpus_per_machine=4, method="ring", backend="copy-engine")]
+                   ParallelConfig(machines=1, gpus_per_machine=4, method="ulysses", backend="nvshmem")]
         contexts = [init_parallel(c) for c in configs]
         case = FLUX_CASES["text-sharded-uneven-image"]
         model = build_transformer(case.config, seed=0)
@@ -61,14 +60,5 @@ def test_each_message_once_on_rank_0(pool):
     assert all(n == 1 for n in counts.values()), counts
     fallbacks = [t for level, t in per_rank[0] if level == logging.WARNING and "backend 'nvshmem' cannot run" in t]
     assert len(fallbacks) == 1 and "falling back" in fallbacks[0], per_rank[0]
-    copy_engine = [t for level, t in per_rank[0] if level == logging.WARNING and "'copy-engine' cannot run" in t]
-    assert len(copy_engine) == 1 and "does not run NCCL on GPUs" in copy_engine[0], per_rank[0]
     assert any(t.startswith("streamfusion auto:") for t in counts), counts
     assert any(t.startswith("parallelized FluxTransformer2DModel over 4 ranks") for t in counts), counts
-
-
-def test_the_copy_engine_backend_asked_strictly_says_why_it_cannot_run():
-    from streamfusion_diffusers.backends import make_transport
-
-    with pytest.raises(ValueError, match="backend 'copy-engine' cannot run: the job does not run NCCL on GPUs"):
-        make_transport("copy-engine", strict=True)

@@ -18,8 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300.0) -> Transport:
-    """The transport for ParallelConfig.backend: "torch" (or its aliases "nccl" and "gloo"), "copy-engine" (the
-    torch transport with its even all-to-alls pulled by the copy engines, copy_engine.py) or "nvshmem".
+    """The transport for ParallelConfig.backend: "torch" (or its aliases "nccl" and "gloo") or "nvshmem".
 
     "nvshmem" starts NVSHMEM on every rank (collective). Where it cannot run (no nvshmem4py, no GPU, a
     start-up failure) it logs one warning with the reason and returns the torch transport, or raises
@@ -27,10 +26,8 @@ def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300
     """
     if backend in ("torch", "nccl", "gloo"):
         return TorchTransport()
-    if backend == "copy-engine":
-        return _copy_engine(strict)
     if backend != "nvshmem":
-        raise ValueError(f"unknown backend {backend!r}; use 'torch', 'copy-engine' or 'nvshmem'")
+        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'nvshmem'")
     from .nvshmem import nvshmem_transport
     from .nvshmem_runtime import NvshmemUnavailable
 
@@ -43,22 +40,3 @@ def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300
         say_once(logger, logging.WARNING, "streamfusion: backend 'nvshmem' cannot run: %s; falling back to the "
                  "two-sided torch transport (%s). Set strict=True to make this an error.", err, fallback)
         return TorchTransport()
-
-
-def _copy_engine(strict: bool) -> Transport:
-    """The copy-engine transport where it can run (NCCL on GPUs, cuda-bindings), else the torch transport with one
-    warning (or an error when strict)."""
-    import importlib.util
-
-    why = ("the job does not run NCCL on GPUs" if not dist.is_initialized() or dist.get_backend() != "nccl" else
-           "cuda-bindings is not installed (it comes with CUDA torch wheels)"
-           if importlib.util.find_spec("cuda") is None else None)
-    if why is None:
-        from .copy_engine import CopyEngineTransport
-
-        return CopyEngineTransport()
-    if strict:
-        raise ValueError(f"backend 'copy-engine' cannot run: {why}")
-    say_once(logger, logging.WARNING, "streamfusion: backend 'copy-engine' cannot run: %s; using the torch "
-             "transport. Set strict=True to make this an error.", why)
-    return TorchTransport()

@@ -1,5 +1,5 @@
 """The CUDA driver API through cuda-bindings (which CUDA torch wheels bring): stream memory operations and copies
-that torch does not expose, for the emulated link's host-held bookings and the copy-engine transport."""
+that torch does not expose, for the emulated link's copy-engine bookings and the probe benchmarks/ce_a2a_probe.py."""
 from __future__ import annotations
 
 

@@ -4,9 +4,10 @@ Wraps a real transport. Every transfer between ranks of different (virtual) mach
 and is also booked on this rank's outgoing and incoming network queues for bytes / bandwidth + latency; the
 transfer counts as done when both the real move and its booking are over. Queues are per rank, so
 back-to-back transfers wait for each other as on one NIC. Transfers inside a machine are untouched.
-On GPU the booking is held by a host thread that the queue's stream waits on without an SM (`gpu_delay.py`:
-a sleep kernel there would wait for the attention filling every SM, and no transfer would ever overlap it);
-inside a CUDA-graph capture, or without cuda-bindings, it falls back to a sleep kernel. The host never blocks.
+On GPU the booking is a copy between pinned host memory and the GPU, sized to take the booked time, on the
+queue's stream (`gpu_delay.py`): the copy engines hold it without an SM (a sleep kernel there would wait for the
+attention filling every SM, and no transfer would ever overlap it) and without the host, so a CUDA graph replays
+it too. Without cuda-bindings, or with one hardware queue, it falls back to a sleep kernel. The host never blocks.
 On the CPU the booking is a deadline the handle sleeps until.
 What crosses machines is also counted (`counted`), so that the cost model's volumes can be checked against it.
 """
@@ -50,9 +51,6 @@ class Crossed:
 class _HostQueue:
     def __init__(self) -> None:
         self.busy_until = 0.0
-
-    def drain(self) -> None:
-        """Nothing is held: a CPU transfer's handle sleeps its booking out when waited on."""
 
     def book(self, seconds: float) -> float:
         start = max(time.perf_counter(), self.busy_until)
@@ -105,37 +103,30 @@ class _SleepQueue:
 
 
 class _GpuQueue:
-    """One direction of this GPU's emulated NIC: bookings held by a host thread, sleep kernels while capturing."""
+    """One direction of this GPU's emulated NIC: bookings held by the copy engines, else sleep kernels."""
 
-    def __init__(self, device: torch.device):
-        self.sleep = _SleepQueue(device)  # made up front: its calibration cannot run inside a graph capture
+    def __init__(self, device: torch.device, to_gpu: bool):
+        self.sleep: _SleepQueue | None = None
         self.nic: object | None = None
         if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
             # one hardware queue: kernels start in launch order, so a sleep posted before the attention runs
-            # beside it, while a stream waiting on the host would stall every stream behind it (measured)
+            # beside it, while a copy in that queue would hold up every stream behind it
             say_once(log, logging.INFO, "emulated link: CUDA_DEVICE_MAX_CONNECTIONS=1, bookings are sleep kernels")
+            self.sleep = _SleepQueue(device)
             return
         try:
             from .gpu_delay import NicQueue
-            self.nic = NicQueue(device)
-        except Exception as err:  # no cuda-bindings, or no stream memory operations on this GPU / driver
-            say_once(log, logging.WARNING, "emulated link: no host-held bookings (%s); using sleep kernels, which "
+            self.nic = NicQueue(device, to_gpu)
+        except Exception as err:  # no cuda-bindings, or no copy this driver takes
+            say_once(log, logging.WARNING, "emulated link: no copy-engine bookings (%s); using sleep kernels, which "
                      "attention delays, so transfers that would overlap it are emulated as serial", err)
+            self.sleep = _SleepQueue(device)
 
     def state(self) -> str:
         return self.nic.state() if self.nic is not None else "sleep kernels"
 
-    def drain(self) -> None:
-        if self.nic is not None:
-            self.nic.drain()
-
     def book(self, seconds: float) -> torch.cuda.Event:
-        if self.nic is None or torch.cuda.is_current_stream_capturing():
-            if self.nic is not None:
-                say_once(log, logging.INFO, "emulated link inside a CUDA graph: sleep kernels, which attention "
-                         "delays (transfers that would overlap it are emulated as serial)")
-            return self.sleep.book(seconds)
-        return self.nic.book(seconds)
+        return self.nic.book(seconds) if self.nic is not None else self.sleep.book(seconds)
 
 
 _NICS: dict[int, tuple[_GpuQueue, _GpuQueue]] = {}  # GPU index -> its NIC's queues, made once per process
@@ -146,7 +137,7 @@ def _gpu_queues(index: int) -> tuple[_GpuQueue, _GpuQueue]:
     (bench and tune build many), as one machine's NIC is shared by whatever runs on it."""
     if index not in _NICS:
         device = torch.device("cuda", index)
-        _NICS[index] = (_GpuQueue(device), _GpuQueue(device))
+        _NICS[index] = (_GpuQueue(device, to_gpu=True), _GpuQueue(device, to_gpu=False))
     return _NICS[index]
 
 
@@ -179,11 +170,6 @@ class EmulatedNic:
         else:
             self._queues = (_HostQueue(), _HostQueue())
 
-    def drain(self) -> None:
-        """Return once the link released every transfer booked so far (see EmulatedTransport.drain_link)."""
-        for queue in self._queues:
-            queue.drain()
-
     def remote(self, rank: int) -> bool:
         """Whether global `rank` is on another machine than this rank."""
         return rank // self.gpus_per_machine != self.rank // self.gpus_per_machine
@@ -212,14 +198,6 @@ class EmulatedTransport:
     def __getattr__(self, name: str):
         """Buffers and layer hooks are the real transport's; only data movement is slowed."""
         return getattr(self.inner, name)
-
-    def drain_link(self) -> None:
-        """Wait, the GIL free, until the emulated link released every transfer booked so far. A host thread
-        releases them on GPUs (gpu_delay.py); a rank whose host then blocked in another wait on the GPU (an
-        `.item()`, a copy to the CPU, a barrier) while bookings were pending never saw them released (BENCHMARKS.md:
-        the emulated step that stopped), so the transformer's forward ends here (diffusers/sharding.py's
-        ForwardHook) before the pipeline's own waits."""
-        self.nic.drain()
 
     def _remote(self, group: Group, peer: int) -> bool:
         return self.nic.remote(group.ranks[peer])

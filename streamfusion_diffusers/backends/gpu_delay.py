@@ -1,108 +1,95 @@
-"""The emulated link's time on a GPU, held without an SM, as a NIC's DMA is.
+"""The emulated link's time on a GPU, held by a copy engine, as a NIC's DMA is: no SM, no host thread.
 
 A NIC moves bytes while every SM computes. A delay kernel cannot stand in for it: measured on an H200
-(`benchmarks/link_delay_check.py`), a `torch.cuda._sleep` booked as transfers are posted (after the work queued
-so far, so it becomes ready together with the attention queued next) starts only when that attention, whose
-blocks fill every SM, is done: the booked transfer does not overlap it, and schedules that hide transfers behind
-attention (Torus, the ring passes) were emulated as serial.
+(`benchmarks/link_delay_check.py`), a `torch.cuda._sleep` booked as transfers are posted starts only when the
+attention queued before it, whose blocks fill every SM, is done, so schedules that hide transfers behind attention
+(Torus, the ring passes) were emulated as serial.
 
-`NicQueue` holds each booking on the host instead: a thread waits until the booking's data is ready on the GPU
-(an event) and the previous booking on the queue is over, sleeps the booked time, then raises a counter in pinned
-memory; the queue's stream waits for that counter with a stream memory operation (`cuStreamWaitValue32`), which
-the GPU's front end evaluates, not an SM.
+A host thread that sleeps the booked time and then releases the GPU (the previous way) overlaps, but the GPU then
+waits on Python: a host that blocked in a CUDA call at the wrong moment, or a thread that could not get the GIL
+back, left a booking unreleased and every rank stalled (BENCHMARKS.md: the emulated steps that stopped).
 
-The thread needs the GIL to release a booking, so the main thread must never block on the GPU while holding it.
-It does when it runs far ahead: a kernel launch into a full launch queue, a pinned-memory allocation or another
-implicitly synchronizing call blocks with the GIL held, the booking the GPU waits for is never released, and
-every rank stalls (NCCL's watchdog then reports its coalesced send/recv timed out; our own watchdog thread, also
-Python, cannot speak). `book` therefore holds the host, GIL free, while MAX_UNRELEASED bookings are pending: the
-queue is the process's (shared by every context of a bench or tune job), so this bounds the host's lead over the
-GPU across contexts, which each context's own RUN_AHEAD (watch.py) does not.
+`NicQueue` books on the copy engines instead: a booking of `seconds` is a copy between pinned host memory and the
+GPU, sized by the rate this queue measured, on the queue's stream after the work queued so far. The copy engines
+run it beside kernels that fill every SM (a host-to-device copy keeps its time beside a full-SM GEMM:
+`benchmarks/ce_a2a_probe.py`), the PCIe link it crosses is not the NVLink the real transfer uses, and nothing on
+the host takes part: the host never waits for it, and a CUDA graph captures and replays it. The outgoing queue
+copies to the GPU and the incoming one from it, so the two directions of PCIe hold one each.
 """
 from __future__ import annotations
 
-import logging
-import queue
-import sys
-import threading
-import time
+import statistics
 
 import torch
 
-from ..core.logs import say_once
 from .cuda_driver import check, driver
 
-log = logging.getLogger(__name__)
-
-# a woken booking thread needs the GIL back within this long, also while the main thread launches kernels
-_GIL_SWITCH_S = 1e-4
-MAX_UNRELEASED = 8  # bookings the host may post beyond the last one the thread released (about two layers)
-_ROOM_POLL_S = 2e-4
-
-
-def _sleep_until(deadline: float) -> None:
-    """Sleep, then spin the last 0.2 ms (time.sleep overshoots by tens of microseconds); the spin yields the GIL."""
-    while (left := deadline - time.perf_counter()) > 0:
-        time.sleep(left - 2e-4 if left > 3e-4 else 0)
+CHUNK_BYTES = 64 << 20  # one copy's most: a longer booking is several copies of the same buffers
+_CALIBRATION_BYTES = (1 << 20, CHUNK_BYTES)
+_CALIBRATION_REPEATS = 5
 
 
 class NicQueue:
-    """One direction of one rank's NIC: bookings run one after another, each from when its data is ready."""
+    """One direction of one rank's NIC: bookings run one after another on its stream, each from when the data
+    booked is ready; `to_gpu` chooses the copy's direction (the outgoing queue True, the incoming False)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, to_gpu: bool):
         self._driver = driver()
-        self.device = device
+        self.device, self.to_gpu = device, to_gpu
         self.stream = torch.cuda.Stream(device)
-        self._done = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # bookings finished, raised by the thread
+        self._host = torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=True)
+        self._gpu = torch.empty(CHUNK_BYTES, dtype=torch.uint8, device=device)
+        # bookings over, raised by the GPU's front end after each booking: a hang report reads it with no CUDA call
+        self._done = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._done_view = self._done.numpy()
         (self._done_ptr,) = check(self._driver.cuMemHostGetDevicePointer(self._done.data_ptr(), 0))
         self._posted = 0
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        if sys.getswitchinterval() > _GIL_SWITCH_S:
-            sys.setswitchinterval(_GIL_SWITCH_S)
-        threading.Thread(target=self._serve, name=f"emulated-nic-{device}", daemon=True).start()
-
-    def pending(self) -> int:
-        """Bookings posted and not yet released by the thread."""
-        return self._posted - int(self._done_view[0])
+        self.fixed_s, self.bytes_per_s = self._calibrate()
 
     def state(self) -> str:
-        """Its bookings so far, as a hang report says them (read without a lock or a CUDA call)."""
-        return f"{self._posted} booked, {int(self._done_view[0])} released"
-
-    def drain(self) -> None:
-        """Return once every booking posted so far is released (sleeping: the GIL stays free for the thread)."""
-        while self.pending():
-            time.sleep(_ROOM_POLL_S)
+        """Its bookings so far, as a hang report says them (read without a lock or a CUDA call; replays of a
+        captured booking are not counted)."""
+        return f"{self._posted} booked, {int(self._done_view[0])} over"
 
     def book(self, seconds: float) -> torch.cuda.Event:
-        """Hold `seconds` on this queue once the current stream's work so far is done; returns its end event.
-        Waits first (sleeping, so the GIL is free) while MAX_UNRELEASED bookings are pending."""
-        while self.pending() >= MAX_UNRELEASED:
-            time.sleep(_ROOM_POLL_S)
-        ready = torch.cuda.current_stream(self.device).record_event()
-        self._posted += 1
-        self._jobs.put((ready, time.perf_counter(), seconds, self._posted))
-        flags = self._driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
-        check(self._driver.cuStreamWaitValue32(self._driver.CUstream(self.stream.cuda_stream), self._done_ptr,
-                                               self._posted, flags))
+        """Hold `seconds` on this queue once the current stream's work so far is done; returns its end event."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._copy(round(max(seconds - self.fixed_s, 0.0) * self.bytes_per_s))
+        if not torch.cuda.is_current_stream_capturing():
+            self._posted += 1
+            check(self._driver.cuStreamWriteValue32(self._driver.CUstream(self.stream.cuda_stream), self._done_ptr,
+                                                    self._posted, 0))
         return self.stream.record_event()
 
-    def _serve(self) -> None:
-        # this thread's CUDA calls (event query / synchronize) in this rank's device, not in a context that the
-        # runtime would otherwise create on GPU 0 for the thread
-        torch.cuda.set_device(self.device)
-        busy_until = 0.0
-        while True:
-            ready, posted_at, seconds, number = self._jobs.get()
-            try:
-                if ready.query():  # ready while the queue was busy: starts when the last booking ended, not now
-                    start = max(busy_until, posted_at)
-                else:
-                    ready.synchronize()
-                    start = max(time.perf_counter(), busy_until)
-                busy_until = start + seconds
-                _sleep_until(busy_until)
-            except RuntimeError as err:  # a CUDA error: the main thread sees it too; release, keep serving
-                say_once(log, logging.WARNING, "emulated link: a booking's wait failed (%s)", err)
-            self._done_view[0] = number
+    def _copy(self, nbytes: int) -> None:
+        """`nbytes` moved on the queue's stream, in copies of at most CHUNK_BYTES."""
+        drv, stream = self._driver, self._driver.CUstream(self.stream.cuda_stream)
+        host, gpu = self._host.data_ptr(), drv.CUdeviceptr(self._gpu.data_ptr())
+        while nbytes > 0:
+            n = min(nbytes, CHUNK_BYTES)
+            if self.to_gpu:
+                check(drv.cuMemcpyHtoDAsync(gpu, host, n, stream))
+            else:
+                check(drv.cuMemcpyDtoHAsync(host, gpu, n, stream))
+            nbytes -= n
+
+    def _calibrate(self) -> tuple[float, float]:
+        """(seconds every booking takes, bytes per second): a line through the median times of two copy sizes,
+        each copy timed alone on the queue's stream."""
+        times = []
+        for nbytes in _CALIBRATION_BYTES:
+            samples = []
+            for _ in range(_CALIBRATION_REPEATS + 1):  # the first one warms up
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(self.stream)
+                self._copy(nbytes)
+                end.record(self.stream)
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1e-3)
+            times.append(statistics.median(samples[1:]))
+        (small, large), (t_small, t_large) = _CALIBRATION_BYTES, times
+        bytes_per_s = (large - small) / max(t_large - t_small, 1e-9)
+        return max(t_small - small / bytes_per_s, 0.0), bytes_per_s
+
+
+__all__ = ["CHUNK_BYTES", "NicQueue"]

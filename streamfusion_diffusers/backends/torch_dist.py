@@ -92,11 +92,7 @@ class TorchTransport:
             # one piece per peer each way, laid end to end in peer order (Ulysses' buffers): one collective,
             # posted on the process group itself (dist.all_to_all_single's checks cost a layer host time)
             return group.pg.alltoall_base(unpacked[0], packed[0], unpacked[1], packed[1], _ASYNC)
-        return self._by_pieces(sends, recvs, group)
-
-    def _by_pieces(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
-                   group: Group) -> Handle:
-        """The all-to-all as send / recv pairs, the local pieces copied beside them."""
+        # else as send / recv pairs, the local pieces copied beside them
         me, to_peers, from_peers = group.index, [], []
         for peer in range(len(group.ranks)):
             if peer != me:

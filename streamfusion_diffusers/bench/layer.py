@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .. import ParallelConfig, init_parallel, sp_attention
 from ..choice.workloads import Workload
-from ..commands.timing import deadline, interleaved_ms, settle
+from ..commands.timing import deadline, interleaved_ms
 from ..core.config import layout_label
 from ..core.exactness import error_sums, ratio, reference_attention
 from ..core.mesh import GroupCache
@@ -115,7 +115,6 @@ def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = Non
         with deadline(setup.timeout_s):
             call, ctx = _callable(case, setup, device, groups)
             out = call(q, k_loc, v_loc)
-            settle(device)  # before the errors' .item(): see settle
             errors.append(_errors(out, ref))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
             labels.append(auto_label(ctx) if case.method == "auto" else case.label)

@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ..choice.workloads import Workload, is_flux
-from ..commands.timing import Stats, deadline, interleaved_ms, settle
+from ..commands.timing import Stats, deadline, interleaved_ms
 from ..core.mesh import GroupCache
 from ..core.sequence import split_sizes
 from ..diffusers.processors import ShardState, TokenLayout
@@ -193,7 +193,6 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
     with set_up(model, case, base, groups) as (state, ctx):
         run = _forward(model, ref.inputs, state)
         outs = _run_blocks(run, state)
-        settle(device)  # before the errors' .item(): see settle
         errors = [0.0, 0.0]
         if case.method != "bound":
             errors = [_block_error(outs, ref.blocks, run.layout or ref.even, is_flux(setup.config)) if outs else 0.0,

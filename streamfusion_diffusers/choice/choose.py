@@ -54,8 +54,8 @@ class Choice:
 
 
 def transport_name(backend: str) -> str:
-    """The transport a recipe entry's timings were taken on: the copy-engine transport is torch's for its layouts."""
-    return "torch" if backend in ("torch", "nccl", "gloo", "copy-engine") else backend
+    """The transport a recipe entry's timings were taken on: "nccl" and "gloo" are torch's."""
+    return "torch" if backend in ("torch", "nccl", "gloo") else backend
 
 
 def entry_workload(entry: dict, model: str) -> Workload | None:

@@ -62,18 +62,10 @@ class Stats:
                 "calls": self.calls}
 
 
-def settle(device: torch.device) -> None:
-    """Wait for this rank's queued GPU work in torch.cuda.synchronize, the one wait a rank may make while an
-    emulated link holds bookings: they are released by a host thread (backends/gpu_delay.py), and a rank that
-    blocked in a barrier or a `.item()` with bookings pending never saw them released (BENCHMARKS.md: the emulated
-    barrier and step that stopped); a synchronize first leaves those calls nothing queued to wait on."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def sample_ms(call: Callable[[], object], n: int, device: torch.device) -> float:
     """This rank's milliseconds per call of n back-to-back calls, started together with its peers."""
-    settle(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # what was queued before is not timed
     dist.barrier()
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

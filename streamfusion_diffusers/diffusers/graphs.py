@@ -169,7 +169,6 @@ class GraphedForward(ModelHook):
         self.stats = GraphStats(budget_bytes=budget_bytes)
         self.horizon: int | None = None  # calls left in this generation (None: unbounded, as a server's)
         self.variant: Any = None  # what the calls depend on beyond their inputs (set_variant), part of each key
-        ctx.on_close(self.release)
 
     def _pays(self) -> bool:
         """Whether a capture now is followed by enough replays to pay for it."""

@@ -122,7 +122,9 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
         hooks = overlap_mlp_hooks(transformer) + hooks
     original = route_attention(transformer, plan, ctx, state)  # the last check that can refuse: nothing before
     if cuda_graph:  # outer to the token split and gather hooks: they run inside the captured forward
-        hooks.append((transformer, GraphedForward(ctx), GRAPH_HOOK))
+        graphed = GraphedForward(ctx)
+        ctx.on_close(graphed.release)  # NCCL's teardown waits for the graphs that captured its calls
+        hooks.append((transformer, graphed, GRAPH_HOOK))
     forward = ForwardHook(ctx, state, plan.key_masks, plan.drop_full_masks)  # masks checked eagerly
     hooks.append((transformer, forward, FORWARD_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split

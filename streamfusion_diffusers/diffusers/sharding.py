@@ -213,8 +213,6 @@ class ForwardHook(ModelHook):
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
         self.state.layout, self.state.masks_checked, self.state.key_padding = None, (), False
-        if self.ctx.config.emulate_link is not None and not torch.compiler.is_compiling():
-            self.ctx.transport.drain_link()  # EmulatedTransport's, through the wrappers outside it
         return output
 
 
