@@ -8,18 +8,20 @@
 # 5-17 s there and a case's first step its one-time work: one warm-up and two timed steps per case. One MACHINES
 # value fits one device call (three jobs of at most 3.5 minutes).
 # Run from the project root on 4 GPUs: MACHINES=2 bash benchmarks/emulated_steps_gpu.sh, then MACHINES=4
-# (CASES="method:layout ..." runs those cases alone).
+# (CASES="method:layout ..." runs those cases alone; VARIANTS=cuda-graph replays each step from a CUDA graph, the
+# link's bookings captured with it; diffusers-cp runs eager whatever VARIANTS says).
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
 m=${MACHINES:-2}
+variants=${VARIANTS:-eager}
 if [ "$m" = 2 ]; then cases="usp:U2R2 torus:U2R2T2 diffusers-cp:U2R2"; else cases="usp:U4R1 torus:U4R1T4 diffusers-cp:U4R1"; fi
 cases=${CASES:-$cases}
 for c in $cases; do
-  method=${c%%:*}; layout=${c##*:}; name="m${m}_${method}_${layout}"
+  method=${c%%:*}; layout=${c##*:}; name="m${m}_${method}_${layout}_${variants}"
   timeout 210 python -m streamfusion_diffusers launch --nproc-per-node 4 -m streamfusion_diffusers bench \
     --level step --workloads flux-dev:4096 --machines "$m" --emulate-link p4de --backend torch \
-    --methods "$method" --layouts "$layout" --warmup 1 --iters 2 --timeout 150 \
+    --methods "$method" --layouts "$layout" --variants "$variants" --warmup 1 --iters 2 --timeout 150 \
     --out "$OUT/$name" > "$OUT/$name.log" 2>&1
   echo "$name: exit $?" >> "$OUT/emulated_steps.log"
   cat "$OUT/$name/table.md" >> "$OUT/emulated_steps.log" 2>/dev/null
