@@ -4,7 +4,8 @@ graph, with the output checked against the stock path's.
 
 One torchrun job (P = its world size, ulysses 1 x P): per workload the transformer is built once (bf16, random
 weights), then for each graph mode and each variant ("stock": no overlap; "mlp": the single blocks' MLP beside
-the exchanges, "mlp@C" with C SMs left to them; an integer G: head groups pipelined, with the MLP overlap off) it is
+the exchanges, "mlp@C" with C SMs left to them; an integer G: head groups pipelined, with the MLP overlap off;
+any of them with "+pull": over the symm-pull transport, its all-to-alls one kernel of peer loads) it is
 parallelized and its steps timed (the slowest rank's median of --repeats; CUDA events, one synchronize per step). Per
 row also the relative error of the step's output against the stock path's, the same mode. --profile adds one profiled
 step per row (rank 0's): each CUDA stream's busy time beside the wall (shard_bench.profile_step): with the exchanges
@@ -56,11 +57,15 @@ def _step_ms(model: torch.nn.Module, inputs: dict, repeats: int, warmup: int, de
 
 
 def _config(variant: str) -> ParallelConfig:
+    """A variant's config; "+pull" at its end: over the symm-pull transport (its all-to-alls one kernel of peer
+    loads from symmetric memory)."""
+    variant, pull = variant.removesuffix("+pull"), variant.endswith("+pull")
+    transport = {"backend": "symm-pull", "strict": True} if pull else {}
     if variant.startswith("mlp@"):  # mlp@C: the MLP overlap with its GEMMs leaving C SMs to the exchanges (mlp: the default)
-        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]))
+        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]), **transport)
     if variant in ("stock", "mlp"):
-        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp")
-    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False)
+        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp", **transport)
+    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False, **transport)
 
 
 def run(spec: str, variants: list[str], graph_modes: list[bool], repeats: int, device: torch.device,

@@ -83,7 +83,7 @@ def gpu_pool():
         yield pool
 
 
-BACKENDS = ["torch"] + (["nvshmem"] if importlib.util.find_spec("nvshmem") else [])
+BACKENDS = ["torch", "symm-pull"] + (["nvshmem"] if importlib.util.find_spec("nvshmem") else [])
 
 
 @pytest.mark.gpu

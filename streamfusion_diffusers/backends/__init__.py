@@ -18,7 +18,9 @@ logger = logging.getLogger(__name__)
 
 
 def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300.0) -> Transport:
-    """The transport for ParallelConfig.backend: "torch" (or its aliases "nccl" and "gloo") or "nvshmem".
+    """The transport for ParallelConfig.backend: "torch" (or its aliases "nccl" and "gloo"), "symm-pull" (the
+    torch transport with its even all-to-alls as one kernel of peer loads from symmetric memory, symm_pull.py) or
+    "nvshmem".
 
     "nvshmem" starts NVSHMEM on every rank (collective). Where it cannot run (no nvshmem4py, no GPU, a
     start-up failure) it logs one warning with the reason and returns the torch transport, or raises
@@ -26,8 +28,10 @@ def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300
     """
     if backend in ("torch", "nccl", "gloo"):
         return TorchTransport()
+    if backend == "symm-pull":
+        return _symm_pull(strict)
     if backend != "nvshmem":
-        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'nvshmem'")
+        raise ValueError(f"unknown backend {backend!r}; use 'torch', 'symm-pull' or 'nvshmem'")
     from .nvshmem import nvshmem_transport
     from .nvshmem_runtime import NvshmemUnavailable
 
@@ -40,3 +44,21 @@ def make_transport(backend: str, *, strict: bool = False, timeout_s: float = 300
         say_once(logger, logging.WARNING, "streamfusion: backend 'nvshmem' cannot run: %s; falling back to the "
                  "two-sided torch transport (%s). Set strict=True to make this an error.", err, fallback)
         return TorchTransport()
+
+
+def _symm_pull(strict: bool) -> Transport:
+    """The symmetric-memory pull transport where it can run (NCCL on GPUs, triton), else the torch transport with
+    one warning (or an error when strict)."""
+    import importlib.util
+
+    why = ("the job does not run NCCL on GPUs" if not dist.is_initialized() or dist.get_backend() != "nccl" else
+           "triton is not installed" if importlib.util.find_spec("triton") is None else None)
+    if why is None:
+        from .symm_pull import SymmPullTransport
+
+        return SymmPullTransport()
+    if strict:
+        raise ValueError(f"backend 'symm-pull' cannot run: {why}")
+    say_once(logger, logging.WARNING, "streamfusion: backend 'symm-pull' cannot run: %s; using the torch "
+             "transport. Set strict=True to make this an error.", why)
+    return TorchTransport()

@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "U8R1,U4R2,U4R2T2; e2e: the baselines' layouts, e.g. U2R1,xfuser:cfg2U1R1")
     parser.add_argument("--machines", type=int, default=1, help="machines N (virtual ones with --emulate-link)")
     parser.add_argument("--gpus-per-machine", type=int, default=None, help="default: world size / N (8 locally)")
-    parser.add_argument("--backend", default="torch", help="transport of our methods: torch or nvshmem")
+    parser.add_argument("--backend", default="torch", help="transport of our methods: torch, symm-pull or nvshmem")
     parser.add_argument("--emulate-link", default=None, help="slow the inter-machine link: dgx, p4de, p5 or GBPS:US")
     parser.add_argument("--comm-dtype", choices=("int8", "fp8"), default=None,
                         help="send every inter-machine chunk (Torus Pull Q, Pull KV, Push O; ring passes) as 1-byte "

@@ -54,8 +54,9 @@ class Choice:
 
 
 def transport_name(backend: str) -> str:
-    """The transport a recipe entry's timings were taken on: "nccl" and "gloo" are torch's."""
-    return "torch" if backend in ("torch", "nccl", "gloo") else backend
+    """The transport a recipe entry's timings were taken on: "nccl", "gloo" and "symm-pull" are torch's (for its
+    layouts: the cost model does not tell the all-to-all's way apart)."""
+    return "torch" if backend in ("torch", "nccl", "gloo", "symm-pull") else backend
 
 
 def entry_workload(entry: dict, model: str) -> Workload | None:

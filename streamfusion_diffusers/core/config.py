@@ -9,7 +9,7 @@ from .links import parse_link
 
 Method = Literal["ulysses", "ring", "usp", "tas", "torus", "auto"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
-BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "nvshmem")
+BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "symm-pull", "nvshmem")
 KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
 COMM_DTYPES: tuple[str | None, ...] = (None, "fp8", "int8")
 DEFAULT_TIMEOUT_S = 300.0  # how long any collective waits for a peer before it fails (process groups, transports)
@@ -38,8 +38,9 @@ class ParallelConfig:
     stages (None: N when N > 1 and N divides U, else gcd(N, U); on one machine, U: Torus inside the machine).
     method: ulysses | ring | usp (Ulysses inside a machine, Ring across) | tas (Ulysses across machines, Ring
     inside) | torus (TAS with Pull Q / Pull KV / Push O stages). backend: how bytes move ("torch":
-    torch.distributed's NCCL or gloo; "nvshmem": one-sided puts into symmetric memory, which falls back to "torch"
-    with one warning where it cannot run). kernel: local attention ("auto", "reference", "sdpa", "fused"). timeout_s:
+    torch.distributed's NCCL or gloo; "symm-pull": the same, its even all-to-alls on GPUs one kernel of peer loads
+    from symmetric memory; "nvshmem": one-sided puts into symmetric memory; both fall back to "torch" with one
+    warning where they cannot run). kernel: local attention ("auto", "reference", "sdpa", "fused"). timeout_s:
     the longest any collective may wait before it fails instead of hanging. strict: raise instead of falling back
     when the asked-for backend cannot run. emulate_link: make
     transfers between machines as slow as this link (a preset: dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one
