@@ -125,6 +125,22 @@ class Found(dict):
             print(f"{key}: {value}", flush=True)
 
 
+def time_us(fn, iters: int) -> float:
+    """Microseconds per call of `fn`, `iters` calls in a row after a warm-up, every rank started together."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return round(start.elapsed_time(end) / iters * 1000, 1)
+
+
 def nccl_group(max_ctas: int | None) -> dist.ProcessGroup:
     """A group over every rank whose NCCL communicator runs its collectives on at most `max_ctas` CTAs."""
     if max_ctas is None:
@@ -150,18 +166,7 @@ def main() -> None:
     carveout = [0]
 
     def timed(fn) -> float:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return round(start.elapsed_time(end) / args.iters * 1000, 1)
+        return time_us(fn, args.iters)
 
     def gemm() -> None:
         torch._C._set_sm_carveout_experimental(carveout[0] or None)

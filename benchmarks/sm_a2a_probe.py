@@ -4,8 +4,8 @@ At flux-dev 1024 on 4 x H100 the graphed step spends 8.6 ms in exchanges and the
 43). NCCL moves a single block's packed Q/K/V (21 MB a rank, 3/4 of it to peers) in 81 us, about 200 GB/s of a
 link that carries 450: an exchange closer to the link's rate would shorten every one of the step's 114 exchanges,
 where hiding them behind GEMMs did not pay. Here each rank's send buffer lies in symmetric memory; after a device
-barrier (every rank's data is in place) one Triton kernel loads this rank's piece from every peer over NVLink and
-stores it in the receive buffer; a second barrier (every peer has read mine) frees the send buffer for the next
+barrier (every rank's data is in place) one Triton kernel (the symm-pull transport's, backends/symm_pull.py) loads
+this rank's piece from every peer over NVLink and stores it in the receive buffer; a second barrier (every peer has read mine) frees the send buffer for the next
 exchange. The copy into the send buffer is timed apart: a transport would have the projections write there.
 
     torchrun --nproc-per-node 4 benchmarks/sm_a2a_probe.py [--iters 50]
@@ -22,20 +22,9 @@ import os
 
 import torch
 import torch.distributed as dist
-import triton
-import triton.language as tl
+from ce_a2a_probe import Found, time_us
 
-BLOCK = 8192  # elements a program moves
-
-
-@triton.jit
-def _pull(ptrs, out, me, chunk, BLOCK: tl.constexpr):
-    """Program (i, j): block i of this rank's piece in peer j's buffer, into slot j of `out`."""
-    i, peer = tl.program_id(0), tl.program_id(1)
-    src = tl.load(ptrs + peer).to(tl.pointer_type(tl.bfloat16))
-    offs = i * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < chunk
-    tl.store(out + peer * chunk + offs, tl.load(src + me * chunk + offs, mask=mask), mask=mask)
+from streamfusion_diffusers.backends.symm_pull import pull
 
 
 class PullExchange:
@@ -49,23 +38,13 @@ class PullExchange:
         self.handle = symm_mem.rendezvous(self.send, dist.group.WORLD.group_name)
         self.ptrs = torch.tensor([self.handle.buffer_ptrs[j] for j in range(self.world)], dtype=torch.int64,
                                  device=device)
-        self.chunk = n // self.world
 
     def __call__(self, recv: torch.Tensor, source: torch.Tensor | None = None) -> None:
         if source is not None:
             self.send.copy_(source)
         self.handle.barrier(channel=0)  # every rank's piece is in its buffer
-        _pull[(triton.cdiv(self.chunk, BLOCK), self.world)](self.ptrs, recv, self.rank, self.chunk, BLOCK=BLOCK)
+        pull(self.ptrs, recv.view(torch.uint8), self.rank, self.world)
         self.handle.barrier(channel=1)  # every peer has read this rank's buffer: it may be written again
-
-
-class Found(dict):
-    """The results, each also printed by rank 0 as it comes (a later failure keeps what came before)."""
-
-    def __setitem__(self, key: str, value: object) -> None:
-        super().__setitem__(key, value)
-        if dist.get_rank() == 0:
-            print(f"{key}: {value}", flush=True)
 
 
 def graphed(fn):
@@ -87,18 +66,7 @@ def main() -> None:
     device = torch.device("cuda")
 
     def timed(fn) -> float:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return round(start.elapsed_time(end) / args.iters * 1000, 1)
+        return time_us(fn, args.iters)
 
     found = Found()
     for name, n in (("qkv", 3 * 1152 * 3072), ("out", 1152 * 3072)):  # flux-dev 1024, P = 4, a rank's share
