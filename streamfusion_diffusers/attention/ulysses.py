@@ -48,7 +48,10 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, s
     # and what comes from peer j into its own [n, T, B, L_j, h, D] run of one buffer (the transport copies the
     # local piece); the result is laid out once the pieces are in, the front rows meanwhile
     n, lens, skip = len(xs), peer_lens(mesh, seq_lens), front[0].shape[1] if front else 0
-    send = torch.stack(parts, dim=1)
+    # packed where the transport sends from a buffer of its own, when it has one (even pieces only)
+    staged = transport.staging(mesh.ulysses_intra, xs[0], (n_u, n, n_t, b, length, h, d)) \
+        if min(lens) == max(lens) else None
+    send = torch.stack(parts, dim=1, out=staged)
     row = n * n_t * b * h * d  # elements of one sequence row of every tensor's pieces
     received = xs[0].new_empty(row * sum(lens))
     runs = list(accumulate(lens, initial=0))

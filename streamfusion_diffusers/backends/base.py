@@ -25,6 +25,11 @@ class Transport(Protocol):
         """A buffer of like's dtype and device that `exchange` will fill from `peer`. One-sided transports hand
         out symmetric memory a peer can write into; it is valid until `end_layer`."""
 
+    def staging(self, group: Group, like: Tensor, shape: Sequence[int]) -> Tensor | None:
+        """A buffer of like's dtype and `shape` to pack the next even `all_to_all`'s sends on `group` into,
+        where the transport sends from buffers of its own (then it moves them from there without a copy); None
+        where it does not. Every member asks for it at the same exchange."""
+
     def begin_layer(self, peer_bytes: int) -> None:
         """Start one attention layer in which no peer sends this rank more than `peer_bytes` (collective)."""
 

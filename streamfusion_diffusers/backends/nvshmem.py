@@ -99,6 +99,10 @@ class NvshmemTransport:
         self._signal_of[view.data_ptr()] = signal
         return view
 
+    def staging(self, group: Group, like: Tensor, shape: Sequence[int]) -> Tensor | None:
+        """Puts read from any buffer: nothing to pack into."""
+        return None
+
     def exchange(self, sends: Sequence[tuple[Tensor, int]], recvs: Sequence[tuple[Tensor, int]],
                  group: Group) -> Handle:
         if any(peer == group.index for _, peer in sends):

@@ -4,8 +4,8 @@ NCCL's all-to-all moves a Flux step's packed Q/K/V at about half of what NVLink 
 43), and a step at the sizes images are served at has over a hundred of them. Here an even all-to-all (every
 piece one size, Ulysses' packed buffers) goes another way, on GPUs:
 
-- the rank copies its packed send buffer into a buffer of symmetric memory (torch's `_symmetric_memory`: every
-  peer of the group can address it), on the current stream;
+- the rank's packed sends lie in a buffer of symmetric memory (torch's `_symmetric_memory`: every member of the
+  group can address it): Ulysses packs them there (`staging`), else they are copied in, on the current stream;
 - on a side stream: a device barrier (every member's buffer holds its data), then one Triton kernel loads this
   rank's piece out of every member's buffer over NVLink into the receive buffer, then a second barrier (every
   member has read this rank's buffer);
@@ -18,6 +18,7 @@ CPU) is the torch transport's.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -73,24 +74,43 @@ class SymmPullTransport(TorchTransport):
         super().__init__()
         self._slots: dict[tuple[str, int], list[_Slot]] = {}
         self._turn: dict[tuple[str, int], int] = {}
+        self._staged: dict[int, _Slot] = {}  # buffer address -> its slot, handed out by `staging`
         self._side: torch.cuda.Stream | None = None
+
+    def staging(self, group: Group, like: Tensor, shape: Sequence[int]) -> Tensor | None:
+        """The buffer the next exchange of this size is pulled from (its slot taken now), once every member has
+        read what it held; None off GPUs, inside a capture that would make it, or for sizes not whole words."""
+        nbytes = math.prod(shape) * like.element_size()
+        if group.size == 1 or not like.is_cuda or nbytes % 4:
+            return None
+        slot = self._slot(group, nbytes, like.device)
+        if slot is None:
+            return None
+        if slot.read is not None:
+            torch.cuda.current_stream(like.device).wait_event(slot.read)
+        self._staged[slot.buffer.data_ptr()] = slot
+        return slot.buffer[:nbytes].view(like.dtype).view(tuple(shape))
 
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
         packed = _end_to_end(sends) if group.size > 1 else None
         unpacked = _end_to_end(recvs) if packed is not None else None
-        slot = None
-        if packed is not None and unpacked is not None and packed[0].is_cuda and _even(packed, unpacked):
-            slot = self._slot(group, packed[0])
+        slot = self._staged.pop(packed[0].data_ptr(), None) if packed is not None else None
+        if slot is None and packed is not None and unpacked is not None and packed[0].is_cuda and \
+                _even(packed, unpacked):
+            slot = self._slot(group, packed[0].nbytes, packed[0].device)
+        elif slot is not None and (unpacked is None or not _even(packed, unpacked)):
+            slot = None  # staged, but not an exchange it can pull: NCCL sends from the buffer (read after wait)
         if slot is None:  # uneven, on the CPU, or a new size inside a CUDA-graph capture (no buffer made there)
             return super().all_to_all(sends, recvs, group)
         return self._pull(packed[0], unpacked[0], group, slot)
 
     def _pull(self, send: Tensor, recv: Tensor, group: Group, slot: _Slot) -> Handle:
         current = torch.cuda.current_stream(send.device)
-        if slot.read is not None:
-            current.wait_event(slot.read)  # the members' last pulls out of this buffer are over
-        slot.buffer[:send.nbytes].copy_(send.reshape(-1).view(torch.uint8))
+        if send.data_ptr() != slot.buffer.data_ptr():  # not packed in place (staging)
+            if slot.read is not None:
+                current.wait_event(slot.read)  # the members' last pulls out of this buffer are over
+            slot.buffer[:send.nbytes].copy_(send.reshape(-1).view(torch.uint8))
         side = self._side_stream(send.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
@@ -103,29 +123,28 @@ class SymmPullTransport(TorchTransport):
         slot.read = None if torch.cuda.is_current_stream_capturing() else read
         return _Pulled(read)
 
-    def _slot(self, group: Group, send: Tensor) -> _Slot | None:
-        """The next of the group's buffers for this size, made (collectively) at its first use; None where it
-        would have to be made inside a CUDA-graph capture."""
-        key = (group.pg.group_name, send.nbytes)
+    def _slot(self, group: Group, nbytes: int, device: torch.device) -> _Slot | None:
+        """The next of the group's buffers of `nbytes`, made (collectively) at its first use; None where it would
+        have to be made inside a CUDA-graph capture."""
+        key = (group.pg.group_name, nbytes)
         slots = self._slots.setdefault(key, [])
         turn = self._turn.get(key, 0)
         if turn == len(slots):
             if torch.cuda.is_current_stream_capturing():
                 return None
-            slots.append(self._make_slot(group, send))
+            slots.append(self._make_slot(group, nbytes, device))
         self._turn[key] = (turn + 1) % SLOTS
         return slots[turn]
 
-    def _make_slot(self, group: Group, send: Tensor) -> _Slot:
+    def _make_slot(self, group: Group, nbytes: int, device: torch.device) -> _Slot:
         import torch.distributed._symmetric_memory as symm_mem
 
         if (enable := getattr(symm_mem, "enable_symm_mem_for_group", None)) is not None:
             enable(group.pg.group_name)  # torch before 2.9 asks for it on groups other than the world
-        buffer = symm_mem.empty(send.nbytes, dtype=torch.uint8, device=send.device)
+        buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(buffer, group.pg.group_name)
-        ptrs = torch.tensor([handle.buffer_ptrs[j] for j in range(group.size)], dtype=torch.int64,
-                            device=send.device)
-        torch.cuda.synchronize(send.device)
+        ptrs = torch.tensor([handle.buffer_ptrs[j] for j in range(group.size)], dtype=torch.int64, device=device)
+        torch.cuda.synchronize(device)
         dist.barrier(group=group.pg)
         return _Slot(buffer, handle, ptrs)
 

@@ -37,6 +37,10 @@ class TorchTransport:
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
         return like.new_empty(tuple(shape))
 
+    def staging(self, group: Group, like: Tensor, shape: Sequence[int]) -> Tensor | None:
+        """NCCL sends from any buffer: nothing to pack into."""
+        return None
+
     def begin_layer(self, peer_bytes: int) -> None:
         """Two-sided transfers need no per-layer set-up."""
 
