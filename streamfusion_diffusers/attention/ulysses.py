@@ -46,24 +46,30 @@ def post_scatter_heads(xs: Sequence[Tensor], mesh: Mesh, transport: Transport, s
         return lambda: out
     # one piece each way per peer: what goes to every peer packed peer-major in one copy, [U', n, T, B, L, h, D],
     # and what comes from peer j into its own [n, T, B, L_j, h, D] run of one buffer (the transport copies the
-    # local piece); the result is laid out once the pieces are in, the front rows meanwhile
+    # local piece); the result is laid out once the pieces are in, the front rows meanwhile. A transport that
+    # sends from buffers of its own (staging) has the sends packed there and lays peer j's rows in the result
     n, lens, skip = len(xs), peer_lens(mesh, seq_lens), front[0].shape[1] if front else 0
-    # packed where the transport sends from a buffer of its own, when it has one (even pieces only)
     staged = transport.staging(mesh.ulysses_intra, xs[0], (n_u, n, n_t, b, length, h, d)) \
         if min(lens) == max(lens) else None
     send = torch.stack(parts, dim=1, out=staged)
-    row = n * n_t * b * h * d  # elements of one sequence row of every tensor's pieces
-    received = xs[0].new_empty(row * sum(lens))
     runs = list(accumulate(lens, initial=0))
-    pieces = [received[row * runs[j]:row * runs[j + 1]].view(n, n_t, b, lens[j], h, d) for j in range(n_u)]
-    handle = transport.all_to_all([[send[j]] for j in range(n_u)], [[piece] for piece in pieces], mesh.ulysses_intra)
     out = xs[0].new_empty((n, n_t, b, skip + runs[-1], h, d))
-    for i, rows in enumerate(front):
-        out[i, 0, :, :skip].copy_(rows)
+    rows = out[:, :, :, skip:]
+    received = None
+    if staged is not None:
+        pieces = [rows[:, :, :, runs[j]:runs[j + 1]] for j in range(n_u)]
+    else:
+        row = n * n_t * b * h * d  # elements of one sequence row of every tensor's pieces
+        received = xs[0].new_empty(row * sum(lens))
+        pieces = [received[row * runs[j]:row * runs[j + 1]].view(n, n_t, b, lens[j], h, d) for j in range(n_u)]
+    handle = transport.all_to_all([[send[j]] for j in range(n_u)], [[piece] for piece in pieces], mesh.ulysses_intra)
+    for i, front_rows in enumerate(front):
+        out[i, 0, :, :skip].copy_(front_rows)
 
     def finish() -> list[Tensor]:
         handle.wait()
-        rows = out[:, :, :, skip:]
+        if received is None:  # the transport laid the rows in place
+            return list(out.unbind(0))
         if min(lens) == max(lens):  # one copy: [U', n, T, B, L, h, D] -> [n, T, B, U' L, h, D]
             rows.unflatten(3, (n_u, lens[0])).copy_(received.view(n_u, n, n_t, b, lens[0], h, d).permute(
                 1, 2, 3, 0, 4, 5, 6))
@@ -91,6 +97,10 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
         return lambda: result
     lens = peer_lens(mesh, seq_lens)
     length, runs = lens[me], list(accumulate(lens, initial=0))
+    staged = transport.staging(mesh.ulysses_intra, out[0], (n_u, n_t, b, length, h, d)) \
+        if n_t == 1 and min(lens) == max(lens) else None
+    if staged is not None:  # packed in the transport's buffer, each peer's heads pulled into place in the result
+        return _gather_in_place(out[0], staged, mesh, transport)
     # one piece each way per peer, into one [U', T, B, L, h, D]: where one contiguous head part of batch 1 holds
     # the rows of peer j end to end, they go as they lie; else packed peer-major, [T, B, L_j, h, D] runs of one
     # buffer (the kernels' outputs are often strided: packing is the copy a strided send would make anyway)
@@ -117,5 +127,23 @@ def post_gather_heads(out: Sequence[Tensor], mesh: Mesh, transport: Transport,
         handle.wait()
         # [U', T, B, L, h, D] -> [B, L, T, U', h, D] -> [B, L, H, D]: the one layout copy of the output
         return recv.permute(2, 3, 1, 0, 4, 5).reshape(b, length, n_t * n_u * h, d)
+
+    return finish
+
+
+def _gather_in_place(out: Tensor, staged: Tensor, mesh: Mesh, transport: Transport) -> Callable[[], Tensor]:
+    """post_gather_heads (torus degree 1, even pieces) over a transport that sends from `staged`, its buffer
+    [U', 1, B, L, h, D], and writes each piece where it goes: peer j's heads land in the result [B, L, H, D] as
+    they travel, with no layout copy after them."""
+    n_u, b, length, h, d = staged.shape[0], *staged.shape[2:]
+    staged[:, 0].copy_(out.unflatten(1, (n_u, length)).transpose(0, 1))
+    result = out.new_empty((b, length, n_u * h, d))
+    heads = result.view(b, length, 1, n_u, h, d)
+    recvs = [[heads[:, :, :, j].permute(2, 0, 1, 3, 4)] for j in range(n_u)]  # [1, B, L, h, D], as sent
+    handle = transport.all_to_all([[staged[j]] for j in range(n_u)], recvs, mesh.ulysses_intra)
+
+    def finish() -> Tensor:
+        handle.wait()
+        return result
 
     return finish

@@ -7,8 +7,10 @@ piece one size, Ulysses' packed buffers) goes another way, on GPUs:
 - the rank's packed sends lie in a buffer of symmetric memory (torch's `_symmetric_memory`: every member of the
   group can address it): Ulysses packs them there (`staging`), else they are copied in, on the current stream;
 - on a side stream: a device barrier (every member's buffer holds its data), then one Triton kernel loads this
-  rank's piece out of every member's buffer over NVLink into the receive buffer, then a second barrier (every
-  member has read this rank's buffer);
+  rank's piece out of every member's buffer over NVLink and stores it where the caller wants it: the pieces may
+  be strided views of the caller's result (runs of one length a uniform stride apart), so Ulysses receives its
+  rows and heads in their final layout, with no copy after the exchange; then a second barrier (every member has
+  read this rank's buffer);
 - `wait()` makes the current stream wait for the pull; the next exchange that writes the same buffer first waits
   for the second barrier.
 
@@ -37,22 +39,79 @@ BLOCK_BYTES = 16384  # bytes one program moves
 
 
 @triton.jit
-def pull_pieces(ptrs, out, me, piece, BLOCK: tl.constexpr):
-    """Program (i, j): block i of this rank's piece in member j's buffer (`ptrs[j]`, `piece` int32 words each)
-    into slot j of `out`."""
-    i, member = tl.program_id(0), tl.program_id(1)
+def pull_pieces(ptrs, out, me, piece, block, stride, member_stride, BLOCK: tl.constexpr):
+    """Program (i, k, j): words [i BLOCK, (i + 1) BLOCK) of run k of this rank's piece in member j's buffer
+    (`ptrs[j]`; pieces of `piece` int32 words end to end, each runs of `block` words) into `out` at
+    j member_stride + k stride."""
+    i, k, member = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     src = tl.load(ptrs + member).to(tl.pointer_type(tl.int32))
     offs = i * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < piece
-    tl.store(out + member * piece + offs, tl.load(src + me * piece + offs, mask=mask), mask=mask)
+    mask = offs < block
+    words = tl.load(src + me * piece + k * block + offs, mask=mask)
+    tl.store(out + member * member_stride + k * stride + offs, words, mask=mask)
 
 
-def pull(ptrs: Tensor, out: Tensor, me: int, members: int) -> None:
-    """`out` (members pieces end to end, a whole number of 4-byte words each): piece j from member j's buffer."""
-    words = out.view(torch.int32)
-    piece = words.numel() // members
-    block = BLOCK_BYTES // 4
-    pull_pieces[(triton.cdiv(piece, block), members)](ptrs, words, me, piece, BLOCK=block)
+@dataclass(frozen=True)
+class Target:
+    """Where the pieces land, in int32 words from `out`'s first one: piece j's run k at j member_stride +
+    k stride, `runs` runs of `block` words a piece."""
+
+    out: Tensor  # int32, its first word the first piece's
+    runs: int
+    block: int
+    stride: int
+    member_stride: int
+
+
+def pull(ptrs: Tensor, target: Target, me: int, members: int) -> None:
+    """Piece `me` of every member's buffer (`ptrs`) into `target`, piece j from member j."""
+    per_program = min(BLOCK_BYTES // 4, triton.next_power_of_2(target.block))
+    grid = (triton.cdiv(target.block, per_program), target.runs, members)
+    pull_pieces[grid](ptrs, target.out, me, target.runs * target.block, target.block, target.stride,
+                      target.member_stride, BLOCK=per_program)
+
+
+def target_of(recvs: Sequence[Tensor], piece_bytes: int) -> Target | None:
+    """The pieces as a Target where the pull can write them in place: each `piece_bytes` long, one dtype, runs
+    of one length a uniform stride apart, every piece as the first one shifted by a uniform stride (the first
+    lowest), all in whole aligned words; else None."""
+    first = recvs[0]
+    runs = _runs(first)
+    size = first.element_size()
+    if runs is None or first.numel() * size != piece_bytes or first.data_ptr() % 4:
+        return None
+    count, block, stride = runs
+    shift = (recvs[1].data_ptr() - first.data_ptr()) // size if len(recvs) > 1 else 0
+    for j, piece in enumerate(recvs):
+        if piece.dtype != first.dtype or piece.shape != first.shape or piece.stride() != first.stride() \
+                or piece.data_ptr() - first.data_ptr() != j * shift * size:
+            return None
+    if shift < 0 or (block * size) % 4 or (stride * size) % 4 or (shift * size) % 4 or count > 65535:
+        return None
+    return Target(_words_from(first), count, block * size // 4, stride * size // 4, shift * size // 4)
+
+
+def _words_from(t: Tensor) -> Tensor:
+    """t's storage as int32 words from t's first byte to the storage's end (the kernel takes its address)."""
+    storage = t.untyped_storage()
+    offset = (t.data_ptr() - storage.data_ptr()) // 4
+    words = torch.empty(0, dtype=torch.int32, device=t.device)
+    return words.set_(storage, offset, (storage.nbytes() // 4 - offset,), (1,))
+
+
+def _runs(t: Tensor) -> tuple[int, int, int] | None:
+    """(count, length, stride) in elements where `t`, in its own order, is `count` contiguous runs of `length`
+    elements `stride` apart; else None."""
+    dims = [(n, s) for n, s in zip(t.shape, t.stride()) if n != 1]
+    length = 1
+    while dims and dims[-1][1] == length:
+        length *= dims.pop()[0]
+    if not dims:
+        return 1, length, 0
+    for (_, outer), (n, inner) in zip(dims, dims[1:]):
+        if outer != inner * n:
+            return None
+    return math.prod(n for n, _ in dims), length, dims[-1][1]
 
 
 @dataclass
@@ -94,18 +153,18 @@ class SymmPullTransport(TorchTransport):
     def all_to_all(self, sends: Sequence[Sequence[Tensor]], recvs: Sequence[Sequence[Tensor]],
                    group: Group) -> Handle:
         packed = _end_to_end(sends) if group.size > 1 else None
-        unpacked = _end_to_end(recvs) if packed is not None else None
-        slot = self._staged.pop(packed[0].data_ptr(), None) if packed is not None else None
-        if slot is None and packed is not None and unpacked is not None and packed[0].is_cuda and \
-                _even(packed, unpacked):
-            slot = self._slot(group, packed[0].nbytes, packed[0].device)
-        elif slot is not None and (unpacked is None or not _even(packed, unpacked)):
-            slot = None  # staged, but not an exchange it can pull: NCCL sends from the buffer (read after wait)
-        if slot is None:  # uneven, on the CPU, or a new size inside a CUDA-graph capture (no buffer made there)
-            return super().all_to_all(sends, recvs, group)
-        return self._pull(packed[0], unpacked[0], group, slot)
+        staged = self._staged.pop(packed[0].data_ptr(), None) if packed is not None else None
+        target = slot = None
+        if packed is not None and packed[0].is_cuda and len(set(packed[1])) == 1 and packed[0].data_ptr() % 4 == 0 \
+                and all(len(pieces) == 1 and pieces[0].dtype == packed[0].dtype for pieces in recvs):
+            target = target_of([pieces[0] for pieces in recvs], packed[1][0] * packed[0].element_size())
+        if target is not None:
+            slot = staged or self._slot(group, packed[0].nbytes, packed[0].device)
+        if slot is None:  # uneven, not in place, on the CPU, or a new size inside a capture (no buffer made there);
+            return super().all_to_all(sends, recvs, group)  # NCCL reads a staged buffer before wait() returns
+        return self._pull(packed[0], target, group, slot)
 
-    def _pull(self, send: Tensor, recv: Tensor, group: Group, slot: _Slot) -> Handle:
+    def _pull(self, send: Tensor, target: Target, group: Group, slot: _Slot) -> Handle:
         current = torch.cuda.current_stream(send.device)
         if send.data_ptr() != slot.buffer.data_ptr():  # not packed in place (staging)
             if slot.read is not None:
@@ -115,7 +174,7 @@ class SymmPullTransport(TorchTransport):
         side.wait_stream(current)
         with torch.cuda.stream(side):
             slot.handle.barrier(channel=0)  # every member's piece for every other is in its buffer
-            pull(slot.ptrs, recv.reshape(-1).view(torch.uint8), group.index, group.size)
+            pull(slot.ptrs, target, group.index, group.size)
             slot.handle.barrier(channel=1)  # every member has read this rank's buffer
         read = side.record_event()
         # an event recorded inside a CUDA-graph capture cannot be waited on outside it; the graph's own waits
@@ -166,12 +225,4 @@ class _Pulled:
             self.pulled = None
 
 
-def _even(packed: tuple[Tensor, list[int]], unpacked: tuple[Tensor, list[int]]) -> bool:
-    """One dtype, every piece of one size each way (then a member's piece for this rank lies at this rank's
-    position in its buffer), a whole number of 4-byte words a piece, at 4-byte aligned addresses."""
-    (send, sent), (recv, received) = packed, unpacked
-    return (send.dtype == recv.dtype and len(set(sent)) == 1 and list(sent) == list(received)
-            and sent[0] * send.element_size() % 4 == 0 and send.data_ptr() % 4 == 0 and recv.data_ptr() % 4 == 0)
-
-
-__all__ = ["SymmPullTransport", "pull"]
+__all__ = ["SymmPullTransport", "Target", "pull", "target_of"]
