@@ -145,8 +145,7 @@ class SymmPullTransport(TorchTransport):
         slot = self._slot(group, nbytes, like.device)
         if slot is None:
             return None
-        if slot.read is not None:
-            torch.cuda.current_stream(like.device).wait_event(slot.read)
+        _after_readers(slot, like.device)
         self._staged[slot.buffer.data_ptr()] = slot
         return slot.buffer[:nbytes].view(like.dtype).view(tuple(shape))
 
@@ -167,8 +166,7 @@ class SymmPullTransport(TorchTransport):
     def _pull(self, send: Tensor, target: Target, group: Group, slot: _Slot) -> Handle:
         current = torch.cuda.current_stream(send.device)
         if send.data_ptr() != slot.buffer.data_ptr():  # not packed in place (staging)
-            if slot.read is not None:
-                current.wait_event(slot.read)  # the members' last pulls out of this buffer are over
+            _after_readers(slot, send.device)
             slot.buffer[:send.nbytes].copy_(send.reshape(-1).view(torch.uint8))
         side = self._side_stream(send.device)
         side.wait_stream(current)
@@ -211,6 +209,14 @@ class SymmPullTransport(TorchTransport):
         if self._side is None:
             self._side = torch.cuda.Stream(device)
         return self._side
+
+
+def _after_readers(slot: _Slot, device: torch.device) -> None:
+    """The current stream waits until the members' last pulls out of the slot's buffer are over. Not inside a
+    capture, which cannot wait on an event recorded outside it: a capture starts synchronized, and inside it
+    each exchange's handle is waited on before its buffer's next turn."""
+    if slot.read is not None and not torch.cuda.is_current_stream_capturing():
+        torch.cuda.current_stream(device).wait_event(slot.read)
 
 
 class _Pulled:
