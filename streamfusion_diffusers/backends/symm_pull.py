@@ -40,10 +40,10 @@ BLOCK_BYTES = 16384  # bytes one program moves
 
 @triton.jit
 def pull_pieces(ptrs, out, me, piece, block, stride, member_stride, BLOCK: tl.constexpr):
-    """Program (i, k, j): words [i BLOCK, (i + 1) BLOCK) of run k of this rank's piece in member j's buffer
+    """Program (k, i, j): words [i BLOCK, (i + 1) BLOCK) of run k of this rank's piece in member j's buffer
     (`ptrs[j]`; pieces of `piece` int32 words end to end, each runs of `block` words) into `out` at
-    j member_stride + k stride."""
-    i, k, member = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    j member_stride + k stride. Runs are the grid's first axis, the one without a 65535 limit."""
+    k, i, member = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     src = tl.load(ptrs + member).to(tl.pointer_type(tl.int32))
     offs = i * BLOCK + tl.arange(0, BLOCK)
     mask = offs < block
@@ -66,7 +66,7 @@ class Target:
 def pull(ptrs: Tensor, target: Target, me: int, members: int) -> None:
     """Piece `me` of every member's buffer (`ptrs`) into `target`, piece j from member j."""
     per_program = min(BLOCK_BYTES // 4, triton.next_power_of_2(target.block))
-    grid = (triton.cdiv(target.block, per_program), target.runs, members)
+    grid = (target.runs, triton.cdiv(target.block, per_program), members)
     pull_pieces[grid](ptrs, target.out, me, target.runs * target.block, target.block, target.stride,
                       target.member_stride, BLOCK=per_program)
 
@@ -86,7 +86,7 @@ def target_of(recvs: Sequence[Tensor], piece_bytes: int) -> Target | None:
         if piece.dtype != first.dtype or piece.shape != first.shape or piece.stride() != first.stride() \
                 or piece.data_ptr() - first.data_ptr() != j * shift * size:
             return None
-    if shift < 0 or (block * size) % 4 or (stride * size) % 4 or (shift * size) % 4 or count > 65535:
+    if shift < 0 or (block * size) % 4 or (stride * size) % 4 or (shift * size) % 4:
         return None
     return Target(_words_from(first), count, block * size // 4, stride * size // 4, shift * size // 4)
 
