@@ -135,6 +135,14 @@ class SymmPullTransport(TorchTransport):
         self._turn: dict[tuple[str, int], int] = {}
         self._staged: dict[int, _Slot] = {}  # buffer address -> its slot, handed out by `staging`
         self._side: torch.cuda.Stream | None = None
+        self._pulled = False  # this layer posted a pull
+
+    def end_layer(self) -> None:
+        """Every pull of the layer is over before later work on the current stream, also where an error left
+        its handle unwaited (its receive buffer may go back to the allocator)."""
+        if self._pulled:
+            torch.cuda.current_stream(self._side.device).wait_stream(self._side)
+            self._pulled = False
 
     def staging(self, group: Group, like: Tensor, shape: Sequence[int]) -> Tensor | None:
         """The buffer the next exchange of this size is pulled from (its slot taken now), once every member has
@@ -170,6 +178,7 @@ class SymmPullTransport(TorchTransport):
             slot.buffer[:send.nbytes].copy_(send.reshape(-1).view(torch.uint8))
         side = self._side_stream(send.device)
         side.wait_stream(current)
+        self._pulled = True
         with torch.cuda.stream(side):
             slot.handle.barrier(channel=0)  # every member's piece for every other is in its buffer
             pull(slot.ptrs, target, group.index, group.size)
