@@ -74,11 +74,11 @@ def pull(ptrs: Tensor, target: Target, me: int, members: int) -> None:
 def target_of(recvs: Sequence[Tensor], piece_bytes: int) -> Target | None:
     """The pieces as a Target where the pull can write them in place: each `piece_bytes` long, one dtype, runs
     of one length a uniform stride apart, every piece as the first one shifted by a uniform stride (the first
-    lowest), all in whole aligned words; else None."""
+    lowest), all in whole aligned words, none empty; else None."""
     first = recvs[0]
     runs = _runs(first)
     size = first.element_size()
-    if runs is None or first.numel() * size != piece_bytes or first.data_ptr() % 4:
+    if runs is None or not piece_bytes or first.numel() * size != piece_bytes or first.data_ptr() % 4:
         return None
     count, block, stride = runs
     shift = (recvs[1].data_ptr() - first.data_ptr()) // size if len(recvs) > 1 else 0
