@@ -120,6 +120,7 @@ class WatchedTransport:
     def __init__(self, inner: Transport, timeout_s: float):
         self.inner, self.timeout_s = inner, timeout_s
         self.name = inner.name
+        self.staging = inner.staging  # Ulysses asks at every exchange: bound once, not looked up through __getattr__
         self.layer = 0
         self._on_gpu = False  # this layer moved CUDA tensors
         self._ends: collections.deque[torch.cuda.Event] = collections.deque()  # GPU: each layer's end, in order

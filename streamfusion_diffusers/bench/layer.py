@@ -114,8 +114,7 @@ def bench_layer(setup: Setup, cases: list[Case], groups: GroupCache | None = Non
             continue
         with deadline(setup.timeout_s):
             call, ctx = _callable(case, setup, device, groups)
-            out = call(q, k_loc, v_loc)
-            errors.append(_errors(out, ref))
+            errors.append(_errors(call(q, k_loc, v_loc), ref))
             calls.append(lambda call=call: call(q, k_loc, v_loc))
             labels.append(auto_label(ctx) if case.method == "auto" else case.label)
             links.append(link_bound_ms(ctx, as_run, q.element_size()))
