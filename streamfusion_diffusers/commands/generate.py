@@ -82,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
     if real_size(job.model) and not job.gpu and not launched():
         print(_memory_line(job), file=sys.stderr)
     if os.environ.get("RANK", "0") == "0":  # under a launcher every rank runs main: rank 0 speaks
-        graphs = f", CUDA graphs {'on' if job.cuda_graph else 'off'} ({job.graph_why})" if job.gpu else ""
+        graphs = (f", CUDA graphs {'on' if job.cuda_graph else 'off'} ({job.graph_why}), blocks "
+                  f"{'compiled' if job.compile else 'eager'} ({job.compile_why})") if job.gpu else ""
         print(f"streamfusion generate: starting {job.model} ({job.weights or 'random weights'}) on {job.world_size} "
               f"{'GPU' if job.gpu else 'CPU'} processes as {job.parallel.machines} machines x "
               f"{job.parallel.gpus_per_machine}, method {job.parallel.label}"

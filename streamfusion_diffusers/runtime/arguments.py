@@ -92,9 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay the transformer forward from a CUDA graph, captured once per shape (default on "
                              "GPUs, where it is exact, sharded weights' in-place gathers included: not with --cache, "
                              "which then runs eager and says why; --no-cuda-graph runs every step eager)")
-    parser.add_argument("--compile", action="store_true",
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="torch.compile the transformer's repeated blocks (fullgraph, diffusers' "
-                             "compile_repeated_blocks), replayed from the CUDA graph where graphs are on")
+                             "compile_repeated_blocks), replayed from the CUDA graph where graphs are on (default "
+                             "on GPUs: where a measured compiled step pays for the compile over the run's steps, "
+                             "a server's always; run.json says why; --no-compile never)")
     parser.add_argument("--shard-weights", action="store_true",
                         help="every rank holds 1/P of as many of the transformer's blocks (and text encoders) as "
                              "--max-memory needs, each gathered in place just before it runs, the others gathered "

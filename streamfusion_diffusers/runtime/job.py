@@ -49,7 +49,8 @@ class Job:
     vae_split: bool = True
     cuda_graph: bool = False  # replay the forward from CUDA graphs (resolved: on by default on GPUs)
     graph_why: str = "not asked for"  # why graphs are on or off (run.json says it)
-    compile: bool = False
+    compile: bool = False  # the repeated blocks compiled (resolved: where measured to pay, on GPUs)
+    compile_why: str = "not asked for"  # why they are or are not (run.json says it)
     shard_weights: bool = False
     max_memory: float | None = None  # GiB per GPU with sharded weights (None: the GPU's free memory; CPU: no limit)
     streamed_blocks: str = "auto"  # how a sharded block that streams runs: gathered, tensor-parallel or fewer bytes
@@ -189,6 +190,28 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
     return True, "the default on GPUs"
 
 
+def compile_choice(args: argparse.Namespace, job: Job, serving: bool) -> tuple[bool, str]:
+    """Whether the repeated blocks compile, and why: asked for, refused, or by default where a measured compiled
+    step pays for the compile over the job's steps (a server's: unbounded), for what was measured: graphs on,
+    whole weights, nothing stacked, no emulated link."""
+    if args.compile:
+        return True, "asked for"
+    if args.compile is False:
+        return False, "--no-compile"
+    if not job.gpu:
+        return False, "no GPU (the CPU runs eager)"
+    unmeasured = [what for what, on in (("--cache", job.stack.cache), ("--lora", job.stack.loras or job.stack.adapters),
+                                        ("--quantize", job.stack.quantize), ("--shard-weights", job.shard_weights),
+                                        ("--emulate-link", job.parallel.emulate_link),
+                                        ("CUDA graphs off", not job.cuda_graph)) if on]
+    if unmeasured:
+        return False, f"no compiled step measured with {unmeasured[0]} (--compile to try it)"
+    from ..choice.compiling import compile_pays
+
+    tokens = MODELS[job.model].image_tokens(job.height, job.width, job.frames)
+    return compile_pays(job.model, tokens, job.world_size, None if serving else job.steps - 1)
+
+
 def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = None,
              serving: bool = False) -> Job:
     """Resolve defaults and check the layout against the model, before any process starts. shape: (machines,
@@ -252,15 +275,16 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
                          f"(--lora PATH) or drop {flag}")
     if gpu and args.shard_weights and world > 1 and real_size(args.model) and not args.weights:
         check_host_memory(args.model, height, width, frames, world, parallel, args.max_memory)
-    return Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
+    job = Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
                steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
                max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
                dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
                gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
-               compile=args.compile,
                shard_weights=args.shard_weights, max_memory=args.max_memory,
                streamed_blocks=args.streamed_blocks or "auto", stack=stack,
                weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)
+    compiled, why = compile_choice(args, job, serving)
+    return dataclasses.replace(job, compile=compiled, compile_why=why)
 
 
 def available_host_gib() -> float | None:

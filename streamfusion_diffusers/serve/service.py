@@ -56,6 +56,10 @@ class Service(Supervision, Running, Following):
         if job.stack.adapters and job.cuda_graph:
             logger.info("named LoRAs with CUDA graphs: each new choice of adapters and weights gets graphs of its "
                         "own (its first step eager, its second captured), kept with the others' within the budget")
+        if job.gpu:
+            logger.info("CUDA graphs %s (%s); the repeated blocks %s (%s)", "on" if job.cuda_graph else "off",
+                        job.graph_why, "compile in the warm-up's first step" if job.compile else "run eager",
+                        job.compile_why)
         self.groups = [Group(i, job, d, hosts[i] if hosts else None) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
