@@ -1,6 +1,6 @@
 """Whether a job compiles its blocks when `--compile` is not given: from the measured steps of
-choice/recipes/compiled.json (each read from its log here), over the job's steps (`generate`) or a server's
-lifetime (`serve`); only what was measured compiles by default, and run.json says why."""
+choice/recipes/compiled.json (each read from its log here), over the job's steps (`generate`; `serve` only when
+asked); only what was measured compiles by default, and run.json says why."""
 from __future__ import annotations
 
 import argparse
@@ -38,21 +38,24 @@ def test_every_record_is_its_log():
         assert r.compile_s == pytest.approx(float(compiled_first) - float(graph_first), abs=0.01)
 
 
-def test_a_compile_pays_over_a_servers_steps_not_over_a_short_generation():
+def test_a_compile_pays_over_enough_steps_and_never_by_default_in_a_server():
     record = nearest("flux-dev", 4096, 4)
-    assert record is not None and record.saving_s > 0
-    assert compile_pays("flux-dev", 4096, 4, None)[0]
+    assert record is not None and record.ranks == 4 and record.saving_s > 0
     pays, why = compile_pays("flux-dev", 4096, 4, 7)
     assert not pays and "less than the compile" in why and "--compile" in why
     enough = int(record.compile_s / record.saving_s) + 1
     assert compile_pays("flux-dev", 4096, 4, enough)[0] and not compile_pays("flux-dev", 4096, 4, enough - 2)[0]
+    pays, why = compile_pays("flux-dev", 4096, 4, None)
+    assert not pays and "a server would wait for the compile" in why and "--compile" in why
 
 
-def test_the_saving_scales_with_the_tokens_a_rank_holds():
-    record = nearest("flux-dev", 4096, 4)
-    calls = int(record.compile_s / record.saving_s / 4) + 1  # pays at four times the tokens per rank, not at one
-    assert compile_pays("flux-dev", 16384, 4, calls)[0] and compile_pays("flux-dev", 4096, 1, calls)[0]
-    assert not compile_pays("flux-dev", 4096, 4, calls)[0]
+def test_the_nearest_record_is_by_the_tokens_a_rank_holds_and_its_saving_scales_with_them():
+    one = nearest("flux-dev", 4096, 1)
+    assert one.ranks == 1 and nearest("flux-dev", 4 * 4096, 4) == one  # a rank holds what one GPU held
+    half = nearest("flux-dev", 2048, 1)  # no record at 2048 tokens: the one at 4096, its saving halved
+    assert half == one
+    calls = int(one.compile_s / one.saving_s) + 1  # pays at 4096 tokens a rank, not at half of them
+    assert compile_pays("flux-dev", 4096, 1, calls)[0] and not compile_pays("flux-dev", 2048, 1, calls)[0]
 
 
 def test_a_model_without_a_record_does_not_compile(monkeypatch):
@@ -67,12 +70,13 @@ def test_a_model_without_a_record_does_not_compile(monkeypatch):
 
 @pytest.mark.parametrize("argv, serving, on, words", [
     ((), False, False, "less than the compile"),  # 28 steps of flux-dev 1024 at P = 4
-    ((), True, True, "a server's steps pay"),
+    ((), True, False, "a server would wait for the compile"),
     (("--steps", "100000"), False, True, "more than the compile"),
-    (("--no-compile",), True, False, "--no-compile"),
+    (("--no-compile",), False, False, "--no-compile"),
+    (("--compile",), True, True, "asked for"),
     (("--compile",), False, True, "asked for"),
-    (("--no-cuda-graph",), True, False, "CUDA graphs off"),
-    (("--emulate-link", "p4de", "--machines", "2", "--gpus-per-machine", "2"), True, False, "--emulate-link"),
+    (("--no-cuda-graph", "--steps", "100000"), False, False, "CUDA graphs off"),
+    (("--emulate-link", "p4de", "--steps", "100000"), False, False, "--emulate-link"),
 ])
 def test_the_choice_and_why_of_a_job_on_gpus(argv, serving, on, words):
     shape = (2, 2, True) if "--emulate-link" in argv else GPU

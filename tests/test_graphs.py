@@ -2,6 +2,7 @@
 eager, on fresh inputs at every replay and across shapes; on the CPU the flag is refused naming the fix."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -12,6 +13,7 @@ from torch.utils._pytree import tree_map_only
 
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.cli import main as cli_main
+from streamfusion_diffusers.diffusers import graphs
 from streamfusion_diffusers.diffusers.graphs import set_horizon
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.models.build import build_transformer
@@ -41,6 +43,37 @@ def test_generate_refuses_cuda_graph_on_the_cpu(capsys):
         cli_main(["generate", "--cpu", "--cuda-graph"])
     assert exit_info.value.code == 2
     assert "drop --cuda-graph" in capsys.readouterr().err
+
+
+def test_a_forward_that_cannot_be_captured_says_why_in_one_line_naming_the_fix(monkeypatch):
+    """On GPUs inductor can tune a compiled kernel at its first launch, which a capture forbids; the capture's own
+    error then hides that cause. The CUDA calls around the capture stand in for a GPU here."""
+    class Stream:
+        def wait_stream(self, other: object) -> None:
+            pass
+
+    @contextlib.contextmanager
+    def capturing(graph: object, capture_error_mode: str):
+        try:
+            yield
+        except RuntimeError:  # torch's capture_end fails in turn, while the body's error is handled
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture\nSearch for ...")
+
+    for name, value in (("current_stream", Stream), ("Stream", Stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("synchronize", lambda: None), ("CUDAGraph", object), ("graph", capturing)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    calls = []
+
+    def forward() -> None:
+        calls.append(1)
+        if len(calls) > graphs.WARMUP:  # the warm-up runs; the captured call tunes a kernel
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCompile with ...")
+
+    with pytest.raises(RuntimeError) as caught:
+        graphs.capture(forward)
+    message = str(caught.value)
+    assert "\n" not in message and "--no-cuda-graph" in message and "--compile" in message
+    assert message.endswith("what broke the capture: CUDA error: operation not permitted when stream is capturing")
 
 
 def _cuda_inputs(case: Case, seed: int) -> dict:

@@ -2,11 +2,12 @@
 layout.
 
 Compiled blocks replayed from the CUDA graph run a step faster than the graphed eager kernels (inductor fuses the
-norms, modulation and activations between the GEMMs), and the first step pays for the compile. A job compiles
-where the steps after its first save more than that: `generate` counts its own steps; `serve` makes steps for
-as long as it runs, so it compiles wherever a record measured a saving (its start-up then includes the compile).
+norms, modulation and activations between the GEMMs), and the first step pays for the compile. `generate`
+compiles where the steps after its first save more than that. `serve` does not by default: its start-up would
+take the compile, and so would its first request of each new size or batch (a stall of the same length while
+the group holds every request behind it); `serve --compile` takes both for the faster step.
 
-The figures are recorded runs (recipes/compiled.json, each read from its file under benchmarks/results/, which
+The figures are recorded runs (recipes/compiled.json, each read from its log under benchmarks/results/, which
 tests/test_compile_choice.py checks): per model, ranks, size and GPU, the graphed step, the compiled-in-the-graph
 step and the compile's seconds (the compiled run's first step less the graphed run's). A size or rank count
 without a record takes the model's record nearest in the tokens a rank holds, its saving scaled by those
@@ -67,7 +68,8 @@ def nearest(model: str, tokens: int, ranks: int) -> CompiledRecord | None:
 
 
 def compile_pays(model: str, tokens: int, ranks: int, calls: int | None) -> tuple[bool, str]:
-    """Whether compiling pays for `calls` steps after the first (None: a server's, unbounded), and why."""
+    """Whether compiling pays for `calls` steps after the first, and why; None: a server's steps, which never
+    compile by default (its start and every new size or batch would wait for a compile)."""
     record = nearest(model, tokens, ranks)
     if record is None:
         return False, f"no compiled step of {model} measured (--compile to try it)"
@@ -75,7 +77,8 @@ def compile_pays(model: str, tokens: int, ranks: int, calls: int | None) -> tupl
     if saving <= 0:
         return False, f"compiled blocks measured no faster ({record.label()})"
     if calls is None:
-        return True, f"a server's steps pay for the compile ({record.label()})"
+        return False, (f"a server would wait for the compile at its start and at each new size or batch "
+                       f"({record.label()}); --compile to take it for the faster step")
     if calls * saving > record.compile_s:
         return True, f"{calls} steps save about {calls * saving:.1f} s, more than the compile ({record.label()})"
     return False, (f"{calls} steps would save about {calls * saving:.1f} s, less than the compile ({record.label()}); "

@@ -48,6 +48,9 @@ WARMUP = 1  # eager runs on the side stream before capture (after the first call
 BUDGET_SHARE = 0.5  # the graphs' default budget: this share of the GPU memory free at the first capture
 MIN_REPLAYS = 2  # a capture (one eager warm-up and the capture itself, about two forwards) pays only when at least
 # this many replays follow the one that captured
+NOT_CAPTURED = ("the transformer forward could not be captured in a CUDA graph (compiled blocks can tune a kernel "
+                "there, which a capture forbids): run it eager with --no-cuda-graph (parallelize(..., "
+                "cuda_graph=False)), or drop --compile; what broke the capture")
 NO_GPU = "cuda_graph needs a GPU (an NCCL process group and a CUDA model); drop --cuda-graph / cuda_graph=True"
 
 
@@ -69,11 +72,18 @@ def capture(call: Callable[[], Any], warmup: int = WARMUP) -> tuple[torch.cuda.C
     compute.wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    # thread_local: the NCCL watchdog thread's event queries must not invalidate this thread's capture
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        out = call()
+    try:
+        # thread_local: the NCCL watchdog thread's event queries must not invalidate this thread's capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = call()
+    except RuntimeError as err:  # the capture's own error is the second; what broke it is the first
+        raise RuntimeError(f"{NOT_CAPTURED}: {first_line(err.__context__ or err)}") from err
     torch.cuda.synchronize()
     return graph, out
+
+
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def transport_epoch(ctx: ParallelContext) -> tuple[int, int] | None:

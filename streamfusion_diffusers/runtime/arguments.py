@@ -95,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="torch.compile the transformer's repeated blocks (fullgraph, diffusers' "
                              "compile_repeated_blocks), replayed from the CUDA graph where graphs are on (default "
-                             "on GPUs: where a measured compiled step pays for the compile over the run's steps, "
-                             "a server's always; run.json says why; --no-compile never)")
+                             "on GPUs: where a measured compiled step pays for the compile over generate's steps; "
+                             "serve compiles only when asked; run.json says why; --no-compile never)")
     parser.add_argument("--shard-weights", action="store_true",
                         help="every rank holds 1/P of as many of the transformer's blocks (and text encoders) as "
                              "--max-memory needs, each gathered in place just before it runs, the others gathered "

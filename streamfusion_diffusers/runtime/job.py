@@ -191,9 +191,9 @@ def graph_choice(args: argparse.Namespace, gpu: bool) -> tuple[bool, str]:
 
 
 def compile_choice(args: argparse.Namespace, job: Job, serving: bool) -> tuple[bool, str]:
-    """Whether the repeated blocks compile, and why: asked for, refused, or by default where a measured compiled
-    step pays for the compile over the job's steps (a server's: unbounded), for what was measured: graphs on,
-    whole weights, nothing stacked, no emulated link."""
+    """Whether the repeated blocks compile, and why: asked for, or by default where a measured compiled step pays
+    for the compile over the job's steps (choice/compiling.py; a server: never by default), for what was
+    measured: graphs on, whole weights, nothing stacked, no emulated link."""
     if args.compile:
         return True, "asked for"
     if args.compile is False:
