@@ -53,7 +53,7 @@ def test_a_forward_that_cannot_be_captured_says_why_in_one_line_naming_the_fix(m
             pass
 
     @contextlib.contextmanager
-    def capturing(graph: object, capture_error_mode: str):
+    def capturing(graph: object, stream: object, capture_error_mode: str):
         try:
             yield
         except RuntimeError:  # torch's capture_end fails in turn, while the body's error is handled

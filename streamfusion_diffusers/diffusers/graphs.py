@@ -61,8 +61,11 @@ def check_graphable(ctx: ParallelContext) -> None:
 
 
 def capture(call: Callable[[], Any], warmup: int = WARMUP) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Warm `call` up on a side stream, then capture it; returns the graph and the output of the captured call
-    (static tensors that every replay rewrites). Every rank must capture the same calls in the same order."""
+    """Warm `call` up on a side stream, then capture it on the same stream; returns the graph and the output of
+    the captured call (static tensors that every replay rewrites). Every rank must capture the same calls in the
+    same order. One stream for both: compiled code that read the current stream is guarded on it, and on another
+    stream it would be compiled again inside the capture, whose kernels' first launch tunes them, which a capture
+    forbids."""
     compute = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     side.wait_stream(compute)
@@ -74,7 +77,7 @@ def capture(call: Callable[[], Any], warmup: int = WARMUP) -> tuple[torch.cuda.C
     graph = torch.cuda.CUDAGraph()
     try:
         # thread_local: the NCCL watchdog thread's event queries must not invalidate this thread's capture
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             out = call()
     except RuntimeError as err:  # the capture's own error is the second; what broke it is the first
         raise RuntimeError(f"{NOT_CAPTURED}: {first_line(err.__context__ or err)}") from err

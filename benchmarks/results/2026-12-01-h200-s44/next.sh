@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The next session's first call on any GPU machine (one GPU is enough; about 5 minutes): do Qwen-Image's and
+# Wan 2.2's compiled blocks capture now that the capture runs on the warm-up's stream (graphs.capture)? Each model
+# with default flags, then --compile, with dynamo's recompile reasons logged; the summary lines are the records
+# choice/recipes/compiled.json takes (copy the log under benchmarks/results/ and add a record per pair).
+# Run from the project root after the device preamble; logs under $OUT.
+set -u
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+for spec in "qwen-image --height 1328 --width 1328 --steps 6" \
+            "wan2.2-ti2v-5b --height 704 --width 1280 --frames 121 --steps 4"; do
+  for flags in "" "--compile"; do
+    echo "=== generate --model $spec $flags" >> "$OUT/compiled.log"
+    CUDA_VISIBLE_DEVICES=0 TORCH_LOGS=recompiles timeout 200 python -m streamfusion_diffusers generate --model $spec \
+      $flags --output /tmp/next 2>&1 | tr '\r' '\n' | grep -v -E "(it/s|s/it)\]" >> "$OUT/compiled.log"
+  done
+done
+grep -E "^===|ms/step|failed|Recompiling|guard" "$OUT/compiled.log" | cut -c1-400
