@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The next session's first call on any GPU machine (one GPU is enough; about 6 minutes): the GPU test of compiled
-# blocks captured (tiny Flux, Qwen-Image, Wan), then: do the real-size Qwen-Image's and Wan 2.2's compiled blocks capture now that the capture runs on the warm-up's stream (graphs.capture)? Each model
-# with default flags, then --compile, with dynamo's recompile reasons logged; the summary lines are the records
-# choice/recipes/compiled.json takes (copy the log under benchmarks/results/ and add a record per pair).
-# Run from the project root after the device preamble; logs under $OUT.
+# The next session's first call on any GPU machine (one GPU is enough; about 6 minutes). First the GPU test of
+# compiled blocks captured in our CUDA graph (tiny Flux, Qwen-Image, Wan); then, now that the capture runs on the
+# warm-up's stream (graphs.capture), do the real-size Qwen-Image's and Wan 2.2's compiled blocks capture? Each
+# model runs with default flags, then with --compile, logging dynamo's recompile reasons. The summary lines are
+# the records choice/recipes/compiled.json takes: copy the log under benchmarks/results/ and add a record per
+# pair. Run from the project root after the device preamble; logs under $OUT.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 timeout 300 python -m pytest -m gpu -x -v tests/test_compiled.py -k captured 2>&1 | tail -15 > "$OUT/compiled_tests.log"
