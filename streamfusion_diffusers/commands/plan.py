@@ -24,7 +24,7 @@ from ..choice.workloads import MODELS as WORKLOADS
 from ..core.config import METHODS
 from ..core.links import PRESETS, parse_link
 from ..models import MODELS
-from ..runtime.job import graph_choice
+from ..runtime.execution import graph_choice
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
