@@ -232,13 +232,13 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
     if gpu and args.shard_weights and world > 1 and real_size(args.model) and not args.weights:
         check_host_memory(args.model, height, width, frames, world, parallel, args.max_memory)
     job = Job(model=args.model, weights=args.weights, prompt=args.prompt, height=height, width=width, frames=frames,
-               steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
-               max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
-               dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
-               gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
-               shard_weights=args.shard_weights, max_memory=args.max_memory,
-               streamed_blocks=args.streamed_blocks or "auto", stack=stack,
-               weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)
+              steps=steps, guidance_scale=guidance_scale, true_cfg_scale=args.true_cfg_scale,
+              max_sequence_length=given(args.max_sequence_length, spec.max_sequence_length), seed=args.seed,
+              dtype=args.dtype or ("bfloat16" if gpu else "float32"), parallel=parallel, world_size=world,
+              gpu=gpu, output=args.output, vae_split=args.vae_split, cuda_graph=cuda_graph, graph_why=graph_why,
+              shard_weights=args.shard_weights, max_memory=args.max_memory,
+              streamed_blocks=args.streamed_blocks or "auto", stack=stack,
+              weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)
     compiled, why = compile_choice(args, job, serving)
     return dataclasses.replace(job, compile=compiled, compile_why=why)
 
