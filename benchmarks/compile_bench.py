@@ -33,7 +33,7 @@ from streamfusion_diffusers import ParallelConfig, init_parallel
 from streamfusion_diffusers.bench.model import model_inputs
 from streamfusion_diffusers.choice.workloads import cogvideox, flux
 from streamfusion_diffusers.models.build import build_transformer
-from streamfusion_diffusers.parallelize import parallelize
+from streamfusion_diffusers import parallelize
 
 MODES = ("eager", "blocks", "whole", "whole-ro")
 

@@ -18,7 +18,7 @@ from streamfusion_diffusers import ParallelConfig, ParallelContext, init_paralle
 from streamfusion_diffusers.context import shutdown
 from streamfusion_diffusers.models import TRANSFORMERS
 from streamfusion_diffusers.models.inputs import build, inputs
-from streamfusion_diffusers.parallelize import parallelize
+from streamfusion_diffusers import parallelize
 
 MODELS = ("wan2.2-ti2v-5b", "qwen-image", "flux2-dev", "wan2.2-t2v-a14b")
 

@@ -11,7 +11,6 @@ import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _moved
 from .core.logs import quiet_other_ranks
 
 if TYPE_CHECKING:
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from .core.config import ParallelConfig
     from .core.mesh import GroupCache
 
-_moved.install()  # old import paths of moved modules, for one release
 quiet_other_ranks()  # under a launcher, before a script imports diffusers (and with it transformers)
 
 _LAZY = {"sp_attention": ".attention", "Layout": ".core.config", "ParallelConfig": ".core.config",

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_map_only
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
-from streamfusion_diffusers.diffusers.compiled import compile_blocks, repeated_blocks, uncompile_blocks
+from streamfusion_diffusers.diffusers.compiled import repeated_blocks, uncompile_blocks
 from streamfusion_diffusers.models.build import build_transformer
 
 FLUX = FLUX_CASES["text-joint-batch2"]  # 7 text tokens on 4 ranks: joint tokens; batch 2 for the CFG split
@@ -176,15 +176,16 @@ def test_the_bench_bound_compiles_as_one_graph(pool):
         assert res["nodes"] == [res["attention_layers"]] and res["vs_eager"] <= 1e-5, res
 
 
-def test_compile_blocks_is_deprecated_naming_the_replacement():
+def test_uncompile_blocks_runs_every_block_eager_again():
     model = build_transformer(FLUX.config)
-    with pytest.warns(DeprecationWarning, match="compile_repeated_blocks"):
-        blocks = compile_blocks(model, backend="aot_eager")
+    blocks = repeated_blocks(model)
+    for block in blocks:
+        block.compile(backend="aot_eager")
     assert all(b._compiled_call_impl is not None for b in blocks)
     uncompile_blocks(model)
     assert all(b._compiled_call_impl is None for b in blocks)
-    with pytest.raises(ValueError, match="takes a Flux or CogVideoX transformer"), pytest.warns(DeprecationWarning):
-        compile_blocks(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="pass a Flux or CogVideoX transformer"):
+        repeated_blocks(torch.nn.Linear(2, 2))
 
 
 @pytest.mark.gpu

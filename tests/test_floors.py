@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Lowest floor first. A module belongs to the floor of its longest listed prefix (dotted, whole components).
 FLOORS: dict[str, tuple[str, ...]] = {
-    "core": ("streamfusion_diffusers._moved", "streamfusion_diffusers.core", "streamfusion_diffusers.attention",
+    "core": ("streamfusion_diffusers.core", "streamfusion_diffusers.attention",
              "streamfusion_diffusers.kernels", "streamfusion_diffusers.backends", "streamfusion_diffusers.context"),
     "choice": ("streamfusion_diffusers.choice", "streamfusion_diffusers.models.configs"),
     "api": ("streamfusion_diffusers",),  # the package root: the public API, wired from the floors below
-    "integrations": ("streamfusion_diffusers.diffusers", "streamfusion_diffusers.parallelize", "streamfusion_diffusers.xdit",
+    "integrations": ("streamfusion_diffusers.diffusers", "streamfusion_diffusers.xdit",
                      "streamfusion_diffusers.models"),
     "runtime": ("streamfusion_diffusers.runtime",),
     "commands": ("streamfusion_diffusers.__main__", "streamfusion_diffusers.commands", "streamfusion_diffusers.cli",

@@ -18,7 +18,7 @@ from plan_cases import Case, check, context, expect_error, wan_pipeline_vae
 from streamfusion_diffusers import ParallelConfig, parallelize, unparallelize
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.diffusers.plans import plan_for
-from streamfusion_diffusers.diffusers.routing import streamfusion_attention
+from streamfusion_diffusers.diffusers.processors.backend import streamfusion_attention
 from streamfusion_diffusers.diffusers.sharding import FORWARD_HOOK
 
 WORLD = 4

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from streamfusion_diffusers.cli import main
-from streamfusion_diffusers.serve.command import replica_shape
+from streamfusion_diffusers.choice.replicas import replica_shape
 
 
 def _refused(capsys, *argv: str) -> str:

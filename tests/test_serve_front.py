@@ -15,7 +15,7 @@ import io
 import pytest
 from PIL import Image
 
-from streamfusion_diffusers.serve.app import Edge
+from streamfusion_diffusers.serve.edge import Edge
 from streamfusion_diffusers.serve.metrics import Metrics
 
 SECRET = "/srv/internal/path.py: token=abc123"

@@ -14,7 +14,8 @@ from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.vae import decode_over_ranks
-from streamfusion_diffusers.diffusers.vae.bands import Bands, banded, parallel_decode, unsupported
+from streamfusion_diffusers.diffusers.vae.band_split import Bands
+from streamfusion_diffusers.diffusers.vae.bands import banded, parallel_decode, unsupported
 from streamfusion_diffusers.diffusers.vae.tiles import is_split, split_vae_decode, unsplit_vae_decode
 
 WORLD = 3

@@ -54,14 +54,11 @@ def transformers_of(target: Any) -> list[torch.nn.Module]:
 
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
-                waves: int | str | None = None, shard_weights: bool = False, weight_budget: int | None = None,
-                streamed: str = "gather") -> torch.nn.Module:
+                shard_weights: bool = False, weight_budget: int | None = None, streamed: str = "gather"
+                ) -> torch.nn.Module:
     """Run a pipeline's (or a bare) transformer sequence-parallel over ctx's ranks, as its plan splits it.
 
     cuda_graph: capture the whole sharded forward once per input shape and replay it (`graphs.py`; GPU only).
-    waves: retired (TokenWeave waves ran copies of diffusers' block forwards and measured no gain, BENCHMARKS.md:
-    Flux 2048 px step on 2 x H200, 469.3 ms with waves=2 vs 463.8 eager); any value other than None raises,
-    naming what cuts a step's fixed cost instead: cuda_graph=True or torch.compile.
     shard_weights: every rank keeps only its share of the weights (`sharded_weights.py`: the transformers' blocks
     and, for a pipeline, its text encoders' layers, over the job's ranks), as far as `weight_budget` (bytes of
     weights per rank; None: every block) needs; a sharded block is gathered in place just before it runs, the
@@ -79,10 +76,6 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     latents). Every rank must then decode (no output_type="latent" on some ranks only). A pipeline with two
     transformers (Wan 2.2 A14B's experts) gets both parallelized. Returns the (first) transformer.
     """
-    if waves is not None:
-        raise ValueError("parallelize(waves=...) is retired (TokenWeave waves measured no gain): leave it out, and "
-                         "cut a step's fixed cost with parallelize(..., cuda_graph=True) or torch.compile(transformer, "
-                         "fullgraph=True)")
     transformers = transformers_of(target)
     plans = [plan_for(t) for t in transformers]  # a model without a plan is refused here, naming it
     if any(getattr(t, "_streamfusion", None) is not None for t in transformers):
@@ -153,4 +146,4 @@ def unparallelize(target: Any) -> torch.nn.Module:
     return transformers[0]
 
 
-__all__ = ["ModelPlan", "parallelize", "plan_for", "unparallelize"]
+__all__ = ["parallelize", "transformers_of", "unparallelize"]

@@ -97,4 +97,4 @@ def _grid_ids(rows: int, cols: int, first: float, device: torch.device | str) ->
                                 torch.arange(float(cols), device=device))
 
 
-__all__ = ["FAMILIES", "JOINT", "build", "inputs"]
+__all__ = ["FAMILIES", "build", "inputs"]

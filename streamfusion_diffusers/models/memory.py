@@ -201,5 +201,5 @@ def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None =
     return side * side, most_frames
 
 
-__all__ = ["GPUS_GB", "Estimate", "PartSizes", "RUNTIME_GIB", "estimate", "largest_size", "parked_gib", "pipeline_parts",
+__all__ = ["GPUS_GB", "Estimate", "RUNTIME_GIB", "estimate", "largest_size", "parked_gib", "pipeline_parts",
            "shardable", "streamed_choice", "weight_budget"]

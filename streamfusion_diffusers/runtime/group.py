@@ -174,4 +174,4 @@ def warmup_split(record: dict | None, graphs: bool) -> str:
     return f": {', '.join(parts)}" if parts else ""
 
 
-__all__ = ["BuildTimeout", "Group", "RankFailure", "failure_status"]
+__all__ = ["BuildTimeout", "Group", "failure_status"]

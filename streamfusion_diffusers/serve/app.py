@@ -125,4 +125,4 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: loop.create_task(self.service.drain()))
 
 
-__all__ = ["DrainingServer", "Edge", "V1Gate", "make_app"]
+__all__ = ["DrainingServer", "make_app"]

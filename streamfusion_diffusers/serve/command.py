@@ -269,4 +269,4 @@ def main(args: argparse.Namespace) -> int:
     return exit_code
 
 
-__all__ = ["add_arguments", "main", "replica_shape"]
+__all__ = ["add_arguments", "main"]

@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime.group import Group, RankFailure, failure_status
+from ..runtime.group import Group, failure_status
 from ..runtime.job import Job
 from ..runtime.output import encode
+from ..runtime.pool import RankFailure
 from ..runtime.progress import StepNote
 from .errors import ApiError
 from .metrics import Metrics

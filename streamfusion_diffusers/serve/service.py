@@ -198,4 +198,4 @@ def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:
             "seeds": [work.params.seed + i for i in range(work.params.n)], "runs": result["records"]}
 
 
-__all__ = ["Service", "restart_wait", "stopped_error", "what_ran"]
+__all__ = ["Service", "what_ran"]

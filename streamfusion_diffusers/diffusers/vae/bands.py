@@ -25,7 +25,6 @@ from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor, nn
 
-from ..._moved import forward
 from ...core.logs import say_once
 from .band_rules import band_forward, no_band_rule
 from .band_split import Bands
@@ -113,6 +112,4 @@ def parallel_vae_decode(vae: nn.Module, rank: int, world: int, group: dist.Proce
     say_once(logger, logging.INFO, "VAE decode patch-parallel over %d ranks (one band of latent rows each)", world)
 
 
-__all__ = ["Bands", "banded", "parallel_decode", "parallel_vae_decode", "unsupported"]
-
-__getattr__ = forward(__name__, "streamfusion_diffusers.diffusers.vae")  # decode_over_ranks, until the next release
+__all__ = ["banded", "parallel_decode", "parallel_vae_decode", "unsupported"]
