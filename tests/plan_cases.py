@@ -19,7 +19,8 @@ from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, u
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.sequence import split_sizes
 from streamfusion_diffusers.models import TINY_FLUX, TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
-from streamfusion_diffusers.models.inputs import JOINT, build, inputs
+from streamfusion_diffusers.models.configs import JOINT
+from streamfusion_diffusers.models.inputs import build, inputs
 
 TOL = 1e-4
 TINY_LTX = {"in_channels": 8, "out_channels": 8, "num_attention_heads": 8, "attention_head_dim": 16,

@@ -71,4 +71,4 @@ def route_attention(transformer: torch.nn.Module, plan: ModelPlan, ctx: Parallel
     return original
 
 
-__all__ = ["BACKEND", "TWINS", "Route", "backend_name", "route_attention", "streamfusion_attention"]
+__all__ = ["TWINS", "route_attention"]
