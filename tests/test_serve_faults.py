@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from serve_cases import ROOT, Server
-from streamfusion_diffusers.serve.supervision import restart_wait
+from streamfusion_diffusers.serve.supervisor import restart_wait
 
 FAULT_S = 15.0  # a killed rank's request is answered within this (the pool polls every 0.5 s, then 5 s of grace)
 

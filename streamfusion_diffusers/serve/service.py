@@ -1,11 +1,12 @@
 """The front's service: the served job on its parallel groups behind one bounded queue, its videos, /health, drain.
 
-The HTTP process (rank-free) owns the queue and one supervising task per group. `Service` holds the state and is
-made of one part per job: supervision.py (each group started, handed requests, restarted when a rank fails),
-running.py (a batch run on its group, its answers encoded), following.py (a request from its client's side:
-submitted, followed step by step, dropped or cancelled when its client leaves); here, the video jobs, the state
-said by /health and /metrics, and the stop. Drain (SIGTERM): new requests get 503, the requests already accepted run
-(for up to --drain-timeout), then the server exits.
+The HTTP process (rank-free) owns the queue and what the app asks of the job: a request accepted (`submit`, 429
+when the queue is full, 503 when draining, stopped, or while every group waits for a lost node), followed to its
+answer (follower.py), its video job, the state said by /health and /metrics, the drain and the stop. Each group has
+its supervisor (supervisor.py: started, handed the queue's batches, restarted when a rank fails), which tells the
+service when the group is ready, given up or waiting for a node: once every group is given up, every queued request
+is answered 503 and the server stops with an error. Drain (SIGTERM): new requests get 503, the requests already
+accepted run (for up to --drain-timeout), then the server exits.
 """
 from __future__ import annotations
 
@@ -14,20 +15,21 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
 from ..runtime.batch import unbatched_why
 from ..runtime.group import Group
 from ..runtime.job import Job
+from ..runtime.output import PNG
+from ..runtime.progress import StepNote
 from ..runtime.remote import Hosts
 from ..runtime.request import Request
 from .errors import ApiError
-from .following import Following
+from .follower import Follower
 from .metrics import Metrics
-from .running import Running, stopped_error
-from .supervision import Supervision, restart_wait
+from .supervisor import MAX_RESTARTS, Supervisor
 from .validation import Checker, Limits
 from .videos import Keep, VideoJob, VideoStore
 from .work import Work, WorkQueue
@@ -35,7 +37,7 @@ from .work import Work, WorkQueue
 logger = logging.getLogger(__name__)
 
 
-class Service(Supervision, Running, Following):
+class Service:
     """The served job on `len(devices)` groups, behind one bounded queue."""
 
     def __init__(self, job: Job, limits: Limits | Future, devices: list[list[str] | None], max_queue: int,
@@ -52,7 +54,6 @@ class Service(Supervision, Running, Following):
         if max_batch > 1 and (why := unbatched_why(job)):
             logger.info("every request runs as its own pipeline call: %s", why)
             max_batch = 1
-        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         if job.stack.adapters and job.cuda_graph:
             logger.info("named LoRAs with CUDA graphs: each new choice of adapters and weights gets graphs of its "
                         "own (its first step eager, its second captured), kept with the others' within the budget")
@@ -63,22 +64,40 @@ class Service(Supervision, Running, Following):
         self.groups = [Group(i, job, d, hosts[i] if hosts else None) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
+        self.supervisors = [Supervisor(group, job, self.queue, self.metrics, self.limits_known, self._changed,
+                                       request_timeout_s=request_timeout_s, max_batch=max_batch,
+                                       batch_wait_s=batch_wait_s, build_timeout_s=build_timeout_s)
+                            for group in self.groups]
+        self.follower = Follower(self.queue, self.metrics)
         self.videos = VideoStore(keep_videos)
-        self.request_timeout_s = request_timeout_s
-        self.build_timeout_s, self.drain_timeout_s = build_timeout_s, drain_timeout_s
+        self.request_timeout_s, self.drain_timeout_s = request_timeout_s, drain_timeout_s
         self.on_ready, self.on_exit = on_ready, on_exit
         self.started = time.monotonic()
         self.created = int(time.time())
         self.ready_once = False
         self.draining = False
         self.failure: Exception | None = None  # why the first start failed (the command reports it)
-        self.running = 0
-        self.busy: set[int] = set()  # the groups running a request now
-        self.active: set[Work] = set()  # the requests running or being encoded (answered 503 past a drain's bound)
-        self.down_since: dict[int, float] = {}  # when each restarting group failed
-        self._tasks: list[asyncio.Task] = []
-        self._encoding: set[asyncio.Task] = set()  # answers being encoded (their groups already run the next)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once started (signals schedule on it)
+
+    async def start(self) -> None:
+        """Start every group's supervisor; a planner that refuses the job ends the start at once (`_planned`)."""
+        self.loop = loop = asyncio.get_running_loop()
+        for supervisor in self.supervisors:
+            supervisor.start()
+        self.limits.add_done_callback(lambda found: loop.call_soon_threadsafe(self._planned, found))
+
+    async def limits_known(self) -> Limits:
+        """The request limits once the planner has them (serve/limits.py), awaited without holding the loop; a
+        waiter cancelled (a client gone) leaves the planner's future as it is. Raises the planner's error."""
+        await asyncio.wait([asyncio.wrap_future(self.limits)])
+        return self.limits.result()
+
+    def _planned(self, found: Future) -> None:
+        """The request limits are known: a planner that refused the job ends the start at once, while the ranks
+        still start (the command says why)."""
+        if found.exception() is not None and not self.ready_once and self.failure is None:
+            self.failure = found.exception()
+            self.on_exit(1)
 
     async def planned(self) -> None:
         """Wait, without holding the server's loop, until the request limits are known: on GPUs the memory planner
@@ -100,6 +119,61 @@ class Service(Supervision, Running, Following):
         if self.draining:
             raise ApiError(503, "the server is shutting down and takes no new requests", code="draining")
 
+    # ---- requests
+
+    async def submit(self, kind: str, params: Request, streamed: bool = False,
+                     image_format: tuple[str, int] = PNG) -> Work:
+        """Queue a checked request (429 when full, 503 when draining, stopped, or no group can run it); a
+        `streamed` one follows its steps (`stream`); its images are answered in `image_format`."""
+        if error := self.stranded():
+            raise error
+        work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s, image_format=image_format)
+        if streamed:
+            work.steps = asyncio.Queue()
+        await self.queue.put(work)
+        return work
+
+    async def wait(self, work: Work, disconnected: Callable[[], Any]) -> dict[str, Any]:
+        return await self.follower.wait(work, disconnected)
+
+    def stream(self, work: Work, disconnected: Callable[[], Any]) -> AsyncIterator[StepNote]:
+        return self.follower.stream(work, disconnected)
+
+    def stranded(self) -> ApiError | None:
+        """The answer to a request while every group waits for a lost node (none can run it); else None."""
+        if not self.ready_once or any(g.state not in ("waiting", "failed") for g in self.groups):
+            return None
+        nodes = sorted({n for g in self.groups if g.hosts is not None for n in g.hosts.nodes(g.hosts.missing())})
+        return ApiError(503, f"no parallel group can run requests: node(s) {', '.join(map(str, nodes))} are gone; "
+                             f"they serve again once their launchers restart", code="unavailable",
+                        headers={"Retry-After": "10"})
+
+    # ---- the groups
+
+    async def _changed(self, supervisor: Supervisor) -> None:
+        """A group became ready, was given up, or waits for a lost node: what the server does about it."""
+        state = supervisor.group.state
+        if state == "ready" and not self.ready_once and all(g.state == "ready" for g in self.groups):
+            self.ready_once = True
+            self.metrics.build_s = time.monotonic() - self.started
+            self.on_ready(self)
+        elif state == "failed" and not self.ready_once:  # a job that never built: a configuration error
+            if self.failure is None:
+                self.failure = supervisor.error
+            self.on_exit(1)
+        elif state == "failed" and all(g.state == "failed" for g in self.groups):
+            logger.error("every parallel group failed to restart %d times: stopping", MAX_RESTARTS)
+            await self.queue.close(ApiError(503, "no parallel group is left to run requests: the server is stopping",
+                                            code="unavailable"))
+            self.on_exit(1)
+        elif state == "waiting" and (error := self.stranded()):
+            self.queue.fail_waiting(error)
+
+    @property
+    def running(self) -> int:
+        """The requests running on a group or being encoded."""
+        return sum(len(s.in_flight) for s in self.supervisors)
+
     # ---- videos
 
     def delete_video(self, job: VideoJob) -> None:
@@ -107,7 +181,7 @@ class Service(Supervision, Running, Following):
         if job.work.started is None and self.queue.drop(job.work):
             job.work.fail(ApiError(499, "the video was deleted before it started", code="cancelled"))
         else:
-            self.cancel(job.work)
+            self.follower.cancel(job.work)
         self.videos.forget(job.id)
 
     async def submit_video(self, params: Request) -> VideoJob:
@@ -141,16 +215,11 @@ class Service(Supervision, Running, Following):
         else:
             status = "recovering" if self.ready_once else "starting"
         # no process ids: /health takes no key, and pids help only someone on the machine already
-        groups = [{**{k: v for k, v in g.describe().items() if k != "pids"}, "state": self._group_state(g)}
-                  for g in self.groups]
+        groups = [{**{k: v for k, v in s.group.describe().items() if k != "pids"}, "state": _said_state(s)}
+                  for s in self.supervisors]
         body = {"status": status, "model": self.job.model, "queue": len(self.queue), "running": self.running,
                 "groups": groups}
         return (200 if status == "ready" else 503), body
-
-    def _group_state(self, group: Group) -> str:
-        if group.state == "ready":
-            return "busy" if group.index in self.busy else "ready"
-        return {"recovering": "restarting", "waiting": "waiting for a node"}.get(group.state, group.state)
 
     def render_metrics(self) -> bytes:
         return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))
@@ -167,12 +236,13 @@ class Service(Supervision, Running, Following):
             if not any(g.state in ("ready", "starting", "recovering") for g in self.groups):
                 break
             if time.monotonic() > ends:
+                in_flight = [w for s in self.supervisors for w in s.in_flight if not w.done.done()]
                 logger.warning("%d request(s) still queued or running --drain-timeout %g s after the stop: answered "
-                               "503", len(self.queue) + len(self.active), self.drain_timeout_s)
+                               "503", len(self.queue) + len(in_flight), self.drain_timeout_s)
                 error = ApiError(503, f"the server stopped: the request was not done --drain-timeout "
                                       f"{self.drain_timeout_s:g} s after the stop was asked", code="unavailable")
                 await self.queue.close(error)
-                for work in list(self.active):
+                for work in in_flight:
                     work.fail(error)
                 break
             await asyncio.sleep(0.1)
@@ -182,11 +252,18 @@ class Service(Supervision, Running, Following):
         """Stop everything: answer what still waits with 503, end the supervising tasks, stop the ranks (a
         ready group together, the others at once), remove the finished videos."""
         await self.queue.close(ApiError(503, "the server stopped before the request ran", code="unavailable"))
-        for task in self._tasks:
-            task.cancel()
+        for supervisor in self.supervisors:
+            supervisor.cancel()
         for group in self.groups:
             await asyncio.to_thread(group.stop, group.state != "ready" or self.running > 0)
         self.videos.close()
+
+
+def _said_state(supervisor: Supervisor) -> str:
+    group = supervisor.group
+    if group.state == "ready":
+        return "busy" if supervisor.calling else "ready"
+    return {"recovering": "restarting", "waiting": "waiting for a node"}.get(group.state, group.state)
 
 
 def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,9 @@
-"""A request from its client's side: queued, followed until its answer (step by step when streamed), and stopped
-when its client leaves.
+"""An accepted request from its client's side: followed until its answer (step by step when streamed), stopped when
+its client leaves.
 
-`submit` queues a checked request (429 when the queue is full, 503 when draining, stopped, or while every group
-waits for a lost node). A client that leaves cancels its request: one still queued is dropped; a running one is
-answered 499 at once, and its batch stops at the next step on every rank once every request of the batch is
-cancelled (until then the batch runs on for the others). A request still queued past its deadline is answered 504.
-
-A part of `Service` (service.py), which holds the state named below.
+A client that leaves cancels its request: one still queued is dropped; a running one is answered 499 at once, and
+its batch stops at the next step on every rank once every request of the batch is cancelled (until then the batch
+runs on for the others). A request still queued past its deadline is answered 504.
 """
 from __future__ import annotations
 
@@ -15,9 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..runtime.output import PNG
 from ..runtime.progress import StepNote
-from ..runtime.request import Request
 from .errors import ApiError
 from .metrics import Metrics
 from .work import Work, WorkQueue
@@ -25,25 +20,11 @@ from .work import Work, WorkQueue
 POLL_S = 0.05  # how often a waiting request checks that its client is still there (a cancel lands within a step)
 
 
-class Following:
-    """Submitting a request, following it to its answer, and cancelling it (the groups' state from
-    `Supervision.stranded`)."""
+class Follower:
+    """Follows the requests of `queue` to their answers, and cancels them."""
 
-    queue: WorkQueue
-    metrics: Metrics
-    request_timeout_s: float
-
-    async def submit(self, kind: str, params: Request, streamed: bool = False,
-                     image_format: tuple[str, int] = PNG) -> Work:
-        """Queue a checked request (429 when full, 503 when draining, stopped, or no group can run it); a
-        `streamed` one follows its steps (`stream`); its images are answered in `image_format`."""
-        if error := self.stranded():
-            raise error
-        work = Work(kind, params, deadline=time.monotonic() + self.request_timeout_s, image_format=image_format)
-        if streamed:
-            work.steps = asyncio.Queue()
-        await self.queue.put(work)
-        return work
+    def __init__(self, queue: WorkQueue, metrics: Metrics):
+        self.queue, self.metrics = queue, metrics
 
     async def wait(self, work: Work, disconnected: Callable[[], Any]) -> dict[str, Any]:
         """The request's result; a client that leaves before its request starts drops it from the queue."""
@@ -52,14 +33,13 @@ class Following:
         return work.done.result()
 
     async def stream(self, work: Work, disconnected: Callable[[], Any]) -> AsyncIterator[StepNote]:
-        """A submitted request's step notes as they come (none unless it was submitted `streamed`), until its
-        result is in `work.done` (an ApiError raised here); a client that leaves cancels it (`wait`)."""
+        """A request's step notes as they come (none unless it was submitted streamed), until its result is in
+        `work.done` (an ApiError raised here); a client that leaves cancels it (`wait`)."""
         try:
             async for note in self._follow(work, disconnected):
                 yield note
         finally:  # the stream's reader went away mid-request (its response closed): as a client that leaves
-            if not work.done.done() and not self.cancel(work) and work.started is None and self.queue.drop(work):
-                self.metrics.dropped()
+            if not work.done.done() and not self.cancel(work) and self._dropped(work):
                 work.fail(ApiError(499, "the client closed the connection before the request started",
                                    code="dropped"))
 
@@ -80,10 +60,16 @@ class Following:
             if await disconnected():
                 if self.cancel(work):
                     raise ApiError(499, "the client closed the connection: its request was stopped", code="cancelled")
-                if work.started is None and self.queue.drop(work):
-                    self.metrics.dropped()
+                if self._dropped(work):
                     raise ApiError(499, "the client closed the connection before the request started",
                                    code="dropped")
+
+    def _dropped(self, work: Work) -> bool:
+        """Drop a request that has not started from the queue (its client left); False when it started."""
+        if work.started is not None or not self.queue.drop(work):
+            return False
+        self.metrics.dropped()
+        return True
 
     def cancel(self, work: Work) -> bool:
         """Cancel a running request (answered 499; its batch stops once every request of it is cancelled);
@@ -95,4 +81,4 @@ class Following:
         return True
 
 
-__all__ = ["POLL_S", "Following"]
+__all__ = ["POLL_S", "Follower"]
