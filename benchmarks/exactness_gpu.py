@@ -19,7 +19,8 @@ import os
 import torch
 
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.kernels import Partial, attend_chunks
+from streamfusion_diffusers.kernels.attend import attend_chunks
+from streamfusion_diffusers.kernels.partial import Partial
 
 SIZES = {"flux-4096": (65536 + 512, 24, 128), "cogvideox-49f": (53040 + 226, 48, 64)}
 SHARE, BLOCKS = 8, 8

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from streamfusion_diffusers.kernels import attention_with_lse
+from streamfusion_diffusers.kernels.attend import attention_with_lse
 from streamfusion_diffusers.kernels import fused as fused_kernels
 from streamfusion_diffusers.kernels.sdpa import BACKENDS, _call, attention_no_lse, attention_sdpa
 from streamfusion_diffusers.kernels.triton_attention import DEFAULT_CONFIGS, TileConfig, multi_chunk_attention

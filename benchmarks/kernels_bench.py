@@ -22,8 +22,10 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from streamfusion_diffusers.kernels import Partial, attend_chunks, dispatch, triton_attention
+from streamfusion_diffusers.kernels import dispatch, triton_attention
+from streamfusion_diffusers.kernels.attend import attend_chunks
 from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
+from streamfusion_diffusers.kernels.partial import Partial
 from streamfusion_diffusers.kernels.sdpa import BACKENDS, _call, attention_with_lse_sdpa
 from streamfusion_diffusers.kernels.state import current
 from streamfusion_diffusers.kernels.triton_attention import TileConfig, multi_chunk_attention

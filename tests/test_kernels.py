@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.kernels import Partial, attend_chunks, attention_with_lse
+from streamfusion_diffusers.kernels.attend import attend_chunks, attention_with_lse
 from streamfusion_diffusers.kernels.merge import merge_into_reference
+from streamfusion_diffusers.kernels.partial import Partial
 from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
 
 

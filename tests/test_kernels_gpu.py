@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from streamfusion_diffusers.core.exactness import reference_attention, relative_error, threshold
-from streamfusion_diffusers.kernels import Partial, attend_chunks, attention_with_lse, dispatch
+from streamfusion_diffusers.kernels import dispatch
+from streamfusion_diffusers.kernels.attend import attend_chunks, attention_with_lse
 from streamfusion_diffusers.kernels.merge import merge_into, merge_into_reference
+from streamfusion_diffusers.kernels.partial import Partial
 from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
 from streamfusion_diffusers.kernels.sdpa import BACKENDS, attention_no_lse, attention_sdpa, attention_with_lse_sdpa
 from streamfusion_diffusers.kernels.state import KernelState, current, owned_by
@@ -110,7 +112,8 @@ def test_hopper_takes_the_gluon_kernel() -> None:
 # key tile that never comes) fails the test at its timeout instead of stalling the suite.
 EMPTY_INPUTS = """
 import torch
-from streamfusion_diffusers.kernels import attention_with_lse, fused
+from streamfusion_diffusers.kernels import fused
+from streamfusion_diffusers.kernels.attend import attention_with_lse
 q = torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
 for name, (qq, kk) in {"keys": (q, q[:, :0]), "queries": (q[:, :0], q)}.items():
     lse = torch.empty(1, 2, qq.shape[1], device="cuda")
@@ -213,7 +216,7 @@ def test_auto_takes_sdpa_untimed_below_the_fused_floor() -> None:
     """Queries over every key at once, fewer than FUSED_MIN_WORK queries x keys: sdpa, no candidate timed (no fused
     compile in a job's first step); the same work as several query chunks is still timed (the fused kernel saves
     launches), and so is a pass that merges into a state (a ring's)."""
-    from streamfusion_diffusers.kernels import FUSED_MIN_WORK
+    from streamfusion_diffusers.kernels.choice import FUSED_MIN_WORK
 
     dispatch.clear()
     n = int(FUSED_MIN_WORK ** 0.5) - 64

@@ -12,7 +12,7 @@ from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.backends.quantized import CODECS, hadamard
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
-from streamfusion_diffusers.kernels import attention_with_lse_reference
+from streamfusion_diffusers.kernels.reference import attention_with_lse_reference
 
 WORLD = 4
 METHODS = ("ulysses", "ring", "usp", "tas", "torus")

@@ -10,7 +10,7 @@ from torch import Tensor
 from ..backends import Transport
 from ..core.mesh import Mesh
 from ..core.sequence import split_sizes
-from ..kernels import Partial
+from ..kernels.partial import Partial
 from .torus import JointShard, finished
 
 

@@ -18,7 +18,9 @@ from ..backends import Transport
 from ..context import ParallelContext
 from ..core.mesh import Group, Mesh
 from ..core.sequence import gather
-from ..kernels import Partial, agreed_choices, attend_chunks, attend_masked
+from ..kernels.attend import attend_chunks, attend_masked
+from ..kernels.choice import agreed_choices
+from ..kernels.partial import Partial
 from .agreement import agreed_seq_lens
 from .faults import EXACT, Exact
 from .joint import gather_joint, joint_shard

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from ..backends import Handle, Transport
 from ..core.mesh import Group
-from ..kernels import Partial, attend_chunks
+from ..kernels.attend import attend_chunks
+from ..kernels.partial import Partial
 from .faults import Exact, KVBlock
 
 

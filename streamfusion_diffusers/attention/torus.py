@@ -29,7 +29,7 @@ from torch import Tensor
 from ..backends import Handle, Transport
 from ..backends.watch import stage
 from ..core.mesh import Mesh
-from ..kernels import Partial
+from ..kernels.partial import Partial
 from .faults import EXACT, Exact
 from .ring import KVBlock, Queries, ring_attend
 

@@ -20,7 +20,8 @@ from torch import Tensor
 from ..choice.costmodel import link_bound
 from ..choice.workloads import Workload
 from ..core.links import parse_link
-from ..kernels import Partial, attend_chunks
+from ..kernels.attend import attend_chunks
+from ..kernels.partial import Partial
 from ..kernels.sdpa import attention_sdpa
 
 # The bench process's, not a context's: the bound communicates nothing, so no ParallelContext runs it.
