@@ -33,7 +33,9 @@ from torch import Tensor
 from ..backends import Transport
 from ..context import ParallelContext
 from ..core.mesh import Mesh
-from ..kernels import Partial, agreed_choices, attend_chunks
+from ..kernels.attend import attend_chunks
+from ..kernels.choice import agreed_choices
+from ..kernels.partial import Partial
 from .agreement import agreed_seq_lens
 from .joint import gather_joint, joint_shard
 from .torus import JointShard, finished
