@@ -24,6 +24,7 @@ from .core.join import join_job
 from .core.links import parse_link
 from .core.logs import forget_said, quiet_other_ranks
 from .core.mesh import CfgGroups, Group, GroupCache, Mesh
+from .core.transports import transport_spec
 from .kernels.state import KernelState
 
 logger = logging.getLogger(__name__)
@@ -69,18 +70,19 @@ class ParallelContext:
         self.machines, self.gpus_per_machine = machine_shape(config, len(self.worlds[0]) if self.worlds
                                                              else self.job_size)
         dist_backend = dist.get_backend()
-        if config.backend in ("nccl", "gloo") and config.backend != dist_backend:
+        spec = transport_spec(config.backend)
+        if config.backend in spec.process_groups and config.backend != dist_backend:  # an alias that pins it
             raise ValueError(f"backend {config.backend!r} asked for, but the process group runs {dist_backend!r}; "
-                             f"use backend='torch' to take whatever the process group runs")
+                             f"use backend={spec.name!r} to take whatever the process group runs")
         self.transport: Transport = make_transport(config.backend, strict=config.strict, timeout_s=config.timeout_s)
         if config.emulate_link is not None:
             device = torch.device("cuda", torch.cuda.current_device()) if dist_backend == "nccl" else torch.device("cpu")
             self.transport = EmulatedTransport(self.transport, parse_link(config.emulate_link),
                                                self.gpus_per_machine, self.global_rank, device)
         if config.comm_dtype is not None:
-            if self.transport.name.startswith("nvshmem"):
-                raise ValueError(f"comm_dtype={config.comm_dtype!r} runs over the torch transport (NCCL or gloo), "
-                                 f"not nvshmem; use backend='torch' with it, or comm_dtype=None")
+            if not transport_spec(self.transport.kind).comm_dtype:
+                raise ValueError(f"comm_dtype={config.comm_dtype!r} runs over a two-sided transport, not "
+                                 f"{self.transport.kind}; use backend='torch' with it, or comm_dtype=None")
             self.transport = QuantizedTransport(self.transport, config.comm_dtype, self.gpus_per_machine,
                                                 self.global_rank)
         self.transport = WatchedTransport(self.transport, config.timeout_s)  # named, bounded waits (outermost)

@@ -19,7 +19,8 @@ class Handle(Protocol):
 
 
 class Transport(Protocol):
-    name: str
+    name: str  # what logs and run.json say moved the bytes, wrappers included ("torch+int8")
+    kind: str  # its entry in core/transports.py, what capability checks read (wrappers pass it through)
 
     def recv_buffer(self, like: Tensor, shape: Sequence[int], peer: int, group: Group) -> Tensor:
         """A buffer of like's dtype and device that `exchange` will fill from `peer`. One-sided transports hand

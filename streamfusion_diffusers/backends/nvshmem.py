@@ -42,7 +42,7 @@ class Arrival:
 class NvshmemTransport:
     """Transport with SCATTERPUSH / BARRIERALL on two side streams; one per process (NVSHMEM is per process)."""
 
-    name = "nvshmem"
+    name = kind = "nvshmem"
 
     def __init__(self, runtime: Runtime):
         self.runtime = runtime

@@ -127,7 +127,7 @@ class _Slot:
 class SymmPullTransport(TorchTransport):
     """TorchTransport whose even all-to-alls on GPUs are one kernel of peer loads (the module docstring)."""
 
-    name = "torch+symm-pull"
+    name, kind = "torch+symm-pull", "symm-pull"
 
     def __init__(self) -> None:
         super().__init__()

@@ -29,7 +29,7 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 class TorchTransport:
-    name = "torch"
+    name = kind = "torch"
 
     def __init__(self) -> None:
         self._coalesces: dict[tuple[dist.ProcessGroup, str], bool] = {}  # (group, device type) -> NCCL-style batch

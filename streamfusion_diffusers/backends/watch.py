@@ -119,7 +119,7 @@ class WatchedTransport:
 
     def __init__(self, inner: Transport, timeout_s: float):
         self.inner, self.timeout_s = inner, timeout_s
-        self.name = inner.name
+        self.name, self.kind = inner.name, inner.kind
         self.staging = inner.staging  # Ulysses asks at every exchange: bound once, not looked up through __getattr__
         self.layer = 0
         self._on_gpu = False  # this layer moved CUDA tensors

@@ -21,6 +21,7 @@ from ..core.config import METHODS, Layout, ParallelConfig, resolve_layout
 from ..context import ParallelContext
 from ..core.links import PRESETS, Link, parse_link
 from ..core.one_time import one_time
+from ..core.transports import find_transport
 from .costmodel import Gpu, Prediction, candidate_layouts, predict
 from .recipe import Recipe, load_recipes
 from .rules import TORUS_MIN_TOKENS_PER_GPU, tokens_per_gpu, torus_off, why_torus_off
@@ -54,9 +55,10 @@ class Choice:
 
 
 def transport_name(backend: str) -> str:
-    """The transport a recipe entry's timings were taken on: "nccl", "gloo" and "symm-pull" are torch's (for its
-    layouts: the cost model does not tell the all-to-all's way apart)."""
-    return "torch" if backend in ("torch", "nccl", "gloo", "symm-pull") else backend
+    """The transport a recipe entry's timings count as (core/transports.py's timed_as: "symm-pull" is torch's, the
+    cost model does not tell the all-to-all's way apart); a name it does not know, as written."""
+    spec = find_transport(backend)
+    return spec.timed_as if spec else backend
 
 
 def entry_workload(entry: dict, model: str) -> Workload | None:

@@ -1,5 +1,5 @@
 """The core: the layout of a job (config, mesh and process groups, joining the job, sequence lengths, link
-presets, logs, the error measure).
+presets, the transports a job may name and what each can do, logs, the error measure).
 
 With kernels/ (attention with its log-sum-exp, merges) and backends/ (transports) above it, then context.py (the
 ParallelContext that composes them) and attention/ (the five methods as one schedule), it is the lowest floor:

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .links import parse_link
+from .transports import transport_spec
 
 Method = Literal["ulysses", "ring", "usp", "tas", "torus", "auto"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
-BACKENDS: tuple[str, ...] = ("torch", "nccl", "gloo", "symm-pull", "nvshmem")
 KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
 COMM_DTYPES: tuple[str | None, ...] = (None, "fp8", "int8")
 DEFAULT_TIMEOUT_S = 300.0  # how long any collective waits for a peer before it fails (process groups, transports)
@@ -44,9 +44,9 @@ class ParallelConfig:
     longest any collective may wait before it fails instead of hanging. strict: raise instead of falling back when
     the asked-for backend cannot run. emulate_link: make transfers between machines as slow as this link (a preset:
     dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's GPUs, split into `machines` groups, stand in for a
-    cluster. method "auto": the layout (method, U, R, T and the kernel, when kernel is "auto") is chosen at the
-    first `sp_attention` call from the attention shape and the cluster, by `choice.choose`: a recipe entry for that
-    shape, else the cost model. recipe: where "auto" looks (a packaged name, a YAML file or a folder of them; None:
+    cluster. method "auto" (the default): the layout (method, U, R, T and the kernel, when kernel is "auto") is chosen
+    at the first `sp_attention` call from the attention shape and the cluster, by `choice.choose`: a recipe entry for
+    that shape, else the cost model. recipe: where "auto" looks (a packaged name, a YAML file or a folder of them; None:
     the packaged recipes). cfg: classifier-free-guidance parallelism, 1 or 2 branches (world = cfg x SP degree; each
     branch computes one half of the guidance batch over its own SP group) or "auto" (2 when the transformer's first
     batch is 2 and the world splits in two, else 1). comm_dtype: "int8" or "fp8" (float8_e4m3fn) sends every chunk
@@ -71,7 +71,7 @@ class ParallelConfig:
     ulysses: int | None = None
     ring: int | None = None
     torus: int | None = None
-    method: Method = "torus"
+    method: Method = "auto"
     backend: str = "torch"
     kernel: str = "auto"
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -90,8 +90,7 @@ class ParallelConfig:
         if self.method == "auto" and (self.ulysses, self.ring, self.torus) != (None, None, None):
             raise ValueError("method 'auto' chooses ulysses, ring and torus itself: leave them unset, or name a "
                              "method to fix the layout")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        transport_spec(self.backend)  # a name core/transports.py knows
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
         for name in ("machines", "gpus_per_machine", "ulysses", "ring", "torus", "overlap_groups"):

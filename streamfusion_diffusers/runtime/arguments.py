@@ -6,6 +6,7 @@ import argparse
 import torch
 
 from ..core.config import METHODS
+from ..core.transports import TRANSPORTS, transport_names
 from ..diffusers.stack.spec import QUANTIZE
 from ..models import MODELS
 
@@ -55,10 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-machine", type=int, default=None,
                         help=f"processes per machine M (default: every visible GPU, {SPAWN_SHAPE[1]} on the CPU, "
                              f"LOCAL_WORLD_SIZE under torchrun)")
-    parser.add_argument("--backend", choices=("torch", "symm-pull", "nvshmem"), default=None,
-                        help="transport: torch (NCCL on GPUs, gloo on the CPU), symm-pull (torch with Ulysses' "
-                             "all-to-alls as peer loads from symmetric memory) or nvshmem (one-sided, GPUs); the "
-                             "last two fall back to torch with one warning where they cannot run; default torch")
+    parser.add_argument("--backend", choices=transport_names(), default=None,
+                        help="transport: " + "; ".join(f"{s.name} ({s.summary})" for s in TRANSPORTS.values())
+                             + "; one that cannot run falls back to torch with one warning; default torch")
     parser.add_argument("--emulate-link", default=None, metavar="LINK",
                         help="make every transfer between machines as slow as LINK: a preset (dgx, p4de, p5) or "
                              "GBPS:LATENCY_US (e.g. 25:10), so that one host's processes stand in for --machines "

@@ -18,7 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.config import BACKENDS, KERNELS, METHODS
+from ..core.config import KERNELS, METHODS
+from ..core.transports import transport_names
 from ..core.extras import missing
 
 
@@ -32,7 +33,7 @@ def parse(argv: Sequence[str]) -> tuple[str, dict[str, Any], list[str]]:
     parser.add_argument("--sf-method", dest="method", choices=(*METHODS, "auto"), default="torus")
     parser.add_argument("--sf-machines", dest="machines", type=int, default=None,
                         help="machines the job runs on (default: WORLD_SIZE / LOCAL_WORLD_SIZE)")
-    parser.add_argument("--sf-backend", dest="backend", choices=BACKENDS, default="torch")
+    parser.add_argument("--sf-backend", dest="backend", choices=transport_names(aliases=True), default="torch")
     parser.add_argument("--sf-ulysses", dest="ulysses", type=int, help="default: xfuser's --ulysses_degree")
     parser.add_argument("--sf-ring", dest="ring", type=int, help="default: xfuser's --ring_degree")
     parser.add_argument("--sf-torus", dest="torus", type=int)
