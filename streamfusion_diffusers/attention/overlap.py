@@ -33,6 +33,7 @@ from torch import Tensor
 from ..backends import Transport
 from ..context import ParallelContext
 from ..core.mesh import Mesh
+from ..core.transports import transport_spec
 from ..kernels.attend import attend_chunks
 from ..kernels.choice import agreed_choices
 from ..kernels.partial import Partial
@@ -70,7 +71,7 @@ def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
     agreement), like `sp_attention`."""
     asked = ctx.config.overlap_groups if groups is None else groups
     if asked is None or (asked == 1 and groups is None) or ctx.world_size == 1 or \
-            not ctx.transport.name.startswith("torch"):
+            not transport_spec(ctx.transport.kind).overlap:
         return None
     rows = like[:, joint_len:]
     joint = (like[:, :joint_len],) * 3 if joint_len else (None, None, None)
