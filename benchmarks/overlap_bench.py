@@ -1,18 +1,17 @@
 """The all-to-all hidden or not: the stock Ulysses step against Flux.1's single blocks beside their MLP
-(ParallelConfig.overlap_mlp) and the pipelined Ulysses (overlap_groups G), a real-size step, eager and from a CUDA
-graph, with the output checked against the stock path's.
+(ParallelConfig.overlap_mlp), a real-size step, eager and from a CUDA graph, with the output checked against the
+stock path's.
 
 One torchrun job (P = its world size, ulysses 1 x P): per workload the transformer is built once (bf16, random
 weights), then for each graph mode and each variant ("stock": no overlap; "mlp": the single blocks' MLP beside
-the exchanges, "mlp@C" with C SMs left to them; an integer G: head groups pipelined, with the MLP overlap off;
-any of them with "+pull": over the symm-pull transport, its all-to-alls one kernel of peer loads) it is
+the exchanges, "mlp@C" with C SMs left to them; any of them with "+pull": over the symm-pull transport, its all-to-alls one kernel of peer loads) it is
 parallelized and its steps timed (the slowest rank's median of --repeats; CUDA events, one synchronize per step). Per
 row also the relative error of the step's output against the stock path's, the same mode. --profile adds one profiled
 step per row (rank 0's): each CUDA stream's busy time beside the wall (shard_bench.profile_step): with the exchanges
 hidden, the compute stream's busy time comes closer to the wall, and the NCCL stream's time overlaps it. --trace DIR
 also writes each profiled step as a Chrome trace (Perfetto). One JSON line per row on stdout, all rows in --out.
 
-    torchrun --nproc-per-node 4 benchmarks/overlap_bench.py --workloads flux-dev:1024 qwen-image:1328 --profile
+    torchrun --nproc-per-node 4 benchmarks/overlap_bench.py --workloads flux-dev:1024 --profile
 """
 from __future__ import annotations
 
@@ -62,10 +61,10 @@ def _config(variant: str) -> ParallelConfig:
     variant, pull = variant.removesuffix("+pull"), variant.endswith("+pull")
     transport = {"backend": "symm-pull", "strict": True} if pull else {}
     if variant.startswith("mlp@"):  # mlp@C: the MLP overlap with its GEMMs leaving C SMs to the exchanges (mlp: the default)
-        return ParallelConfig(method="ulysses", overlap_groups=1, exchange_sms=int(variant[4:]), **transport)
+        return ParallelConfig(method="ulysses", exchange_sms=int(variant[4:]), **transport)
     if variant in ("stock", "mlp"):
-        return ParallelConfig(method="ulysses", overlap_groups=1, overlap_mlp=variant == "mlp", **transport)
-    return ParallelConfig(method="ulysses", overlap_groups=int(variant), overlap_mlp=False, **transport)
+        return ParallelConfig(method="ulysses", overlap_mlp=variant == "mlp", **transport)
+    raise SystemExit(f"variant {variant!r} is not stock, mlp or mlp@C (C: the SMs left to the exchanges)")
 
 
 def run(spec: str, variants: list[str], graph_modes: list[bool], repeats: int, device: torch.device,
@@ -83,7 +82,7 @@ def run(spec: str, variants: list[str], graph_modes: list[bool], repeats: int, d
             config = _config(variant)
             ctx = init_parallel(config, groups=cache)
             row = {"workload": workload.name, "ranks": dist.get_world_size(), "cuda_graph": graph,
-                   "variant": variant, "overlap_groups": config.overlap_groups, "overlap_mlp": config.overlap_mlp}
+                   "variant": variant, "overlap_mlp": config.overlap_mlp}
             with torch.no_grad():
                 parallelize(model, ctx, cuda_graph=graph)
                 out = model(**inputs)[0].clone()
@@ -116,9 +115,11 @@ def _trace(model: torch.nn.Module, inputs: dict, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="*", default=["flux-dev:1024", "qwen-image:1328"])
-    parser.add_argument("--variants", default="stock,mlp,2",
-                        help="stock (no overlap), mlp (single blocks beside their MLP), or head groups G, e.g. 2,3")
+    parser.add_argument("--workloads", nargs="*", default=["flux-dev:1024"],
+                        help="Flux.1 workloads: only its single blocks run beside their MLP")
+    parser.add_argument("--variants", default="stock,mlp",
+                        help="stock (no overlap), mlp (single blocks beside their MLP), mlp@C (C SMs left to the "
+                             "exchanges); +pull after any: over the symm-pull transport")
     parser.add_argument("--graph", default="eager,graph", help="eager, graph or both")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="profile one more step per row (rank 0's streams)")

@@ -119,7 +119,7 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
 def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> None:
     # Flux: the twin of its stock processor (RoPE in one pass), routed to our attention backend; CogVideoX: our
     # adapter (its stock one calls SDPA)
-    expected_processor = (("FluxOverlapAttnProcessor", "streamfusion") if case.family == "flux"
+    expected_processor = (("FluxRotaryAttnProcessor", "streamfusion") if case.family == "flux"
                           else ("CogVideoXSPAttnProcessor", None))
     for res in pool.run(run_case, config, case, seed):
         assert res["processors"] == {expected_processor}, res

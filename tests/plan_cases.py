@@ -2,8 +2,7 @@
 
 Every rank builds the same seeded model and inputs, runs it unparallelized (the reference), then parallelized,
 and reports the relative error with what it saw: the tokens its first block held, and how many attention calls
-`sp_attention` or the pipelined Ulysses (processors/overlap.py) computed (so a case fails if the split or the
-routing was not really in place).
+`sp_attention` computed (so a case fails if the split or the routing was not really in place).
 """
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import torch
 import torch.distributed as dist
 
 import streamfusion_diffusers.diffusers.processors.base as processors_base
-import streamfusion_diffusers.diffusers.processors.overlap as overlap_processors
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.sequence import split_sizes
@@ -81,12 +79,7 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
         calls.append((q.shape[1], list(kwargs["seq_lens"]), 0 if joint is None else joint.shape[1]))
         return real(q, *args, **kwargs)
 
-    def spy_overlapped(ctx: Any, plan: Any, like: torch.Tensor, *args: Any) -> Any:
-        calls.append((like.shape[1] - plan.joint, list(plan.lens), plan.joint))
-        return real_overlapped(ctx, plan, like, *args)
-
     real, processors_base.sp_attention = processors_base.sp_attention, spy
-    real_overlapped, overlap_processors.run_overlapped = overlap_processors.run_overlapped, spy_overlapped
     try:
         with torch.no_grad():
             reference = model(**inputs, return_dict=False)[0]
@@ -97,7 +90,6 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
             restored = model(**inputs, return_dict=False)[0]
     finally:
         processors_base.sp_attention = real
-        overlap_processors.run_overlapped = real_overlapped
     return {"error": relative_error(out, reference),
             "restored_error": relative_error(restored, reference),
             "calls": calls, "rank": dist.get_rank(), "world": dist.get_world_size(), "processors": processors}

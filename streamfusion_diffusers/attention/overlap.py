@@ -1,21 +1,13 @@
-"""Ulysses with its all-to-alls hidden behind the projections: heads in G groups, run as a pipeline.
+"""Ulysses with its all-to-alls beside the caller's own work, which needs no attention output.
 
-The caller hands over two callables: `project(g)` -> (q, k, v) of head group g ([B, J + L_local, H/G, D], joint
-rows first), and optionally `out_project(g, o_g)` -> the output projection's share of group g (a tuple of
-tensors; their sums over the groups are the projected output). Group g holds the contiguous heads
-[g H/G, (g+1) H/G), so its projection is a row slice of the Q/K/V weights and its share of the output
-projection a column slice of the output weight: views, no copies. Within a group, rank j attends heads
-j h/G .. (j+1) h/G - 1 of it, so a rank's heads differ from plain Ulysses' but every head is attended once,
-exactly. The schedule, on the compute stream with the exchanges on the transport's:
+The caller projects Q, K, V and hands over two callables of its own work (a Flux single block's MLP projections,
+diffusers/overlap_mlp.py); on the compute stream, the exchanges on the transport's:
 
-    project 0, post in(0)
-    for g: project g+1, post in(g+1)  (in(g) travels) | wait in(g), attend g  (in(g+1) travels)
-           post out(g) | wait out(g-1), out-project g-1  (out(g) travels)
-    wait out(G-1), out-project G-1
+    post Q/K/V | first()  (Q/K/V travel) | wait, attend, post the output | last()  (the output travels) | wait
 
-With one group nothing of the attention is left to pipeline; a caller with work of its own that needs no
-attention output passes it as `beside`: it runs while Q/K/V travel and while the output travels (a Flux single
-block's MLP projections, diffusers/overlap_mlp.py), with the projections whole.
+The projections stay whole. Pipelining Ulysses over head groups instead (each group's exchange beside the next
+group's projection) hides more of the exchanges but makes every GEMM smaller and shares the SMs with them, and
+the step came out slower, so it is not kept.
 
 Only for pure Ulysses inside the attention (torus T = 1, ring R = 1) over a torch transport (NCCL or gloo): every
 wait is a stream wait, so the schedule is captured by a CUDA graph as it runs eagerly.
@@ -43,35 +35,27 @@ from .torus import JointShard, finished
 from .ulysses import post_gather_heads, post_scatter_heads
 from .volume import peer_bytes
 
-__all__ = ["OverlapPlan", "overlap_plan", "run_overlapped"]
-
-Project = Callable[[int], tuple[Tensor, Tensor, Tensor]]
-OutProject = Callable[[int, Tensor], tuple[Tensor, ...]]
+__all__ = ["OverlapPlan", "overlap_plan", "run_overlapped", "sms_left"]
 
 
 @dataclass(frozen=True)
 class OverlapPlan:
-    """One call's pipeline: its mesh and kernel, every rank's slice length, the joint rows, the group count and
-    the SMs that GEMMs beside an exchange leave to it."""
+    """One call's schedule: its mesh and kernel, every rank's slice length, the joint rows and the SMs that GEMMs
+    beside an exchange leave to it."""
 
     mesh: Mesh
     kernel: str
     lens: list[int]
     joint: int
-    groups: int
     exchange_sms: int = 0
 
 
 def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
-                 seq_lens: Sequence[int] | None = None, groups: int | None = None) -> OverlapPlan | None:
-    """The pipeline for q shaped `like` ([B, J + L_local, H, D]; an expanded scalar will do), or None for the
-    plain path (not asked for, no all-to-all to hide, torus or ring stages, a one-sided transport). groups: the
-    head groups (None: the config's overlap_groups; 1: one group, for a caller that hides the exchanges behind
-    work of its own, `run_overlapped`'s `beside`). Collective on a new shape (the layout choice and the shape
-    agreement), like `sp_attention`."""
-    asked = ctx.config.overlap_groups if groups is None else groups
-    if asked is None or (asked == 1 and groups is None) or ctx.world_size == 1 or \
-            not transport_spec(ctx.transport.kind).overlap:
+                 seq_lens: Sequence[int] | None = None) -> OverlapPlan | None:
+    """The schedule for q shaped `like` ([B, J + L_local, H, D]; an expanded scalar will do), or None for the
+    plain path (no all-to-all to run beside, torus or ring stages, a one-sided transport). Collective on a new
+    shape (the layout choice and the shape agreement), like `sp_attention`."""
+    if ctx.world_size == 1 or not transport_spec(ctx.transport.kind).overlap:
         return None
     rows = like[:, joint_len:]
     joint = (like[:, :joint_len],) * 3 if joint_len else (None, None, None)
@@ -80,36 +64,30 @@ def overlap_plan(ctx: ParallelContext, like: Tensor, joint_len: int = 0,
     lay = mesh.layout
     if lay.torus != 1 or lay.ring != 1 or lay.ulysses_intra == 1:
         return None
-    per_rank = like.shape[2] // lay.ulysses
-    if per_rank % asked:
-        raise ValueError(f"overlap_groups={asked} does not divide the {per_rank} heads each rank attends "
-                         f"({like.shape[2]} heads over Ulysses degree {lay.ulysses}); pass a divisor of "
-                         f"{per_rank}, or 1 (or None) to turn overlap off")
-    return OverlapPlan(mesh, kernel, lens, joint_len, asked, ctx.config.exchange_sms)
+    return OverlapPlan(mesh, kernel, lens, joint_len, ctx.config.exchange_sms)
 
 
-def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, like: Tensor, project: Project,
-                   out_project: OutProject | None = None, scale: float | None = None,
-                   beside: tuple[Callable[[], None], Callable[[], None]] | None = None
-                   ) -> Tensor | tuple[Tensor, ...]:
-    """The attention of every head group over the whole sequence, pipelined with the projections. Returns the
-    sums of `out_project`'s tensors over the groups, or without it the attention output [B, J + L_local, H, D].
-    beside: the caller's own work that needs no attention output, (first, last): `first` runs while the first
-    group's Q/K/V travel, `last` while the last group's output does (a Flux single block's MLP projections)."""
-    b, _, heads, d = like.shape
+def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, q: Tensor, k: Tensor, v: Tensor,
+                   first: Callable[[], None], last: Callable[[], None], scale: float | None = None) -> Tensor:
+    """The attention of q, k, v ([B, J + L_local, H, D], joint rows first) over the whole sequence, [B, J +
+    L_local, H, D]: `first` runs while Q/K/V travel, `last` while the output does."""
+    b, _, heads, d = q.shape
     transport = ctx.transport
-    transport.begin_layer(peer_bytes(plan.mesh.layout, plan.lens, b, heads, d, plan.joint, like.element_size()))
-    h = heads // plan.groups
-    signature = ("sp_attention", plan.mesh.layout, tuple(plan.lens), plan.joint, b, h, d, like.dtype)
+    transport.begin_layer(peer_bytes(plan.mesh.layout, plan.lens, b, heads, d, plan.joint, q.element_size()))
+    signature = ("sp_attention", plan.mesh.layout, tuple(plan.lens), plan.joint, b, heads, d, q.dtype)
+    sms = plan.exchange_sms if q.is_cuda else 0  # cuBLAS's setting: nothing to leave on the CPU
     try:
-        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, like[:, :, :h], plan.kernel):
-            return _Pipeline(plan, transport, scale, project, out_project, beside, like.is_cuda).run()
+        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, q, plan.kernel):
+            inbound = _post_in(plan, transport, q, k, v)
+            with sms_left(sms):
+                first()
+            gathered, joint_out = _attend(plan, transport, scale, *inbound)
+            with sms_left(sms):
+                last()
+            out = gathered()
     finally:
         transport.end_layer()  # also on an error: every transfer posted is over before it propagates
-
-
-def _nothing() -> None:
-    """No work beside the exchanges."""
+    return out if joint_out is None else torch.cat([joint_out, out], dim=1)
 
 
 @contextmanager
@@ -148,67 +126,27 @@ def _set_carveout(count: int | None) -> None:
 _warned = False
 
 
-class _Pipeline:
-    """One layer's schedule over the head groups (the module docstring draws it)."""
+def _post_in(plan: OverlapPlan, transport: Transport, q: Tensor, k: Tensor, v: Tensor
+             ) -> tuple[Callable[[], list[Tensor]], JointShard | None, Tensor | None]:
+    """Q/K/V posted to their heads' ranks: the wait for them, the joint rows' shard and the joint queries."""
+    j = plan.joint
+    shard = joint_shard(q[:, :j], k[:, :j], v[:, :j], plan.mesh) if j else None
+    front = (shard.q, shard.k, shard.v) if shard is not None else ()
+    wait = post_scatter_heads((q[:, j:], k[:, j:], v[:, j:]), plan.mesh, transport, plan.lens, front)
+    return wait, shard, (q[:, :j] if j else None)
 
-    def __init__(self, plan: OverlapPlan, transport: Transport, scale: float | None, project: Project,
-                 out_project: OutProject | None, beside: tuple[Callable[[], None], Callable[[], None]] | None,
-                 cuda: bool):
-        self.mesh, self.transport, self.lens, self.joint = plan.mesh, transport, plan.lens, plan.joint
-        self.groups, self.scale, self.kernel = plan.groups, scale, plan.kernel
-        self.sms = plan.exchange_sms if cuda else 0  # cuBLAS's setting: nothing to leave on the CPU
-        self.project, self.out_project = project, out_project
-        self.first, self.last = beside or (_nothing, _nothing)
 
-    def run(self) -> Tensor | tuple[Tensor, ...]:
-        groups = self.groups
-        inbound, outbound, parts = self.post_in(0), [], []
-        with sms_left(self.sms):
-            self.first()  # in(0) travels meanwhile
-        for g in range(groups):
-            following = None
-            if g + 1 < groups:
-                with sms_left(self.sms):
-                    following = self.post_in(g + 1)  # projected while in(g) travels
-            outbound.append(self.attend(*inbound))  # in(g + 1) travels meanwhile
-            inbound = following
-            if g > 0:
-                with sms_left(self.sms):
-                    parts.append(self.finish(g - 1, *outbound[g - 1]))  # while out(g) travels
-        with sms_left(self.sms):
-            self.last()  # out(G - 1) travels meanwhile
-        parts.append(self.finish(groups - 1, *outbound[-1]))
-        if self.out_project is None:
-            return torch.cat(parts, dim=2)
-        total = list(parts[0])
-        for part in parts[1:]:
-            for acc, x in zip(total, part):
-                acc.add_(x)
-        return tuple(total)
-
-    def post_in(self, g: int) -> tuple[Callable[[], list[Tensor]], JointShard | None, Tensor | None]:
-        q, k, v = self.project(g)
-        j = self.joint
-        shard = joint_shard(q[:, :j], k[:, :j], v[:, :j], self.mesh) if j else None
-        front = (shard.q, shard.k, shard.v) if shard is not None else ()
-        wait = post_scatter_heads((q[:, j:], k[:, j:], v[:, j:]), self.mesh, self.transport, self.lens, front)
-        return wait, shard, (q[:, :j] if j else None)
-
-    def attend(self, wait: Callable[[], list[Tensor]], shard: JointShard | None, joint_q: Tensor | None
-               ) -> tuple[Callable[[], Tensor], Tensor | None]:
-        xq, xk, xv = (x[0] for x in wait())
-        partial = Partial()
-        attend_chunks([partial], [xq], [(xk, xv)], self.scale, self.kernel, finalize=True)
-        out = finished(partial, xq)
-        skip = shard.q.shape[1] if shard is not None else 0
-        gathered = post_gather_heads([out[:, skip:]], self.mesh, self.transport, self.lens)
-        if shard is None:
-            return gathered, None
-        done = JointShard(shard.q, shard.k, shard.v, Partial(out[:, :skip], None, True))
-        return gathered, gather_joint(done, joint_q, self.mesh, self.transport)
-
-    def finish(self, g: int, gathered: Callable[[], Tensor], joint_out: Tensor | None) -> Tensor | tuple[Tensor, ...]:
-        out = gathered()
-        if joint_out is not None:
-            out = torch.cat([joint_out, out], dim=1)
-        return out if self.out_project is None else self.out_project(g, out)
+def _attend(plan: OverlapPlan, transport: Transport, scale: float | None, wait: Callable[[], list[Tensor]],
+            shard: JointShard | None, joint_q: Tensor | None) -> tuple[Callable[[], Tensor], Tensor | None]:
+    """This rank's heads attended over the whole sequence, their output posted back: the wait for it, and the
+    joint rows' output."""
+    xq, xk, xv = (x[0] for x in wait())
+    partial = Partial()
+    attend_chunks([partial], [xq], [(xk, xv)], scale, plan.kernel, finalize=True)
+    out = finished(partial, xq)
+    skip = shard.q.shape[1] if shard is not None else 0
+    gathered = post_gather_heads([out[:, skip:]], plan.mesh, transport, plan.lens)
+    if shard is None:
+        return gathered, None
+    done = JointShard(shard.q, shard.k, shard.v, Partial(out[:, :skip], None, True))
+    return gathered, gather_joint(done, joint_q, plan.mesh, transport)

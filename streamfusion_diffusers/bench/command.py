@@ -76,9 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send every inter-machine chunk (Torus Pull Q, Pull KV, Push O; ring passes) as 1-byte "
                              "values with per-token-and-head scales, int8 or fp8 (float8_e4m3fn) (checked against a "
                              f"relative error of {LOWP_THRESHOLD:g} instead of the exact tolerance)")
-    parser.add_argument("--overlap-groups", type=int, default=None,
-                        help="head groups of the Flux.1 / Qwen-Image processors' pipelined Ulysses (ParallelConfig."
-                             "overlap_groups), to time a step with it; default: off")
     parser.add_argument("--variants", default="eager",
                         help=f"comma-separated ways to run our layouts, each timed beside the others: "
                              f"{', '.join(variants.VARIANTS)} (cuda-graph at layer and step level; "
@@ -213,7 +210,7 @@ def main(args: argparse.Namespace) -> int:
     tasks = []
     for w in workloads:
         setup = Setup(w, args.machines, m, args.backend, args.emulate_link, dtype, args.iters, args.warmup, args.seed,
-                      args.timeout, args.recipe, args.comm_dtype, overlap_groups=args.overlap_groups)
+                      args.timeout, args.recipe, args.comm_dtype)
         if "layer" in levels:
             resolve_layout(ParallelConfig(machines=args.machines, gpus_per_machine=m, method="usp"), world, w.heads)
             tasks.append((bench_layer, setup, variants.with_variants([Case("bound")] + [

@@ -71,7 +71,6 @@ class Setup:
     recipe: str | None = None  # where method "auto" looks for its layout (None: the packaged recipes)
     comm_dtype: str | None = None  # "fp8" / "int8": inter-machine chunks as 1-byte values (backends/quantized.py)
     kernel: str = "auto"  # the local attention kernel of our cases (tune records the one it timed)
-    overlap_groups: int | None = None  # the pipelined Ulysses' head groups (None or 1: off)
 
 
 def device_of_job() -> torch.device:
@@ -150,7 +149,7 @@ def parallel_config(case: Case, setup: Setup) -> ParallelConfig:
                           ulysses=case.ulysses if case.method not in ("ulysses", "ring", "auto") else None,
                           torus=case.torus, backend=setup.backend, emulate_link=setup.emulate_link,
                           recipe=setup.recipe, comm_dtype=setup.comm_dtype, timeout_s=setup.timeout_s,
-                          kernel=setup.kernel, overlap_groups=setup.overlap_groups)
+                          kernel=setup.kernel)
 
 
 def _callable(case: Case, setup: Setup, device: torch.device, groups: GroupCache):

@@ -5,8 +5,7 @@ for its MLP; proj_out then maps [attention ; MLP] back. Under Ulysses, Q/K/V and
 the SP group by all-to-all, and the stock block runs proj_mlp before the attention and all of proj_out after it,
 so both exchanges wait in the open. Here the block runs: Q/K/V projected and posted; proj_mlp while they travel;
 attention; its output posted; proj_out's MLP columns while it travels; then its attention columns, added. Every
-GEMM stays whole (head-group pipelining, attention/overlap.py, makes them smaller and slower), and the exchanges
-run beside the two largest. proj_out as two products added rounds differently from one GEMM: within the bf16
+GEMM stays whole (attention/overlap.py says why), and the exchanges run beside the two largest. proj_out as two products added rounds differently from one GEMM: within the bf16
 tolerance of every check (a proj_out that is not a plain nn.Linear, LoRA or quantized, runs whole, after).
 
 It applies where the attention is pure Ulysses (torus and ring degree 1) over the torch transport, not compiled,
@@ -23,10 +22,9 @@ from diffusers.hooks import ModelHook
 from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, _get_qkv_projections
 from torch import Tensor
 
-from ..attention.overlap import run_overlapped
+from ..attention.overlap import OverlapPlan, overlap_plan, run_overlapped
 from ..kernels.rotary import rotary_qk
 from .processors.backend import Route
-from .processors.overlap import pipeline_plan
 
 MLP_HOOK = "streamfusion_overlap_mlp"
 
@@ -45,7 +43,7 @@ class OverlapMlpHook(ModelHook):
         text, d = encoder_hidden_states.shape[1], attn.head_dim
         like = hidden_states.new_empty(()).expand(hidden_states.shape[0], text + hidden_states.shape[1],
                                                   attn.heads, d)
-        plan = pipeline_plan(route, like, masked=False, groups=1)
+        plan = _plan(route, like)
         if plan is None:
             return self.fn_ref.original_forward(*stock)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
@@ -56,12 +54,10 @@ class OverlapMlpHook(ModelHook):
         inner = attn.heads * d  # proj_out's first columns take the attention, the rest the MLP
         mlp: dict[str, Tensor] = {}
 
-        def project(_: int) -> tuple[Tensor, Tensor, Tensor]:
-            q, k, v = (x.unflatten(-1, (-1, d)) for x in _get_qkv_projections(attn, normed, None)[:3])
-            q, k = attn.norm_q(q), attn.norm_k(k)
-            if image_rotary_emb is not None:
-                q, k = rotary_qk(q, k, image_rotary_emb)
-            return q, k, v
+        q, k, v = (x.unflatten(-1, (-1, d)) for x in _get_qkv_projections(attn, normed, None)[:3])
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        if image_rotary_emb is not None:
+            q, k = rotary_qk(q, k, image_rotary_emb)
 
         def first() -> None:  # Q, K and V travel meanwhile
             mlp["hidden"] = block.act_mlp(block.proj_mlp(normed))
@@ -70,16 +66,23 @@ class OverlapMlpHook(ModelHook):
             if split:
                 mlp["out"] = F.linear(mlp["hidden"], out_proj.weight[:, inner:], out_proj.bias)
 
-        def attention_out(_: int, o: Tensor) -> tuple[Tensor]:
-            o = o.flatten(2, 3).to(normed.dtype)
-            return (F.linear(o, out_proj.weight[:, :inner]) if split else o,)
-
-        (o,) = run_overlapped(route.ctx, plan, like, project, attention_out, beside=(first, last))
-        projected = o.add_(mlp["out"]) if split else out_proj(torch.cat([o, mlp["hidden"]], dim=2))
+        o = run_overlapped(route.ctx, plan, q, k, v, first, last).flatten(2, 3).to(normed.dtype)
+        projected = F.linear(o, out_proj.weight[:, :inner]).add_(mlp["out"]) if split else \
+            out_proj(torch.cat([o, mlp["hidden"]], dim=2))
         hidden_states = residual + gate.unsqueeze(1) * projected
         if hidden_states.dtype == torch.float16:
             hidden_states = hidden_states.clip(-65504, 65504)
         return hidden_states[:, :text], hidden_states[:, text:]
+
+
+def _plan(route: Route, like: Tensor) -> OverlapPlan | None:
+    """The schedule for a single block's attention shaped `like`, or None: run the stock forward (a swapped
+    attention, text after the image, or a layout with no all-to-all to run beside)."""
+    layout = route.state.layout
+    if route.attention is not None or (layout is not None and layout.joint_last):
+        return None
+    joint, lens = (layout.joint, layout.seq_lens) if layout is not None else (0, None)
+    return overlap_plan(route.ctx, like, joint, lens)
 
 
 def overlap_mlp_hooks(transformer: torch.nn.Module) -> list[tuple[torch.nn.Module, ModelHook, str]]:

@@ -6,9 +6,8 @@ parallel_config=self._parallel_config)`. Each routed module gets a copy of its p
 backend (processors/backend.py), with the module's route (context, shard state, name) in the `parallel_config`
 slot that the dispatcher hands the backend. Nothing global changes: a module that is not routed runs as before,
 and `unparallelize` puts the original processors back. Stock processors that call torch's SDPA themselves
-(CogVideoX's) are replaced by the plan's adapter instead; Flux.1's and Qwen-Image's by their twins that pipeline
-the Ulysses all-to-all with the projections (processors/overlap.py), where overlap_groups > 1 asks for it; Flux.1's
-and Flux.2's by twins that run RoPE in one pass (`TWINS`) where it does not.
+(CogVideoX's) are replaced by the plan's adapter instead; Flux.1's and Flux.2's by twins that run RoPE in one pass
+(`TWINS`).
 """
 from __future__ import annotations
 
@@ -23,13 +22,13 @@ from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, 
 from ..context import ParallelContext
 from .plans import ModelPlan
 from .processors.backend import BACKEND, Route, backend_name, streamfusion_attention
+from .processors.flux import FluxRotaryAttnProcessor
 from .processors.flux2 import Flux2RotaryAttnProcessor, Flux2RotaryParallelSelfAttnProcessor
-from .processors.overlap import OVERLAPPED, FluxOverlapAttnProcessor
 from .sharding import PlanState
 
-# stock processor -> the twin installed in its place where no head-group pipeline is asked for: the stock call
-# step for step, with RoPE in one pass (kernels/rotary.py)
-TWINS: dict[type, type] = {FluxAttnProcessor: FluxOverlapAttnProcessor, Flux2AttnProcessor: Flux2RotaryAttnProcessor,
+# stock processor -> the twin installed in its place: the stock call step for step, with RoPE in one pass
+# (kernels/rotary.py)
+TWINS: dict[type, type] = {FluxAttnProcessor: FluxRotaryAttnProcessor, Flux2AttnProcessor: Flux2RotaryAttnProcessor,
                            Flux2ParallelSelfAttnProcessor: Flux2RotaryParallelSelfAttnProcessor}
 
 
@@ -49,9 +48,7 @@ def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan,
     if not hasattr(processor, "_attention_backend"):
         raise ValueError(f"{name} runs {type(processor).__name__}, which does not call diffusers' "
                          f"dispatch_attention_fn; its plan needs an adapter processor for it")
-    asked = route.ctx.config.overlap_groups  # the pipeline runs only where asked for (core/config.py says why)
-    twin = OVERLAPPED.get(type(processor)) if asked is not None and asked > 1 else None
-    twin = twin or TWINS.get(type(processor))
+    twin = TWINS.get(type(processor))
     mine = twin() if twin is not None else copy.copy(processor)
     mine._attention_backend, mine._parallel_config = backend_name(), route
     return mine

@@ -3,8 +3,8 @@ sequence-parallel processor for `set_attn_processor` users built on it.
 
 `FluxRotaryAttnProcessor` makes diffusers' call step for step, the rotary embedding of Q and K done by
 kernels/rotary.py (one Triton pass on GPUs, diffusers' numbers bit for bit) where diffusers' `apply_rotary_emb`
-makes about eight per tensor at every block. `parallelize` routes Flux's attention through its twin
-(processors/overlap.py, routing.py); `FluxSPAttnProcessor` is the same call on the "streamfusion" backend for
+makes about eight per tensor at every block. `parallelize` installs it in place of the stock processor
+(routing.py); `FluxSPAttnProcessor` is the same call on the "streamfusion" backend for
 those who set processors themselves.
 """
 from __future__ import annotations
