@@ -87,7 +87,8 @@ def _error(kind: str) -> str:
         elif kind == "heads":
             sp_attention(x, x, x, context(ParallelConfig(method="ulysses")))
         elif kind == "torus":
-            sp_attention(x, x, x, context(ParallelConfig(machines=2, gpus_per_machine=2, ulysses=2, torus=4)))
+            config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus", ulysses=2, torus=4)
+            sp_attention(x, x, x, context(config))
         elif kind == "seq_lens":
             sp_attention(x, x, x, context(ParallelConfig(method="ring")), seq_lens=[3, 3, 3])
         elif kind == "slice":

@@ -23,6 +23,13 @@ def test_defaults_follow_the_paper():
     assert layout(method="usp", ring=2).ulysses == 4
 
 
+def test_the_layout_is_chosen_unless_a_method_is_named():
+    """As the command line: method "auto" by default, so no degree may be given without a method."""
+    assert ParallelConfig().method == "auto"
+    with pytest.raises(ValueError, match="method 'auto' chooses ulysses, ring and torus itself"):
+        ParallelConfig(ulysses=2)
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("machines", [1, 2, 4, 8])
 def test_rank_coords_bijection_and_placement(method, machines):

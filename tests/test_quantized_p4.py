@@ -142,7 +142,8 @@ def _pipeline_difference(name: str, comm_dtype: str) -> dict:
         kwargs["num_frames"] = 9
     outs = []
     for dtype in (None, comm_dtype):
-        parallelize(pipe, init_parallel(ParallelConfig(machines=2, gpus_per_machine=2, comm_dtype=dtype)))
+        config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus", comm_dtype=dtype)
+        parallelize(pipe, init_parallel(config))
         out = pipe(generator=torch.Generator().manual_seed(0), **kwargs)
         outs.append(torch.from_numpy(out.images if name == "tiny-flux" else out.frames))
         unparallelize(pipe)
