@@ -1,7 +1,9 @@
 """The `streamfusion` command: one subcommand per job."""
 from __future__ import annotations
 
+import argparse
 import importlib
+import importlib.metadata
 import logging
 import os
 import sys
@@ -42,13 +44,23 @@ def make_parser() -> Parser:
 
     models = ", ".join(m for m in MODELS if not m.startswith("tiny-"))
     parser = Parser(prog="streamfusion", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="log at INFO level, with third-party warnings and every rank's traceback on failure")
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {importlib.metadata.version('streamfusion-diffusers')}")
+    _add_verbose(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
         module = _module(name)
-        module.add_arguments(sub.add_parser(name, help=help_text.format(models=models), description=module.__doc__))
+        command = sub.add_parser(name, help=help_text.format(models=models), description=module.__doc__)
+        _add_verbose(command, default=argparse.SUPPRESS)
+        module.add_arguments(command)
     return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser, default: object) -> None:
+    """-v before or after the subcommand; a subcommand's default is SUPPRESS, so that its parser, which argparse
+    runs after the top one, leaves a -v given before it standing."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="log at INFO level, with third-party warnings and every rank's traceback on failure")
 
 
 def main(argv: list[str] | None = None) -> int:

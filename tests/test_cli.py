@@ -45,3 +45,19 @@ def test_commands_quiet_the_import_notices_of_optional_libraries_in_every_rank(m
     logs.quiet_third_party(verbose=False)
     assert os.environ["STREAMFUSION_QUIET"] == "1"
     assert all(logging.getLogger(n).level == logging.ERROR for n in ("torchao", "torch.utils._pytree"))
+
+
+def test_verbose_goes_before_or_after_the_subcommand_and_version_prints_the_package_version(capsys):
+    """`streamfusion serve ... -v` as every failure's hint words it, `streamfusion -v serve` as before."""
+    import importlib.metadata
+
+    from streamfusion_diffusers.cli import make_parser
+
+    parser = make_parser()
+    for argv, verbose in ((["serve", "-v"], True), (["-v", "serve"], True), (["generate", "--verbose"], True),
+                          (["serve"], False)):
+        assert parser.parse_args(argv).verbose is verbose, argv
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"streamfusion {importlib.metadata.version('streamfusion-diffusers')}"

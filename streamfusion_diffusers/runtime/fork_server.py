@@ -45,15 +45,10 @@ def context() -> BaseContext:
 def start_early(argv: list[str]) -> None:
     """Start the fork server now if this command line runs local ranks (`streamfusion generate|serve`, not under
     a launcher, not --help), with the quiet the command will ask for (`-v` keeps every library's messages)."""
-    options, command = [], None
-    for arg in argv:
-        if not arg.startswith("-"):
-            command = arg
-            break
-        options.append(arg)
-    if command not in COMMANDS or "RANK" in os.environ or {"-h", "--help"} & set(argv):
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if command not in COMMANDS or "RANK" in os.environ or {"-h", "--help", "--version"} & set(argv):
         return
-    if not {"-v", "--verbose"} & set(options):
+    if not {"-v", "--verbose"} & set(argv):
         from ..core.logs import quiet_third_party
 
         quiet_third_party(False)
