@@ -1,12 +1,16 @@
-"""Deliberate faults for `streamfusion verify --self-test`: proof that the exactness check can fail.
+"""Deliberate faults: proof that `streamfusion verify --self-test`'s exactness check can fail, and that a group
+survives a rank out of memory.
 
-A fault is a schedule hook that a ParallelContext carries for one run (`ctx.fault`). Every schedule hands
-each ring step's key/value blocks to `keys` before attending to them, and its output rows to `output`; the
-exact hook (`EXACT`, every normal run) hands them back as they are, so the algorithms hold no fault branches.
-Each fault makes the mistake a broken schedule would make; verify must then report a mismatch.
+A fault is a hook that a ParallelContext carries for one run (`ctx.fault`). Every schedule hands each ring step's
+key/value blocks to `keys` before attending to them, and its output rows to `output`; a rank's worker tells it
+each denoising step's end (`step_end`). The exact hook (`EXACT`, every normal run) hands everything back as it
+is, so neither the algorithms nor the step loop hold fault branches. Each schedule fault makes the mistake a
+broken schedule would make, and verify must then report a mismatch; `OutOfMemoryAt` fails a step as a GPU out
+of memory would, and the group must stop the call on every rank and serve the next one.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..core.config import Layout
@@ -31,6 +35,9 @@ class Exact:
     def output(self, out: Tensor, rank: int) -> Tensor:
         """This rank's output rows [B, L, H, D] as sp_attention returns them."""
         return out
+
+    def step_end(self, step: int) -> None:
+        """A denoising step of a pipeline call ended on this rank, `step` steps done (runtime/worker.py)."""
 
 
 EXACT = Exact()
@@ -98,6 +105,19 @@ class ShiftRows(Exact):
         return out.roll(1, dims=1) if rank == self.victim else out
 
 
-FAULTS = (DropRingBlock(), DropText(), CountTwice(), ShiftRows())
+class OutOfMemoryAt(Exact):
+    """This rank runs out of GPU memory at the end of step `step` of every pipeline call."""
 
-__all__ = ["EXACT", "FAULTS", "CountTwice", "DropRingBlock", "DropText", "Exact", "ShiftRows"]
+    name = "out of memory"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def step_end(self, step: int) -> None:
+        if step == self.step:
+            raise torch.cuda.OutOfMemoryError(f"injected fault: out of memory at step {step}")
+
+
+FAULTS = (DropRingBlock(), DropText(), CountTwice(), ShiftRows())  # verify --self-test's, each on every layout
+
+__all__ = ["EXACT", "FAULTS", "CountTwice", "DropRingBlock", "DropText", "Exact", "OutOfMemoryAt", "ShiftRows"]

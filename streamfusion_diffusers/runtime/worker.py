@@ -27,6 +27,7 @@ from . import images
 from .build import Prepared, call_kwargs, no_autograd, prepare
 from .record import crossed, crossed_since, run_record
 from .output import to_pil
+from ..attention.faults import EXACT, OutOfMemoryAt
 from ..core.one_time import spent, spent_since
 from ..models.pipelines import family_of
 from .job import Job
@@ -77,7 +78,8 @@ _SERVED: Served | None = None
 
 GO, LATE, CANCELLED, OUT_OF_MEMORY = 0, 1, 2, 3  # what a rank says at a step's end; the ranks take the largest
 WHY = {LATE: "late", CANCELLED: "cancelled", OUT_OF_MEMORY: "out_of_memory"}
-OOM_AT_STEP_ENV = "STREAMFUSION_TEST_OOM_AT_STEP"  # tests: the group's last rank runs out of memory at this step
+# tests: the group's last rank runs out of memory at this step of every call (read once, at the build)
+OOM_AT_STEP_ENV = "STREAMFUSION_TEST_OOM_AT_STEP"
 
 
 class Stopped(Exception):
@@ -93,6 +95,9 @@ def build(job: Job, serving: bool = True) -> dict | None:
     if serving:  # Ctrl-C reaches the whole terminal: the server drains, not its ranks
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     prepared = prepare(job)
+    oom_at = os.environ.get(OOM_AT_STEP_ENV)
+    if oom_at and dist.get_rank() == dist.get_world_size() - 1:
+        prepared.ctx.fault = OutOfMemoryAt(int(oom_at))
     # what is built by now (the pipeline, the libraries' import-time objects) lives as long as the rank: frozen,
     # the cyclic collector's full passes no longer walk it all in the middle of a step
     gc.collect()
@@ -135,8 +140,7 @@ class Agreement:
         self.keep_latents = keep_latents  # rank 0 keeps the latest step's latents (the warm-up's map is fitted on them)
         self.latents: Any = None
         self.previews = self._previews(batch, order) if dist.get_rank() == 0 else {}
-        oom = os.environ.get(OOM_AT_STEP_ENV)
-        self.oom_at = int(oom) if oom and dist.get_rank() == dist.get_world_size() - 1 else None
+        self.fault = served.prepared.ctx.fault or EXACT  # the serve tests' out of memory (attention/faults.py)
 
     def agree(self, said: int) -> int:
         """The largest of what every rank says."""
@@ -148,8 +152,7 @@ class Agreement:
     def step_end(self, pipe: Any, step: int, timestep: Any, kwargs: dict) -> dict:
         """The pipeline's step callback: agree on stopping (deadline or cancel), then note the progress (rank 0)."""
         self.step = step + 1
-        if self.step == self.oom_at:
-            raise torch.cuda.OutOfMemoryError(f"{OOM_AT_STEP_ENV}: out of memory at step {self.step}")
+        self.fault.step_end(self.step)
         stop = self.agree(CANCELLED if cancelled() else LATE if time.monotonic() > self.deadline else GO)
         if stop:
             raise Stopped(WHY[stop], self.step)
