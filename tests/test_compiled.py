@@ -19,6 +19,7 @@ from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.diffusers.compiled import repeated_blocks, uncompile_blocks
 from streamfusion_diffusers.models.build import build_transformer
+from streamfusion_diffusers.models.inputs import build
 
 FLUX = FLUX_CASES["text-joint-batch2"]  # 7 text tokens on 4 ranks: joint tokens; batch 2 for the CFG split
 CONFIGS = {"ulysses": ParallelConfig(method="ulysses"), "ring": ParallelConfig(method="ring"),
@@ -147,6 +148,37 @@ def test_recompiled_at_new_sizes_and_layouts(pool, family, how):
         assert len(res["errors"]) == len(RESIZED[family]) and max(res["errors"]) <= TOL, res
 
 
+def graphs_over_calls(family: str, calls: int = 4) -> list[int]:
+    """On every rank: the graphs dynamo holds after each call of a parallelized model of three repeated blocks,
+    each compiled as `generate --compile` compiles them (dynamo's eager backend: the guards are what is tested),
+    with fresh inputs of one shape at every call."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    case = plan_cases.Case(family, (2, 4, 4) if family == "wan" else (8, 8), text=8)
+    model = build(family, {**plan_cases.CONFIGS[family], "num_layers": 3}, seed=3)
+    counts = []
+    with torch.no_grad():
+        parallelize(model, context(ParallelConfig(method="ulysses")))
+        for block in repeated_blocks(model):
+            block.compile(backend="eager", fullgraph=True)
+        for i in range(calls):
+            model(**case.inputs(4 + i), return_dict=False)
+            counts.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        uncompile_blocks(model)
+        unparallelize(model)
+    return counts
+
+
+@pytest.mark.parametrize("family", ["qwen-image", "wan"])
+def test_compiled_blocks_compile_once_and_never_again(pool, family):
+    """The plan's split hooks sit inside each compiled block: a hook that read its per-size cache there guarded the
+    graph on the cache's contents, so the second call compiled every hooked block again (inside the CUDA-graph
+    capture, where a compile cannot run); and a block of two hooks beside blocks of one compiled apart from them.
+    The first block, which alone cuts the image tokens, compiles apart; every other block shares one graph."""
+    for counts in pool.run(graphs_over_calls, family):
+        assert counts[0] <= 2 and counts == [counts[0]] * len(counts), counts
+
+
 def bound_compiled_vs_eager(config: ParallelConfig, case: Case, seed: int) -> dict:
     """On every rank: the bench's no-communication bound (a custom op too) compiled whole with fullgraph=True
     against its eager run (the same random keys, made at the first call), and its nodes in the graph."""
@@ -226,15 +258,17 @@ def test_inductor_recompiles_at_new_sizes_and_layouts_on_one_gpu(family, how):
             assert len(res["errors"]) == len(RESIZED[family]) and max(res["errors"]) <= TOL, res
 
 
-def compiled_in_the_graph(family: str) -> list[float]:
-    """On one GPU: the repeated blocks compiled with inductor (as `generate --compile`), the forward replayed
+def compiled_in_the_graph(family: str) -> tuple[list[float], list[int]]:
+    """On one GPU: three repeated blocks compiled with inductor (as `generate --compile`), the forward replayed
     from our CUDA graph (parallelize(cuda_graph=True): a first call eager, the second captured, the third
-    replayed); each output's relative error against the compiled eager forward of the same inputs."""
+    replayed); each output's relative error against the compiled eager forward of the same inputs, and the
+    graphs dynamo holds after each graphed call (a compile during the warm-up or the capture adds one)."""
     from streamfusion_diffusers.diffusers.compiled import compile_transformers
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     case = plan_cases.Case(family, (2, 4, 4) if family == "wan" else (8, 8), text=8)
-    model = case.model(3).to("cuda", torch.bfloat16)
+    model = build(family, {**plan_cases.CONFIGS[family], "num_layers": 3}, seed=3).to("cuda", torch.bfloat16)
     move = lambda x: x.to("cuda", torch.bfloat16) if x.is_floating_point() else x.to("cuda")  # noqa: E731
     calls = [tree_map_only(torch.Tensor, move, case.inputs(4 + i)) for i in range(3)]
     with torch.no_grad():
@@ -243,18 +277,22 @@ def compiled_in_the_graph(family: str) -> list[float]:
         eager = [model(**inputs, return_dict=False)[0].clone() for inputs in calls]
         unparallelize(model)
         parallelize(model, context(ParallelConfig(method="ulysses")), cuda_graph=True)
-        graphed = [model(**inputs, return_dict=False)[0].clone() for inputs in calls]
+        graphed, graphs = [], []
+        for inputs in calls:
+            graphed.append(model(**inputs, return_dict=False)[0].clone())
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
         uncompile_blocks(model)
         unparallelize(model)
-    return [relative_error(g, e) for g, e in zip(graphed, eager)]
+    return [relative_error(g, e) for g, e in zip(graphed, eager)], graphs
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", ["flux", "qwen-image", "wan"])
 def test_compiled_blocks_are_captured_and_replayed_on_one_gpu(family):
-    """On one H200 Qwen-Image's and Wan's compiled blocks failed at the capture (inductor tuned a kernel
-    there): the capture now runs on the warm-up's stream."""
+    """Nothing compiles once the eager pass has: a compile inside the capture would tune its kernels there,
+    which a capture forbids, and one in the warm-up means the capture's guards may fail too."""
     with ProcessPool(1, backend="nccl") as gpu_pool:
-        errors = gpu_pool.run(compiled_in_the_graph, family)[0]
+        errors, graphs = gpu_pool.run(compiled_in_the_graph, family)[0]
     assert max(errors) <= 2e-2, errors
+    assert graphs == [graphs[0]] * len(graphs), graphs

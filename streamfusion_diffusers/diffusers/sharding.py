@@ -54,11 +54,15 @@ class PlanState(ShardState):
     def record(self, name: str, tokens: int, ctx: ParallelContext) -> None:
         self.streams[name] = tokens
         text, image = self.streams.get(TEXT, 0), self.streams.get(IMAGE, 0)
-        layout = self.layouts.get((text, image, self.joint_text))
+        key = (text, image, self.joint_text)
+        # compiled code builds the layout afresh: a read of this cache would guard the graph on its contents, and
+        # the entry the first call adds would compile every hooked block again at the second
+        layout = None if torch.compiler.is_compiling() else self.layouts.get(key)
         if layout is None:
-            layout = self.layouts[text, image, self.joint_text] = TokenLayout(
-                rank=ctx.rank, text_total=text, text_sharded=not self.joint_text, joint_last=self.text_last,
-                image_lens=tuple(split_sizes(image, ctx.world_size)))
+            layout = TokenLayout(rank=ctx.rank, text_total=text, text_sharded=not self.joint_text,
+                                 joint_last=self.text_last, image_lens=tuple(split_sizes(image, ctx.world_size)))
+            if not torch.compiler.is_compiling():
+                self.layouts[key] = layout
         self.layout = layout
 
 
@@ -106,6 +110,8 @@ class PlanSplitHook(ModelHook):
             self.state.record(name, tokens, self.ctx)
         if tokens == self.state.joint_text and name != IMAGE:
             return value  # the whole text, or an input of its length (ids, mask, rotary table)
+        if torch.compiler.is_compiling():  # no cache read under the compiler (PlanState.record says why)
+            return value.narrow(spec.split_dim, *_slice(str(name), tokens, self.ctx))
         cut = self.slices.get(tokens)
         if cut is None:
             cut = self.slices[tokens] = _slice(str(name), tokens, self.ctx)
@@ -229,15 +235,21 @@ def plan_hooks(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelConte
                ) -> list[tuple[torch.nn.Module, ModelHook, str]]:
     """The split and gather hooks that apply `plan` to `transformer`, as (module, hook, name). The transformer's
     `ForwardHook` goes outside them (it must see the inputs whole), and outside a CUDA graph of the forward."""
-    hooks: list[tuple[torch.nn.Module, ModelHook, str]] = []
+    # One split hook a module, its plan entries merged ("blocks.0" and "blocks.*" both name the first block): every
+    # repeated block then wears the same hook chain, so one compiled graph serves them all (a chain of two hooks
+    # is a functools.partial where the others hold a bound method, and dynamo's guard on that compiles it apart)
+    splits: dict[torch.nn.Module, tuple[str, dict]] = {}
+    gathers: list[tuple[torch.nn.Module, ModelHook, str]] = []
     for module_id, spec in plan.cp_plan.items():
         for module in plan_modules(transformer, module_id):
             if isinstance(spec, dict):
-                hooks.append((module, PlanSplitHook(ctx, state, spec), SPLIT_HOOK.format(module_id)))
+                first_id, merged = splits.get(module, (module_id, {}))
+                splits[module] = (first_id, {**merged, **spec})
             else:
-                hooks.append((module, PlanGatherHook(ctx, state, spec), GATHER_HOOK.format(module_id)))
+                gathers.append((module, PlanGatherHook(ctx, state, spec), GATHER_HOOK.format(module_id)))
     state.text_last = plan.text_last
-    return hooks
+    return [(module, PlanSplitHook(ctx, state, spec), SPLIT_HOOK.format(module_id))
+            for module, (module_id, spec) in splits.items()] + gathers
 
 
 def install(hooks: list[tuple[torch.nn.Module, ModelHook, str]]) -> None:
