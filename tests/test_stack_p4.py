@@ -116,6 +116,7 @@ def test_the_command_line_stack_runs_and_run_json_says_what_ran(pool, lora, tmp_
     (("--lora", "LORA:abc"), "the scale 'abc' is not a finite number"),
     (("--lora", "LORA:nan"), "the scale 'nan' is not a finite number"),
     (("--quantize", "fp8"), "--quantize fp8 needs a GPU of compute capability 8.9"),
+    (("--quantize", "fp8-dynamic"), "--quantize fp8-dynamic needs a GPU of compute capability 8.9"),
     (("--lora", "my style=LORA"), "the name 'my style' must be 1 to 64 letters, digits"),
     (("--lora", "a=LORA", "--lora", "a=LORA:2"), "--lora a=...: the name is given twice"),
     (("--lora", "a=LORA", "--quantize", "int8"), "--quantize int8 with named LoRAs (--lora NAME=PATH) is not"),

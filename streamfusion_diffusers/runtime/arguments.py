@@ -123,8 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "unfused as adapter NAME: serve runs it for the requests whose lora field names it "
                              "(SCALE: their default weight), generate runs it at SCALE")
     parser.add_argument("--quantize", choices=QUANTIZE, default=None,
-                        help="torchao weight-only quantization of the transformer's Linear layers: int8, or fp8 "
-                             "(GPUs of compute capability 8.9+) (extra quantize)")
+                        help="torchao quantization of the transformer's Linear layers: int8 or fp8 weight-only "
+                             "(less memory), or fp8-dynamic (float8 weights and per-row activations: float8 "
+                             "matmuls, faster); fp8 needs a GPU of compute capability 8.9+ (extra quantize)")
 
 
 __all__ = ["DEFAULT_PROMPT", "DTYPES", "SPAWN_SHAPE", "WEIGHTS_SEED", "add_arguments"]

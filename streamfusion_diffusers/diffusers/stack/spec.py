@@ -1,7 +1,7 @@
 """What a job stacks on its pipeline besides the parallelism, as the command line says it, checked before any
 process starts: a cache (`--cache first-block:0.2`), LoRAs (`--lora PATH[:SCALE]`, repeatable: fused into the
-weights; `--lora NAME=PATH[:SCALE]`: kept as a named adapter, unfused, that a request picks) and weight-only
-quantization (`--quantize int8|fp8`). Each bad value is one line naming the fix."""
+weights; `--lora NAME=PATH[:SCALE]`: kept as a named adapter, unfused, that a request picks) and quantization
+(`--quantize int8|fp8|fp8-dynamic`). Each bad value is one line naming the fix."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,7 +16,7 @@ from ...core.extras import missing
 
 LORA_FILE = "pytorch_lora_weights.safetensors"  # what diffusers' save_lora_weights writes into a folder
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # no ":" (a request says "name:scale") and no "="
-QUANTIZE = ("int8", "fp8")
+QUANTIZE = ("int8", "fp8", "fp8-dynamic")
 FP8_CAPABILITY = (8, 9)  # float8 matmuls: Ada and Hopper or newer
 
 
@@ -126,9 +126,9 @@ def check_quantize(quantize: str, gpu: bool) -> None:
     """torchao present; fp8 only where float8 matmuls run (this machine's first GPU stands for the job's)."""
     if importlib.util.find_spec("torchao") is None:
         raise ValueError(f"--quantize {quantize} {missing('torchao')}")
-    if quantize == "fp8" and (not gpu or torch.cuda.get_device_capability() < FP8_CAPABILITY):
-        raise ValueError("--quantize fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
-                         "use --quantize int8 here")
+    if quantize.startswith("fp8") and (not gpu or torch.cuda.get_device_capability() < FP8_CAPABILITY):
+        raise ValueError(f"--quantize {quantize} needs a GPU of compute capability 8.9 or newer (Ada, Hopper, "
+                         f"Blackwell); use --quantize int8 here")
 
 
 def parse_stack(cache: str | None, loras: list[str] | None, quantize: str | None, *, family: str, steps: int,
