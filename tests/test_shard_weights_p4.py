@@ -22,7 +22,7 @@ from streamfusion_diffusers.commands import generate
 from streamfusion_diffusers.runtime import worker
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
-from streamfusion_diffusers.diffusers.parallel_pipeline import transformers_of
+from streamfusion_diffusers.diffusers.targets import transformers_of
 from streamfusion_diffusers.diffusers.sharded_weights import CANNOT_UNDO, held_bytes, is_sharded, shardable_parts
 from streamfusion_diffusers.diffusers.stack.quantize import quantize
 from streamfusion_diffusers.diffusers.weight_split import choose_split, part_sizes

@@ -25,6 +25,7 @@ from .routing import route_attention
 from .sharded_weights import CANNOT_UNDO, is_sharded, shard_pipeline
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
 from .stack.skips import release_skips
+from .targets import transformers_of
 from .vae import decode_over_ranks, is_split, unsplit_vae_decode
 from .weight_split import Split
 
@@ -41,16 +42,6 @@ class _Installed:
     vae_decode: str | None = None  # how the pipeline's VAE decodes: patch-parallel, tiles, one-rank (None: untouched)
     sharded: tuple[str, ...] = ()  # the components whose weights are sharded (shard_weights=True)
     split: Split | None = None  # how many blocks of each stay gathered, and the bytes a rank holds
-
-
-def _transformer(target: Any) -> torch.nn.Module:
-    return target.transformer if hasattr(target, "transformer") else target
-
-
-def transformers_of(target: Any) -> list[torch.nn.Module]:
-    """Every transformer the target runs: a pipeline's (Wan 2.2 A14B's two experts), or the bare one."""
-    second = getattr(target, "transformer_2", None)
-    return [_transformer(target), *([second] if second is not None else [])]
 
 
 def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph: bool = False,
@@ -118,7 +109,7 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
         graphed = GraphedForward(ctx)
         ctx.on_close(graphed.release)  # NCCL's teardown waits for the graphs that captured its calls
         hooks.append((transformer, graphed, GRAPH_HOOK))
-    forward = ForwardHook(ctx, state, plan.key_masks, plan.drop_full_masks)  # masks checked eagerly
+    forward = ForwardHook(ctx, state, plan.key_masks, plan.drop_full_masks, plan.text_whole)  # masks checked eagerly
     hooks.append((transformer, forward, FORWARD_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, ctx), CFG_HOOK))
@@ -146,4 +137,4 @@ def unparallelize(target: Any) -> torch.nn.Module:
     return transformers[0]
 
 
-__all__ = ["parallelize", "transformers_of", "unparallelize"]
+__all__ = ["parallelize", "unparallelize"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..parallel_pipeline import transformers_of
+from ..targets import transformers_of
 from .caches import enable_cache
 from .lora import load_adapters, load_loras
 from .quantize import quantize
