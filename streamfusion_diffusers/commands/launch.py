@@ -11,6 +11,8 @@ them the ones that keep NVLink multicast off (NCCL_NVLS_ENABLE, NVSHMEM_DISABLE_
 TORCH_SYMM_MEM_DISABLE_MULTICAST). The script calls `init_parallel(...)`, which joins the process group the
 launcher set up and starts NVSHMEM. With --print-env it prints the variables instead (for accelerate). This
 process becomes torchrun (exec), so a signal sent to it (a pod stopped, a launcher killed) reaches torchrun.
+On one machine (--nnodes 1) it starts every process of the job, so it makes the job's join secret (a served job's
+join port: runtime/wire.py) unless $STREAMFUSION_JOIN_KEY is set: its processes, and nobody else, know it.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from ..choice.workloads import MODELS as WORKLOADS
 from ..core.config import METHODS, ParallelConfig, resolve_layout
 from ..core.sequence import split_sizes
 from ..models import MODELS
+from ..runtime.wire import JOIN_KEY_ENV, new_secret
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +130,8 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(command))
         return 0
+    if args.nnodes == 1 and not os.environ.get(JOIN_KEY_ENV):  # every process of the job starts here
+        env[JOIN_KEY_ENV] = new_secret()
     # become torchrun (no child): a signal to this process (a pod stopped, a launcher killed) reaches torchrun itself,
     # and a served job's launched processes see their launcher gone
     os.execve(command[0], command, {**os.environ, **env})

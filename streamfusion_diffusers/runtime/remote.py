@@ -10,74 +10,71 @@ one process group of the whole job, so a node that dies takes down only the grou
 groups' rank processes (torchrun stops every process of a node when one exits, and with them the node's other
 groups); and the front sees a host gone (its connection closed) or stalled (no heartbeat for STALL_S) within
 seconds, without waiting on any collective. A host that connects again (its launcher restarted) takes its slot
-back, and the groups that wait for it start again.
+back, and the groups that wait for it start again. What travels is wire.py's typed messages, after its
+handshake: a process that cannot prove the job's secret, or that breaks the protocol, is dropped unheard.
 """
 from __future__ import annotations
 
 import datetime
+import inspect
 import itertools
 import logging
 import math
-import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, Listener
-from typing import Any
 
 import torch.distributed as dist
 
+from . import wire, worker
 from .pool import Pool, RankFailure, exit_cause
 
 logger = logging.getLogger(__name__)
 
 BEAT_S = 1.0  # how often a host says it is alive
 STALL_S = 6.0  # a host silent this long is stalled: its groups fail
-HELLO_S = 10.0  # how long a new connection may take to say its slot
-JOIN_KEY_ENV = "STREAMFUSION_JOIN_KEY"  # the secret the hosts prove to the front (HMAC challenge, both ways)
-DEFAULT_KEY = "streamfusion"
-
-
-def join_key() -> bytes:
-    """The join port's key: $STREAMFUSION_JOIN_KEY, the same on every node (the default suits a trusted network
-    only, as torchrun's own store does)."""
-    return os.environ.get(JOIN_KEY_ENV, DEFAULT_KEY).encode()
+HELLO_S = 10.0  # how long a new connection may take to prove the secret and say its slot
+CALLS: dict[Callable, type[wire.Message]] = {worker.build: wire.Build, worker.warm_up: wire.WarmUp,
+                                             worker.run: wire.Run}  # what a remote pool's ranks may run
 
 
 class Link:
     """One host's connection to the front: what it says reaches the pool it serves now."""
 
-    def __init__(self, conn: Connection, slot: int, node: int, pid: int):
-        self.conn, self.slot, self.node, self.pid = conn, slot, node, pid
+    def __init__(self, channel: wire.Channel, slot: int, node: int, pid: int):
+        self.channel, self.slot, self.node, self.pid = channel, slot, node, pid
         self.last_seen = time.monotonic()
         self.closed: str | None = None  # why the connection ended
         self.pool: RemotePool | None = None
-        self._lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True, name=f"streamfusion-link-{slot}").start()
 
-    def send(self, *message: Any) -> None:
-        with self._lock:
-            try:
-                self.conn.send(message)
-            except (OSError, ValueError) as err:
-                self.closed = self.closed or f"its connection failed ({err})"
+    def send(self, message: wire.Message) -> None:
+        try:
+            self.channel.send(message)
+        except OSError as err:
+            self.closed = self.closed or f"its connection failed ({err})"
 
     def _read(self) -> None:
         try:
             while True:
-                kind, *rest = self.conn.recv()
+                message = self.channel.receive()
                 self.last_seen = time.monotonic()
                 pool = self.pool
-                if kind == "beat" or pool is None or rest[0] != pool.id:
-                    continue
-                if kind == "out":
-                    pool._outbox.put(rest[1])
-                elif kind == "pid":
-                    pool.child_pids[pool.links.index(self)] = rest[1]
-                elif kind == "exit":
-                    pool.exits[pool.links.index(self)] = rest[1]
+                if pool is None or getattr(message, "pool", None) != pool.id:
+                    continue  # a beat, or an old pool's message
+                rank = pool.links.index(self)
+                if isinstance(message, wire.ANSWERS):
+                    pool._outbox.put((rank, *wire.received(message)))
+                elif isinstance(message, wire.Spawned):
+                    pool.child_pids[rank] = message.pid
+                elif isinstance(message, wire.Exited):
+                    pool.exits[rank] = message.code
+        except wire.WireError as err:
+            logger.warning("rank %d's host was dropped: %s", self.slot, err)
+            self.close(f"it broke the join protocol ({err})")
         except (EOFError, OSError) as err:
             self.closed = self.closed or f"its connection closed ({type(err).__name__})"
 
@@ -90,20 +87,24 @@ class Link:
 
     def close(self, why: str) -> None:
         self.closed = self.closed or why
-        self.conn.close()
+        self.channel.close()
 
 
 class Front:
-    """Node 0's join port, the store the groups' process groups meet at (port + 1), and the hosts connected."""
+    """Node 0's join port, the store the groups' process groups meet at (port + 1), and the hosts connected.
+    `secret`: the job's (wire.join_secret), required unless the port is on loopback."""
 
-    def __init__(self, host: str, port: int, world: int, per_machine: int, timeout_s: float):
+    def __init__(self, host: str, port: int, world: int, per_machine: int, timeout_s: float,
+                 secret: bytes | None):
+        # other machines' hosts reach node 0 at its address; launchers that meet on loopback keep the port there
+        bind = host if wire.local_only(host) else "0.0.0.0"
+        wire.require_secret(secret, bind)
         self.world, self.per_machine, self.port, self.store_port = world, per_machine, port, port + 1
         self.links: dict[int, Link] = {}
         self.closed = False
+        self._secret = secret
         self._changed = threading.Condition()
-        # other machines' hosts reach node 0 at its address; launchers that meet on loopback keep the port there
-        bind = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
-        self._listener = Listener((bind, port), authkey=join_key(), backlog=max(world, 16))
+        self._listener = socket.create_server((bind, port), backlog=max(world, 16))
         self.store = dist.TCPStore(host, self.store_port, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=timeout_s))
         threading.Thread(target=self._accept, daemon=True, name="streamfusion-join").start()
@@ -111,31 +112,30 @@ class Front:
     def _accept(self) -> None:
         while True:
             try:
-                conn = self._listener.accept()
+                sock, address = self._listener.accept()
             except OSError:  # the listener closed
                 return
-            except Exception as err:  # noqa: BLE001 - a peer without the key, or one that hung up: not ours
-                logger.warning("a connection to the join port was refused: %s", err)
-                continue
-            threading.Thread(target=self._hello, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._hello, args=(wire.Channel(sock), address[0]), daemon=True).start()
 
-    def _hello(self, conn: Connection) -> None:
+    def _hello(self, channel: wire.Channel, address: str) -> None:
+        """Admit a host that proves the secret and says a slot of this job; drop anything else, unheard."""
         try:
-            if not conn.poll(HELLO_S):
-                raise ValueError(f"said nothing within {HELLO_S:g} s")
-            kind, slot, node, pid = conn.recv()
-            if kind != "hello" or not 0 <= slot < self.world:
-                raise ValueError(f"slot {slot} is not in this job's 0 .. {self.world - 1}")
-        except Exception as err:  # noqa: BLE001 - refuse it, keep listening
-            logger.warning("a host was refused: %s", err)
-            conn.close()
+            channel.sock.settimeout(HELLO_S)
+            wire.check_host(channel, self._secret)
+            hello = channel.expect(wire.Hello)
+            if hello.slot >= self.world:
+                raise wire.WireError(f"slot {hello.slot} is not in this job's 0 .. {self.world - 1}")
+            channel.sock.settimeout(None)
+        except (wire.WireError, EOFError, OSError) as err:
+            logger.warning("a connection to the join port from %s was refused: %s", address, err)
+            channel.close()
             return
         with self._changed:
-            if (old := self.links.get(slot)) is not None:
+            if (old := self.links.get(hello.slot)) is not None:
                 old.close("a new process took its slot (its launcher restarted)")
-            self.links[slot] = Link(conn, slot, node, pid)
+            self.links[hello.slot] = Link(channel, hello.slot, hello.node, hello.pid)
             self._changed.notify_all()
-        logger.info("rank %d of node %d joined", slot, node)
+        logger.info("rank %d of node %d joined", hello.slot, hello.node)
 
     def missing(self, slots: Sequence[int]) -> list[int]:
         """The slots with no live host now."""
@@ -153,9 +153,13 @@ class Front:
     def close(self) -> None:
         """Say goodbye to every host (they exit 0) and stop listening."""
         self.closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (a close alone may not)
+        except OSError:
+            pass
         self._listener.close()
         for link in list(self.links.values()):
-            link.send("bye")
+            link.send(wire.Bye())
             link.close("the front closed")
 
 
@@ -194,8 +198,8 @@ class RemotePool(Pool):
         self.exits: dict[int, int] = {}
         for rank, link in enumerate(links):
             link.pool = self
-            link.send("start", self.id, rank, len(links), front.store_port, f"streamfusion/pool{self.id}/", gpu,
-                      timeout_s)
+            link.send(wire.Start(self.id, rank, len(links), front.store_port, f"streamfusion/pool{self.id}/", gpu,
+                                 timeout_s))
 
     @property
     def pids(self) -> list[int]:
@@ -211,13 +215,20 @@ class RemotePool(Pool):
         return ended
 
     def _post(self, task: tuple | None) -> None:
+        """The task as its typed message (CALLS: what the ranks may run), to every host."""
+        assert task is not None, "a remote pool's ranks end by `close`"
+        call, fn, args, kwargs = task
+        if fn not in CALLS:
+            raise ValueError(f"{getattr(fn, '__name__', fn)} cannot run on ranks across machines: only "
+                             f"{', '.join(f.__name__ for f in CALLS)} can")
+        message = CALLS[fn](self.id, call, **inspect.signature(fn).bind(*args, **kwargs).arguments)
         for link in self.links:
-            link.send("task", self.id, task)
+            link.send(message)
 
     def cancel(self, call: int) -> None:
         """As ProcessPool.cancel: each host sets its rank's cancel value."""
         for link in self.links:
-            link.send("cancel", self.id, call)
+            link.send(wire.Cancel(self.id, call))
 
     def close(self, stop: bool = False) -> None:
         """Ask each host to end its rank: together (a collective shutdown), or with `stop` at once."""
@@ -225,10 +236,10 @@ class RemotePool(Pool):
             self._closed = True
             self._outbox.put(None)
         for link in self.links:
-            link.send("stop", self.id, stop)
+            link.send(wire.Stop(self.id, stop))
             if link.pool is self:
                 link.pool = None
         self._closed = True
 
 
-__all__ = ["BEAT_S", "Front", "Hosts", "JOIN_KEY_ENV", "Link", "RemotePool", "STALL_S", "join_key"]
+__all__ = ["BEAT_S", "CALLS", "Front", "Hosts", "Link", "RemotePool", "STALL_S"]

@@ -32,6 +32,7 @@ from ..runtime.arguments import add_arguments as add_job_arguments
 from ..runtime.job import Job, cluster, make_job, real_size
 from ..core.extras import install_hint
 from ..core.join import launched
+from ..runtime.wire import JOIN_KEY_ENV, join_secret
 from ..models.pipelines import family_of
 from .limits import planned_limits
 from .videos import Keep
@@ -102,6 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="across machines (under streamfusion launch / torchrun): the port of node 0 the launched "
                              "processes of every node join the front at; the next port is their groups' store "
                              "(default: --master-port + 1)")
+    parser.add_argument("--join-secret", default=None, metavar="SECRET",
+                        help=f"across machines: the job's secret, the same on every node, that the launched processes "
+                             f"and the front prove to each other at the join port (default: ${JOIN_KEY_ENV}, which "
+                             f"other users cannot read from the process list; streamfusion launch on one machine "
+                             f"makes one); required unless node 0's address is loopback")
     parser.add_argument("--log-requests", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per request on stderr: id, method, path, status, seconds, bytes, size and "
                              "steps (default on)")
@@ -201,7 +207,8 @@ def main(args: argparse.Namespace) -> int:
 
         world = int(os.environ["WORLD_SIZE"])
         per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        return run_host(*join_address(args), int(os.environ["RANK"]), int(os.environ["RANK"]) // per_machine)
+        return run_host(*join_address(args), int(os.environ["RANK"]), int(os.environ["RANK"]) // per_machine,
+                        join_secret(args.join_secret))
     keep = Keep(args.keep_videos, args.keep_video_bytes, args.video_ttl)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -247,9 +254,10 @@ def main(args: argparse.Namespace) -> int:
         from ..runtime.remote import Front, Hosts
 
         machines, per_machine = launched_shape()
+        secret = join_secret(args.join_secret)
         front = Front(join_address(args)[0], join_address(args)[1], machines * per_machine, per_machine,
-                      job.parallel.timeout_s)
-        threading.Thread(target=run_host, args=(*join_address(args), 0, 0, False), daemon=True).start()
+                      job.parallel.timeout_s, secret)
+        threading.Thread(target=run_host, args=(*join_address(args), 0, 0, secret, False), daemon=True).start()
         hosts = [Hosts(front, tuple(slots)) for slots in group_slots(machines, per_machine, args.replicas)]
     service = Service(job, planned_limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop, keep,
                       max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000,
