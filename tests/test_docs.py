@@ -1,7 +1,8 @@
 """The commands of README.md and docs/USER_GUIDE.md: every one is either run here as written (CPU) or left out
-with its reason, so a command added to the docs is run or explained; the guide's complete script (`my_flux.py`)
-runs as written under torchrun on 2 CPU processes, gives the unparallelized image and says transformers' notices
-once."""
+with its reason, so a command added to the docs is run or explained; README's test command is the one CI runs;
+both docs state what is true now (no session numbers, issue numbers or dates: the history is the records'); the
+guide's complete script (`my_flux.py`) runs as written under torchrun on 2 CPU processes, gives the
+unparallelized image and says transformers' notices once."""
 from __future__ import annotations
 
 import os
@@ -21,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "USER_GUIDE.md"
 DOCS = (ROOT / "README.md", GUIDE)
 RANKS = 2
+# what .ci/run installs and runs in a fresh environment, as README's quick start says it
+TEST_COMMAND = ('python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]" '
+                '&& python -m pytest -q')
 
 LEFT_OUT = {  # how a command starts -> why it is not run here
     "python3 -m venv": "makes the environment these tests run in",
@@ -77,6 +81,21 @@ RUN = sorted({c for doc in DOCS for c in commands(doc) if left_out(c) is None})
 def test_every_command_is_run_or_left_out_with_a_reason():
     for command in RUN:
         assert re.match(r"(eval \"\$\()?streamfusion ", command), f"neither run here nor left out: {command}"
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    readme = [" ".join(line.split()) for line in (ROOT / "README.md").read_text().splitlines()]
+    assert TEST_COMMAND in readme, f"README.md's test command should read: {TEST_COMMAND}"
+    ci = {" ".join(line.replace(" -q", "").split()) for line in (ROOT / ".ci" / "run").read_text().splitlines()}
+    steps = [step.replace(" -q", "") for step in TEST_COMMAND.split(" && ")[2:]]
+    assert all(step in ci for step in steps), f".ci/run should run {steps}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.name)
+def test_the_docs_state_what_is_true_now(doc):
+    """A date inside a record's path (`results/2026-...`) names the record; any other belongs to its history."""
+    history = re.findall(r"(?i)\bsessions? \d+|\bissues? \d+|(?<![\w/-])20\d\d-\d\d-\d\d(?![\w-])", doc.read_text())
+    assert not history, f"{doc.name}: {history}"
 
 
 @pytest.mark.parametrize("command", RUN)
