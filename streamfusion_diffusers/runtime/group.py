@@ -5,7 +5,7 @@ a `ProcessPool`, pool.py) rather than one slice of a shared world (`init_paralle
 a rank that dies then takes down only its own group, which is restarted and rebuilt while the others keep
 serving, and a group runs exactly what `generate` runs on P / R ranks. The pool sees a rank end within its poll
 (0.5 s) and a stalled one at the request's hard deadline, stops the group's other ranks, and raises; the
-supervisor (serve/service.py) answers the request with 5xx and calls `start` again. A group of a job across
+supervisor (serve/supervisor.py) answers the request with 5xx and calls `start` again. A group of a job across
 machines (`hosts`) has its ranks spawned by the launched processes of its slots instead (remote.py): its start
 first waits until every one of them is connected, so a group whose node was lost comes back once the node's
 launcher has restarted.
@@ -42,7 +42,6 @@ class Group:
 
     def __init__(self, index: int, job: Job, devices: list[str] | None, hosts: Hosts | None = None):
         self.index, self.job, self.devices, self.hosts = index, job, devices, hosts
-        self.state = "starting"  # starting | ready | recovering | waiting (for a node) | failed | stopped
         self.pool: Pool | None = None
         self._stops = 0  # how many times `stop` was called (a start waiting for nodes gives up on the next)
         self.info: dict[str, Any] = {}  # rank 0's answer to `build`: build and warm-up times, the warm-up's record
@@ -52,17 +51,19 @@ class Group:
         self._cancelled: set[str] = set()  # its requests cancelled so far
         self._call = 0  # its call number in the pool (what a cancel names)
 
-    def start(self, timeout_s: float = math.inf, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    def start(self, timeout_s: float = math.inf, say: Callable[[str], None] = lambda _: None,
+              waiting: Callable[[bool], None] = lambda _: None) -> dict[str, Any]:
         """Start the ranks, build and warm up the pipeline (blocking: the service runs it in a thread), saying each
-        stage done. Raises BuildTimeout past `timeout_s` in all, RankFailure when a rank fails or `stop` is called
-        meanwhile (from another thread: it ends the start at once)."""
+        stage done; across machines `waiting(True)` while it waits for a lost node, `waiting(False)` once every
+        node is there. Raises BuildTimeout past `timeout_s` in all, RankFailure when a rank fails or `stop` is
+        called meanwhile (from another thread: it ends the start at once)."""
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices else None
         if self.hosts is None:
             pool: Pool = ProcessPool(self.job.world_size, backend="nccl" if self.job.gpu else "gloo",
                                      timeout_s=self.job.parallel.timeout_s, wait_s=math.inf, env=env, wait=False,
                                      ahead=import_ahead if self.job.gpu else None)
         else:
-            pool = self._join(say)
+            pool = self._join(say, waiting)
         self.pool = pool
         started = time.monotonic()
         stage = "starting the ranks"
@@ -81,18 +82,18 @@ class Group:
             raise
         say(f"group {self.index}: warm-up done in {self.info['warmup_s']:.1f} s"
             f"{warmup_split(self.info.get('record'), self.job.cuda_graph)}")
-        self.state = "ready"
         return self.info
 
-    def _join(self, say: Callable[[str], None]) -> Pool:
+    def _join(self, say: Callable[[str], None], waiting: Callable[[bool], None]) -> Pool:
         """The pool of a group across machines, once the hosts of every one of its slots are connected."""
         assert self.hosts is not None
-        stops, prior = self._stops, self.state
+        stops = self._stops
         if missing := self.hosts.missing():
-            self.state = "waiting"
+            waiting(True)
             say(f"group {self.index}: waiting for node(s) {', '.join(map(str, self.hosts.nodes(missing)))}")
         pool = self.hosts.pool(self.job.gpu, self.job.parallel.timeout_s, lambda: self._stops != stops)
-        self.state = "recovering" if prior == "waiting" else prior
+        if missing:
+            waiting(False)
         return pool
 
     def run(self, batch: list[Request], deadline_s: float,
@@ -143,12 +144,11 @@ class Group:
         if self.pool is not None:
             self.pool.close(stop=now)
             self.pool = None
-        self.state = "stopped"
 
     def describe(self) -> dict[str, Any]:
         """What /health says of the group."""
         record = self.info.get("record") or {}
-        return {"index": self.index, "state": self.state, "ranks": self.job.world_size, "pids": self.pids,
+        return {"index": self.index, "ranks": self.job.world_size, "pids": self.pids,
                 "layout": record.get("layout"), "backend": record.get("backend"), "restarts": self.restarts,
                 "devices": self.devices, **({"nodes": self.hosts.nodes()} if self.hosts else {})}
 

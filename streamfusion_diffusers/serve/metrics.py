@@ -14,7 +14,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 600.0)  # seconds
 PREFIX = "streamfusion"
-GROUP_STATES = ("starting", "ready", "recovering", "failed", "stopped")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -78,8 +77,8 @@ class Metrics:
     def render(self, queue_depth: int, running: int, groups: dict[str, int]) -> bytes:
         self._queue.set(queue_depth)
         self._running.set(running)
-        for state in {*GROUP_STATES, *groups}:
-            self._groups.labels(state).set(groups.get(state, 0))
+        for state, count in groups.items():
+            self._groups.labels(state).set(count)
         if self.build_s is not None:
             self._ready.set(self.build_s)
         return generate_latest(self.registry)

@@ -29,7 +29,7 @@ from ..runtime.request import Request
 from .errors import ApiError
 from .follower import Follower
 from .metrics import Metrics
-from .supervisor import MAX_RESTARTS, Supervisor
+from .supervisor import MAX_RESTARTS, GroupState, Supervisor
 from .validation import Checker, Limits
 from .videos import Keep, VideoJob, VideoStore
 from .work import Work, WorkQueue
@@ -141,7 +141,8 @@ class Service:
 
     def stranded(self) -> ApiError | None:
         """The answer to a request while every group waits for a lost node (none can run it); else None."""
-        if not self.ready_once or any(g.state not in ("waiting", "failed") for g in self.groups):
+        if not self.ready_once or any(s.state not in (GroupState.WAITING, GroupState.FAILED)
+                                      for s in self.supervisors):
             return None
         nodes = sorted({n for g in self.groups if g.hosts is not None for n in g.hosts.nodes(g.hosts.missing())})
         return ApiError(503, f"no parallel group can run requests: node(s) {', '.join(map(str, nodes))} are gone; "
@@ -152,21 +153,21 @@ class Service:
 
     async def _changed(self, supervisor: Supervisor) -> None:
         """A group became ready, was given up, or waits for a lost node: what the server does about it."""
-        state = supervisor.group.state
-        if state == "ready" and not self.ready_once and all(g.state == "ready" for g in self.groups):
+        state = supervisor.state
+        if state is GroupState.READY and not self.ready_once and all(s.served for s in self.supervisors):
             self.ready_once = True
             self.metrics.build_s = time.monotonic() - self.started
             self.on_ready(self)
-        elif state == "failed" and not self.ready_once:  # a job that never built: a configuration error
+        elif state is GroupState.FAILED and not self.ready_once:  # a job that never built: a configuration error
             if self.failure is None:
                 self.failure = supervisor.error
             self.on_exit(1)
-        elif state == "failed" and all(g.state == "failed" for g in self.groups):
+        elif state is GroupState.FAILED and all(s.state is GroupState.FAILED for s in self.supervisors):
             logger.error("every parallel group failed to restart %d times: stopping", MAX_RESTARTS)
             await self.queue.close(ApiError(503, "no parallel group is left to run requests: the server is stopping",
                                             code="unavailable"))
             self.on_exit(1)
-        elif state == "waiting" and (error := self.stranded()):
+        elif state is GroupState.WAITING and (error := self.stranded()):
             self.queue.fail_waiting(error)
 
     @property
@@ -204,25 +205,26 @@ class Service:
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """200 while at least one group serves (ready or busy) and the server takes requests; else 503 and why.
-        Each group says its own state: starting, ready, busy, restarting, failed or stopped."""
-        states = {g.state for g in self.groups}
+        Each group says its own state (`GroupState`)."""
+        states = {s.state for s in self.supervisors}
         if self.draining:
             status = "draining"
-        elif "ready" in states:
+        elif states & {GroupState.READY, GroupState.BUSY}:
             status = "ready"
-        elif "failed" in states and states <= {"failed", "stopped"}:
+        elif GroupState.FAILED in states and states <= {GroupState.FAILED, GroupState.STOPPED}:
             status = "failed"
         else:
             status = "recovering" if self.ready_once else "starting"
         # no process ids: /health takes no key, and pids help only someone on the machine already
-        groups = [{**{k: v for k, v in s.group.describe().items() if k != "pids"}, "state": _said_state(s)}
+        groups = [{**{k: v for k, v in s.group.describe().items() if k != "pids"}, "state": s.state.value}
                   for s in self.supervisors]
         body = {"status": status, "model": self.job.model, "queue": len(self.queue), "running": self.running,
                 "groups": groups}
         return (200 if status == "ready" else 503), body
 
     def render_metrics(self) -> bytes:
-        return self.metrics.render(len(self.queue), self.running, dict(Counter(g.state for g in self.groups)))
+        counts = Counter(s.state for s in self.supervisors)
+        return self.metrics.render(len(self.queue), self.running, {state.value: counts[state] for state in GroupState})
 
     async def drain(self) -> None:
         """Refuse new requests (503), let the accepted ones run for up to the drain's bound (past it, what is
@@ -233,7 +235,8 @@ class Service:
         await self.queue.close()
         ends = time.monotonic() + self.drain_timeout_s
         while len(self.queue) or self.running:
-            if not any(g.state in ("ready", "starting", "recovering") for g in self.groups):
+            if not any(s.state in (GroupState.READY, GroupState.BUSY, GroupState.STARTING, GroupState.RESTARTING)
+                       for s in self.supervisors):
                 break
             if time.monotonic() > ends:
                 in_flight = [w for s in self.supervisors for w in s.in_flight if not w.done.done()]
@@ -252,18 +255,9 @@ class Service:
         """Stop everything: answer what still waits with 503, end the supervising tasks, stop the ranks (a
         ready group together, the others at once), remove the finished videos."""
         await self.queue.close(ApiError(503, "the server stopped before the request ran", code="unavailable"))
-        for supervisor in self.supervisors:
-            supervisor.cancel()
-        for group in self.groups:
-            await asyncio.to_thread(group.stop, group.state != "ready" or self.running > 0)
+        now = self.running > 0
+        await asyncio.gather(*(supervisor.stop(now) for supervisor in self.supervisors))
         self.videos.close()
-
-
-def _said_state(supervisor: Supervisor) -> str:
-    group = supervisor.group
-    if group.state == "ready":
-        return "busy" if supervisor.calling else "ready"
-    return {"recovering": "restarting", "waiting": "waiting for a node"}.get(group.state, group.state)
 
 
 def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:

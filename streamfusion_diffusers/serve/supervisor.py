@@ -19,6 +19,7 @@ lost a node waits for it (its launcher restarted) rather than counting failed st
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import time
@@ -44,6 +45,18 @@ WATCH_S = 0.5  # how often an idle group checks that its ranks are alive (a rank
 PATIENCE = 0.05  # a batch smaller than its group's last of the same shape waits up to this share of that call
 
 
+class GroupState(enum.Enum):
+    """A group's state, as /health and /metrics say it; its supervisor is its one writer."""
+
+    STARTING = "starting"
+    READY = "ready"
+    BUSY = "busy"  # running a batch
+    RESTARTING = "restarting"
+    WAITING = "waiting for a node"  # across machines: a node it needs is gone
+    FAILED = "failed"  # given up
+    STOPPED = "stopped"
+
+
 class Supervisor:
     """One group's supervising task. It tells its service of each change of the group's state that the service
     acts on (`on_change`: ready, given up, waiting for a node), and waits for the request limits before it
@@ -57,6 +70,7 @@ class Supervisor:
         self.limits_known, self.on_change = limits_known, on_change
         self.request_timeout_s, self.build_timeout_s = request_timeout_s, build_timeout_s
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        self.state = GroupState.STARTING
         self.served = False  # ready at least once: a failed start is then retried, not a configuration error
         self.error: Exception | None = None  # why it was given up
         self.down_since: float | None = None  # when it last failed, until it is back
@@ -74,14 +88,16 @@ class Supervisor:
         self._task = asyncio.create_task(self._supervise())
         self._task.add_done_callback(_said)
 
-    def cancel(self) -> None:
-        """End the supervising task (the server stops; the ranks are stopped by the caller)."""
+    async def stop(self, now: bool) -> None:
+        """End the supervising task and the ranks (the server stops): a ready group's together, unless `now`."""
         if self._task is not None:
             self._task.cancel()
+        await asyncio.to_thread(self.group.stop, now or self.state is not GroupState.READY)
+        self.state = GroupState.STOPPED
 
     async def _supervise(self) -> None:
         while True:
-            if self.group.state != "ready" and not await self._bring_up():
+            if self.state is not GroupState.READY and not await self._bring_up():
                 return
             work = await self.queue.take(WATCH_S)
             if work is None and self.queue.closed:
@@ -98,51 +114,60 @@ class Supervisor:
         """Start the group until it is ready (True), waiting between failed starts; False once it is given up or
         the server stops."""
         group, failures = self.group, 0
+        loop = asyncio.get_running_loop()
+
+        def waiting(lost: bool) -> None:  # from the start's thread
+            loop.call_soon_threadsafe(self._waiting, lost)
+
         while True:
             if (wait := restart_wait(group.restarted_at, time.monotonic())) > 0:
                 logger.warning("group %d: restarted %d times within %g s: waiting %.0f s before the next",
                                group.index, RESTART_BURST, RESTART_WINDOW_S, wait)
                 await asyncio.sleep(wait)
             try:
-                await asyncio.to_thread(group.start, self.build_timeout_s, logger.info)
+                await asyncio.to_thread(group.start, self.build_timeout_s, logger.info, waiting)
                 await self.limits_known()  # a planner's refusal fails the start: the command says it
             except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
                 group.stop(now=True)
                 if self.queue.closed:
+                    self.state = GroupState.STOPPED
                     return False
                 if self.served:
                     failures += 1
                     logger.warning("group %d: restart %d failed: %s", group.index, failures,
                                    getattr(err, "summary", err))
                 if not self.served or failures >= MAX_RESTARTS:  # never built: a configuration error
-                    group.state, self.error = "failed", err
+                    self.state, self.error = GroupState.FAILED, err
                     await self.on_change(self)
                     return False
-                group.state = "recovering"
+                self.state = GroupState.RESTARTING
                 await asyncio.sleep(min(2.0**failures, 30.0))
                 continue
-            self.served = True
+            self.served, self.state = True, GroupState.READY
             if self.down_since is not None:
                 logger.warning("group %d: back after %.1f s", group.index, time.monotonic() - self.down_since)
                 self.down_since = None
             await self.on_change(self)
             return True
 
+    def _waiting(self, lost: bool) -> None:
+        """The start waits for a lost node (`lost`), or has every node now."""
+        self.state = GroupState.WAITING if lost else GroupState.RESTARTING if self.served else GroupState.STARTING
+
     async def _restart(self, why: str) -> None:
         """Stop what is left of a group whose rank failed (in a thread: a stuck rank takes seconds to end, and the
         event loop keeps answering meanwhile); the supervising task starts it again."""
         group = self.group
         logger.warning("group %d: %s; restarting it", group.index, why)
-        group.state = "recovering"
+        self.state = GroupState.RESTARTING
         if self.down_since is None:
             self.down_since = time.monotonic()
         group.restarts += 1
         group.restarted_at = [*group.restarted_at[-RESTART_BURST:], time.monotonic()]
         self.metrics.restarted()
         await asyncio.to_thread(group.stop, True)
-        group.state = "recovering"
         if group.hosts is not None and (missing := group.hosts.missing()):
-            group.state = "waiting"
+            self.state = GroupState.WAITING
             logger.warning("group %d: waiting for node(s) %s to come back", group.index,
                            ", ".join(map(str, group.hosts.nodes(missing))))
             await self.on_change(self)
@@ -193,12 +218,15 @@ class Supervisor:
             task.add_done_callback(self._answers.pop)
 
     async def _call(self, batch: list[Work], deadline_s: float) -> dict[str, Any]:
-        """The batch's pipeline call on the group's ranks, in a thread; `calling` says what runs meanwhile."""
-        self.calling = batch
+        """The batch's pipeline call on the group's ranks, in a thread; `calling` says what runs meanwhile. A call
+        that raises leaves the group busy for its caller to restart."""
+        self.calling, self.state = batch, GroupState.BUSY
         try:
-            return await asyncio.to_thread(self.group.run, [w.params for w in batch], deadline_s, _notes_to(batch))
+            result = await asyncio.to_thread(self.group.run, [w.params for w in batch], deadline_s, _notes_to(batch))
         finally:
             self.calling = []
+        self.state = GroupState.READY
+        return result
 
     async def _answer(self, work: Work, result: dict[str, Any]) -> None:
         """Encode a finished request's pixels (its image format, or mp4) off the event loop and answer it."""
@@ -255,5 +283,5 @@ def restart_wait(restarted_at: list[float], now: float, burst: int = RESTART_BUR
     return max(0.0, restarted_at[-burst - 1] + window_s - now)
 
 
-__all__ = ["MAX_RESTARTS", "PATIENCE", "RESTART_BURST", "RESTART_WINDOW_S", "WATCH_S", "Supervisor", "restart_wait",
-           "stopped_error"]
+__all__ = ["GroupState", "MAX_RESTARTS", "PATIENCE", "RESTART_BURST", "RESTART_WINDOW_S", "WATCH_S", "Supervisor",
+           "restart_wait", "stopped_error"]
