@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from diffusers import ContextParallelConfig, FluxTransformer2DModel
 from diffusers.hooks import HookRegistry
+from diffusers.models.transformers.transformer_flux import _get_qkv_projections
 from torch import Tensor
 
 from .. import init_parallel
@@ -20,6 +21,7 @@ from ..core.mesh import GroupCache
 from ..diffusers.parallel_pipeline import parallelize, unparallelize
 from ..diffusers.plans import plan_for
 from ..diffusers.processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState
+from ..diffusers.processors.flux import flux_output, rotary_qkv
 from ..diffusers.sharding import GATHER_HOOK
 from .bound import local_attention
 from .emulated_cp import over_emulated_link
@@ -27,23 +29,33 @@ from .layer import Case, Setup, parallel_config
 from .variants import compiled, parallelize_options
 
 
-class _LocalAttention:
+def _local(query: Tensor, state: ShardState) -> Tensor:
     """The bound's attention: this rank's query rows against keys/values of the whole sequence's length that
     already lie here, through the fastest kernel without LSE (bound.py), so the rank does its full share of
     attention work and moves nothing. Replicated text rows are attended on every rank, as they arrive. A custom
     op, as our attention is, so a compiled bound compiles the same graphs as ours."""
-
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, scale: float | None = None) -> Tensor:
-        layout = self.state.layout
-        return local_attention(query, layout.joint + sum(layout.seq_lens)).to(query.dtype)
+    layout = state.layout
+    return local_attention(query, layout.joint + sum(layout.seq_lens)).to(query.dtype)
 
 
-class FluxBoundProcessor(_LocalAttention, FluxSPAttnProcessor):
-    """FluxSPAttnProcessor with the no-communication attention."""
+class FluxBoundProcessor(FluxSPAttnProcessor):
+    """FluxSPAttnProcessor's call with the no-communication attention in place of the backend's."""
+
+    def __call__(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+                 attention_mask: Tensor | None = None, image_rotary_emb: tuple[Tensor, Tensor] | None = None
+                 ) -> Tensor | tuple[Tensor, Tensor]:
+        q, _, _ = rotary_qkv(attn, _get_qkv_projections(attn, hidden_states, encoder_hidden_states), image_rotary_emb)
+        return flux_output(attn, _local(q, self.state).flatten(2, 3), encoder_hidden_states)
 
 
-class CogVideoXBoundProcessor(_LocalAttention, CogVideoXSPAttnProcessor):
-    """CogVideoXSPAttnProcessor with the no-communication attention."""
+class CogVideoXBoundProcessor(CogVideoXSPAttnProcessor):
+    """CogVideoXSPAttnProcessor's call with the no-communication attention in place of `sp_attention`."""
+
+    def __call__(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor,
+                 attention_mask: Tensor | None = None, image_rotary_emb: tuple[Tensor, Tensor] | None = None
+                 ) -> tuple[Tensor, Tensor]:
+        query, _, _ = self.project(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+        return self.output(attn, _local(query, self.state), encoder_hidden_states.size(1))
 
 
 @contextmanager

@@ -76,10 +76,10 @@ class OverlapMlpHook(ModelHook):
 
 
 def _plan(route: Route, like: Tensor) -> OverlapPlan | None:
-    """The schedule for a single block's attention shaped `like`, or None: run the stock forward (a swapped
-    attention, text after the image, or a layout with no all-to-all to run beside)."""
+    """The schedule for a single block's attention shaped `like`, or None: run the stock forward (text after the
+    image, or a layout with no all-to-all to run beside)."""
     layout = route.state.layout
-    if route.attention is not None or (layout is not None and layout.joint_last):
+    if layout is not None and layout.joint_last:
         return None
     joint, lens = (layout.joint, layout.seq_lens) if layout is not None else (0, None)
     return overlap_plan(route.ctx, like, joint, lens)

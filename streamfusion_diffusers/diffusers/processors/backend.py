@@ -10,7 +10,6 @@ attention sequence-parallel: the stock processors `parallelize` routes (routing.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +27,11 @@ BACKEND = "streamfusion"
 @dataclass(frozen=True)
 class Route:
     """What the backend needs of one processor: the context, the shard state the split hooks keep (or the
-    caller's), the module's name for messages, and optionally the attention itself (q, k, v, scale) -> out,
-    where a processor variant swaps it (the bench's no-communication bound); None: `sp_attention`."""
+    caller's) and the module's name for messages."""
 
     ctx: ParallelContext
     state: ShardState
     module: str
-    attention: Callable[[Tensor, Tensor, Tensor, float | None], Tensor] | None = None
 
 
 def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
@@ -59,8 +56,6 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
             raise ValueError(f"{route.module} attends {query.shape[1]} queries to {key.shape[1]} keys, but this "
                              f"rank holds {rows} rows of the split sequence: list the module in its plan's "
                              f"local_attention (attention to tokens that are not split)")
-    if route.attention is not None:
-        return route.attention(query, key, value, scale)
     return attend(query, key, value, route.ctx, route.state, scale, key_mask)
 
 

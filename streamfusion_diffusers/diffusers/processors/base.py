@@ -75,15 +75,11 @@ def reject_mask(attention_mask: Tensor | None) -> None:
 
 
 class SPAttnProcessor:
-    """What both processors share: the context, the shard state, and the attention call as a method, so that a
-    variant (the benchmark's no-communication bound) can swap the attention alone."""
+    """What both processors share: the context and the shard state their attention runs with (`attend`)."""
 
     def __init__(self, ctx: ParallelContext, state: ShardState | None = None):
         self.ctx = ctx
         self.state = state if state is not None else ShardState()
-
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, scale: float | None = None) -> Tensor:
-        return attend(query, key, value, self.ctx, self.state, scale)
 
 
 def attend(query: Tensor, key: Tensor, value: Tensor, ctx: ParallelContext, state: ShardState,

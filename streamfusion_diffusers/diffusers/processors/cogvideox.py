@@ -5,7 +5,7 @@ import torch
 from diffusers.models.attention_processor import Attention
 from diffusers.models.embeddings import apply_rotary_emb
 
-from .base import SPAttnProcessor, reject_mask
+from .base import SPAttnProcessor, attend, reject_mask
 
 
 class CogVideoXSPAttnProcessor(SPAttnProcessor):
@@ -26,7 +26,7 @@ class CogVideoXSPAttnProcessor(SPAttnProcessor):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         reject_mask(attention_mask)
         query, key, value = self.project(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
-        return self.output(attn, self.attend(query, key, value), encoder_hidden_states.size(1))
+        return self.output(attn, attend(query, key, value, self.ctx, self.state), encoder_hidden_states.size(1))
 
     @staticmethod
     def project(attn: Attention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,

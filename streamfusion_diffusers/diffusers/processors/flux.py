@@ -20,11 +20,11 @@ from .backend import Route, backend_name
 from .base import ShardState, SPAttnProcessor
 
 
-def rotary_attention(processor: FluxAttnProcessor, attn: torch.nn.Module, projections: tuple[Tensor | None, ...],
-                     attention_mask: Tensor | None, image_rotary_emb: tuple[Tensor, Tensor] | None) -> Tensor:
-    """Flux.1's and Flux.2's attention from their projections (q, k, v and the text's, None without text), as
-    diffusers' processors run it: heads split, QK-norm, the text's rows first, RoPE (here in one pass), then
-    `dispatch_attention_fn` on the processor's backend; [B, S, H * D] in Q's dtype."""
+def rotary_qkv(attn: torch.nn.Module, projections: tuple[Tensor | None, ...],
+               image_rotary_emb: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Flux.1's and Flux.2's q, k, v [B, S, H, D] from their projections (q, k, v and the text's, None without
+    text), as diffusers' processors make them: heads split, QK-norm, the text's rows first, RoPE (here in one
+    pass)."""
     q, k, v, eq, ek, ev = projections
     heads = (-1, attn.head_dim)  # -1: the heads this rank holds (its share under tensor parallelism)
     q, k, v = attn.norm_q(q.unflatten(-1, heads)), attn.norm_k(k.unflatten(-1, heads)), v.unflatten(-1, heads)
@@ -34,6 +34,14 @@ def rotary_attention(processor: FluxAttnProcessor, attn: torch.nn.Module, projec
         v = torch.cat([ev.unflatten(-1, heads), v], dim=1)
     if image_rotary_emb is not None:
         q, k = rotary_qk(q, k, image_rotary_emb)
+    return q, k, v
+
+
+def rotary_attention(processor: FluxAttnProcessor, attn: torch.nn.Module, projections: tuple[Tensor | None, ...],
+                     attention_mask: Tensor | None, image_rotary_emb: tuple[Tensor, Tensor] | None) -> Tensor:
+    """Flux.1's and Flux.2's attention from their projections, as diffusers' processors run it: `rotary_qkv`,
+    then `dispatch_attention_fn` on the processor's backend; [B, S, H * D] in Q's dtype."""
+    q, k, v = rotary_qkv(attn, projections, image_rotary_emb)
     return dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=processor._attention_backend,
                                  parallel_config=processor._parallel_config).flatten(2, 3).to(q.dtype)
 
@@ -46,16 +54,22 @@ class FluxRotaryAttnProcessor(FluxAttnProcessor):
                  ) -> Tensor | tuple[Tensor, Tensor]:
         projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
         out = rotary_attention(self, attn, projections, attention_mask, image_rotary_emb)
-        if encoder_hidden_states is None:
-            return out
-        joint = encoder_hidden_states.shape[1]
-        text, out = out.split_with_sizes([joint, out.shape[1] - joint], dim=1)
-        return attn.to_out[1](attn.to_out[0](out.contiguous())), attn.to_add_out(text.contiguous())
+        return flux_output(attn, out, encoder_hidden_states)
+
+
+def flux_output(attn: torch.nn.Module, out: Tensor, encoder_hidden_states: Tensor | None
+                ) -> Tensor | tuple[Tensor, Tensor]:
+    """What diffusers' Flux.1 processor returns from its attention's output [B, S, H * D]: a single block's rows
+    as they are; a joint block's image and text rows, each through its output projection."""
+    if encoder_hidden_states is None:
+        return out
+    joint = encoder_hidden_states.shape[1]
+    text, out = out.split_with_sizes([joint, out.shape[1] - joint], dim=1)
+    return attn.to_out[1](attn.to_out[0](out.contiguous())), attn.to_add_out(text.contiguous())
 
 
 class FluxSPAttnProcessor(SPAttnProcessor, FluxRotaryAttnProcessor):
-    """FluxRotaryAttnProcessor with its attention run by `sp_attention` (through `attend`, which a variant may
-    swap). Joint blocks get text (`encoder_hidden_states`) and image tokens and return both; single blocks get the
+    """FluxRotaryAttnProcessor with its attention run by `sp_attention`. Joint blocks get text (`encoder_hidden_states`) and image tokens and return both; single blocks get the
     already-concatenated [text ; image] tokens and return one tensor: the stock call and return. `state` tells
     which leading tokens are replicated text (None: equal slices, no joint tokens)."""
 
@@ -63,7 +77,7 @@ class FluxSPAttnProcessor(SPAttnProcessor, FluxRotaryAttnProcessor):
         FluxAttnProcessor.__init__(self)
         SPAttnProcessor.__init__(self, ctx, state)
         self._attention_backend = backend_name()
-        self._parallel_config = Route(self.ctx, self.state, type(self).__name__, self.attend)
+        self._parallel_config = Route(self.ctx, self.state, type(self).__name__)
 
 
-__all__ = ["FluxRotaryAttnProcessor", "FluxSPAttnProcessor", "rotary_attention"]
+__all__ = ["FluxRotaryAttnProcessor", "FluxSPAttnProcessor", "flux_output", "rotary_attention", "rotary_qkv"]
