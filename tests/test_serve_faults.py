@@ -182,3 +182,66 @@ def test_a_drain_past_drain_timeout_answers_503_and_exits():
             "message"]
         assert server.proc.wait(timeout=30) == 0, server.stderr
         assert time.monotonic() - sent < 10
+
+
+def test_a_supervisor_that_fails_after_its_batch_started_answers_it_and_restarts_its_group(monkeypatch):
+    """Ranks that answer a batch without its pixels (a KeyError in the supervisor, after the batch started): every
+    request of it is answered 500 at once, the group is restarted as after a dead rank and serves again, and a
+    drain does not wait for requests that no longer run. In-process, on a group of no ranks."""
+    import argparse
+    import asyncio
+
+    from streamfusion_diffusers.runtime.group import Group
+    from streamfusion_diffusers.serve import service as service_module
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.errors import ApiError
+    from streamfusion_diffusers.serve.limits import limits
+    from streamfusion_diffusers.serve.protocol import ImageRequest
+
+    class MalformedGroup(Group):
+        """No ranks: it starts at once, and answers every batch without its pixels."""
+
+        def start(self, *_: object) -> dict:
+            self.info = {"record": {"layout": "none", "backend": "none"}}
+            return self.info
+
+        def run(self, *_: object) -> dict:
+            time.sleep(0.2)
+            return {"records": []}
+
+        def dead(self) -> dict:
+            return {}
+
+        def stop(self, now: bool = False) -> None:
+            pass
+
+    monkeypatch.setattr(service_module, "Group", MalformedGroup)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "tiny-flux", "--cpu"])
+    job, devices = serve_job(args)
+    exits: list[int] = []
+
+    async def no_one_left() -> bool:
+        return False
+
+    async def run() -> tuple[list, dict]:
+        service = service_module.Service(job, limits(args, job), devices, 4, 60.0, lambda _: None, exits.append)
+        await service.start()
+        while service.health()[0] != 200:
+            await asyncio.sleep(0.01)
+        params = [service.checker.image(ImageRequest(prompt="a", seed=seed)) for seed in range(2)]
+        works = [await service.submit("image", p) for p in params]
+        answers = await asyncio.wait_for(asyncio.gather(*(service.wait(w, no_one_left) for w in works),
+                                                        return_exceptions=True), 10)
+        while service.health()[0] != 200:
+            await asyncio.sleep(0.01)
+        health = service.health()[1]
+        await asyncio.wait_for(service.drain(), 5)
+        await service.close()
+        return answers, health
+
+    answers, health = asyncio.run(run())
+    assert all(isinstance(a, ApiError) and a.status == 500 and "KeyError" in a.message for a in answers), answers
+    assert health["groups"][0]["restarts"] >= 1 and health["running"] == 0, health
+    assert exits == [0]

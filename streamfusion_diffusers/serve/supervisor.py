@@ -173,14 +173,25 @@ class Supervisor:
             await self.on_change(self)
 
     async def _run_from(self, work: Work) -> None:
-        """Run `work` with the waiting requests of its shape (those cancelled while it gathered left out)."""
+        """Run `work` with the waiting requests of its shape (those cancelled while it gathered left out). What
+        escapes the run is a failure of the supervisor itself (a malformed rank result): the batch is answered
+        500 at once and the group restarted, as after a dead rank."""
         batch, key = [work], batch_key(self.job, work.params)
-        if self.max_batch > 1:
-            expect, call_s = self._last[1:] if self._last[0] == key else (1, 0.0)
-            batch = await self.queue.gather(work, lambda w: batch_key(self.job, w.params), self.max_batch,
-                                            self.batch_wait_s, expect, PATIENCE * call_s)
-        started = time.monotonic()
-        await self._run([w for w in batch if not w.done.done()])
+        try:
+            if self.max_batch > 1:
+                expect, call_s = self._last[1:] if self._last[0] == key else (1, 0.0)
+                batch = await self.queue.gather(work, lambda w: batch_key(self.job, w.params), self.max_batch,
+                                                self.batch_wait_s, expect, PATIENCE * call_s)
+            started = time.monotonic()
+            await self._run([w for w in batch if not w.done.done()])
+        except Exception as err:  # noqa: BLE001 - any error of ours: the group is rebuilt, the server serves on
+            logger.exception("group %d: its supervisor failed running a batch", self.group.index)
+            why = f"its supervisor failed: {type(err).__name__}: {err}"
+            for work in batch:
+                work.fail(ApiError(500, f"the request failed on parallel group {self.group.index}: {why}; the group "
+                                        f"restarts", code="internal_error"))
+            await self._restart(why)
+            return
         self._last = (key, sum(w.params.n for w in batch), time.monotonic() - started)
 
     async def _run(self, batch: list[Work]) -> None:
