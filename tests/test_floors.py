@@ -72,8 +72,13 @@ def graph() -> dict[str, set[str]]:
 
 
 def folder_of(name: str) -> str:
-    """A module's folder under the package (a module at the package root is its own; the root itself, "api")."""
+    """A module's folder under the package (a module at the package root is its own; the root itself, "api"; a
+    module FLOORS files below its folder's floor, its own too: models.configs, the model registry, is read by
+    floors its folder imports)."""
     parts = name.split(".")
+    folder = f"{PACKAGE}.{parts[1]}" if len(parts) > 1 else PACKAGE
+    if name != folder and any(name in prefixes for prefixes in FLOORS.values()) and floor_of(name) < floor_of(folder):
+        return name.removeprefix(PACKAGE + ".")
     return parts[1] if len(parts) > 1 else "api"
 
 

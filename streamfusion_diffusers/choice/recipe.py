@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from ..core.config import ParallelConfig
+from ..models.configs import FAMILIES
 
 LAYOUT_KEYS = ("method", "ulysses", "ring", "torus", "backend")
 SIZE_KEYS = ("resolution", "frames")
@@ -87,6 +88,11 @@ class Recipe:
                               **{k: e[k] for k in LAYOUT_KEYS if e.get(k) is not None})
 
 
+def packaged_names() -> list[str]:
+    """The packaged recipes: those the model registry's families name (models/configs.py)."""
+    return sorted(name for family in FAMILIES.values() for name in family.recipes)
+
+
 def load_recipe(name_or_path: str) -> Recipe:
     """A packaged recipe by model name, or a YAML file by path."""
     packaged = PACKAGED / f"{name_or_path}.yaml"
@@ -96,9 +102,8 @@ def load_recipe(name_or_path: str) -> Recipe:
     elif path.is_file():
         text, where = path.read_text(), str(path)
     else:
-        names = sorted(p.name.removesuffix(".yaml") for p in PACKAGED.iterdir()
-                       if p.name.endswith(".yaml"))
-        raise ValueError(f"no recipe {name_or_path!r}: use one of {', '.join(names)} or a path to a YAML file")
+        raise ValueError(f"no recipe {name_or_path!r}: use one of {', '.join(packaged_names())} or a path to a "
+                         f"YAML file")
     data = yaml.safe_load(text)
     if not isinstance(data, dict) or "model" not in data or not data.get("entries"):
         raise ValueError(f"recipe {where} needs a 'model' and a non-empty 'entries' list")
@@ -117,8 +122,7 @@ def load_recipes(where: str | None = None) -> list[Recipe]:
     or path; or a folder's."""
     if where is None:
         mine = sorted(user_folder().glob("*.yaml"))
-        packaged = sorted(p.name for p in PACKAGED.iterdir() if p.name.endswith(".yaml"))
-        return [load_recipe(str(p)) for p in mine] + [load_recipe(name.removesuffix(".yaml")) for name in packaged]
+        return [load_recipe(str(p)) for p in mine] + [load_recipe(name) for name in packaged_names()]
     if Path(where).is_dir():
         found = sorted(Path(where).glob("*.yaml"))
         if not found:

@@ -1,8 +1,12 @@
-"""Transformer configs: the real ones (FLUX.1-dev, CogVideoX-5b, FLUX.2-dev, Wan 2.2, Qwen-Image), tiny ones
-for tests and the CPU demo, and the named models `streamfusion generate` runs.
+"""The model registry: one `ModelFamily` per family, registered at the bottom of this file, names its named
+models (real and tiny, with their transformer configs), its pipeline adapter, its plan and its recipes; `--model`'s
+choices, the builders (models/pipelines/) and the plan lookup (diffusers/plans/) read it. Also the transformer
+configs: the real ones (FLUX.1-dev, CogVideoX-5b, FLUX.2-dev, Wan 2.2, Qwen-Image) and tiny ones for tests and the
+CPU demo.
 
 The real dicts are the `transformer/config.json` of each model's diffusers repository, written out so that a
-real-size model can be built (with random weights) where no model hub is reachable.
+real-size model can be built (with random weights) where no model hub is reachable. Plain data only: a family
+names its adapter and plan by module, so the CLI and the layout choice read the registry without diffusers.
 """
 from __future__ import annotations
 
@@ -210,7 +214,7 @@ class ModelSpec:
     """A named model: its pipeline family (`models.pipelines`), transformer config, and the defaults
     `streamfusion generate` runs it with."""
 
-    family: str  # "flux", "cogvideox", "wan", "qwen-image" or "flux2"
+    family: str  # the name of its ModelFamily (below)
     transformer: dict[str, Any]
     height: int
     width: int
@@ -249,39 +253,114 @@ class ModelSpec:
         return self.vae_scale * self.patch
 
 
-MODELS: dict[str, ModelSpec] = {
-    "tiny-flux": ModelSpec("flux", TINY_FLUX, 64, 64, 1, 4, 16, 3.5, vae_scale=2),
-    "flux-dev": ModelSpec("flux", FLUX_DEV, 1024, 1024, 1, 28, 512, 3.5, vae_scale=8),
-    "tiny-cogvideox": ModelSpec("cogvideox", TINY_COGVIDEOX, 64, 64, 9, 4, 10, 6.0, vae_scale=8, temporal=4),
-    "cogvideox-5b": ModelSpec("cogvideox", COGVIDEOX_5B, 480, 720, 49, 50, 226, 6.0, vae_scale=8, temporal=4),
-    # Wan 2.2: TI2V-5B's own VAE compresses 16x (z_dim 48) and its timesteps are per token; A14B runs a
-    # high-noise expert down to boundary_ratio x 1000, then a low-noise one, on Wan 2.1's 8x VAE.
-    "tiny-wan": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 5.0, vae_scale=16, temporal=4, images=1,
-                          extras={"expand_timesteps": True}),
-    "wan2.2-ti2v-5b": ModelSpec("wan", WAN22_TI2V_5B, 704, 1280, 121, 50, 512, 5.0, vae_scale=16, temporal=4,
-                                images=1, extras={"expand_timesteps": True, "flow_shift": 5.0}),
-    "tiny-wan-a14b": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 4.0, vae_scale=8, temporal=4,
-                               extras={"boundary_ratio": 0.875}),
-    "wan2.2-t2v-a14b": ModelSpec("wan", WAN22_T2V_A14B, 720, 1280, 81, 40, 512, 4.0, vae_scale=8, temporal=4,
-                                 extras={"boundary_ratio": 0.875, "flow_shift": 3.0}),
-    "tiny-qwen-image": ModelSpec("qwen-image", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None, vae_scale=8),
-    "qwen-image": ModelSpec("qwen-image", QWEN_IMAGE, 1328, 1328, 1, 50, 512, None, vae_scale=8),
-    # Edits: Qwen-Image's and Flux.1's transformers (Qwen/Qwen-Image-Edit, black-forest-labs/FLUX.1-Kontext-dev
-    # ship the same transformer configs); the tiny Qwen2-VL processor resizes the prompt's image to 56 x 56 pixels,
-    # the tiny Kontext keeps its input image's size (no resize to Kontext's trained sizes)
-    "tiny-qwen-image-edit": ModelSpec("qwen-image-edit", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None, vae_scale=8,
-                                      images=1, extras={"vl_max_pixels": 56 * 56}),
-    "qwen-image-edit": ModelSpec("qwen-image-edit", QWEN_IMAGE, 1024, 1024, 1, 50, 512, None, vae_scale=8, images=1),
-    "tiny-flux-kontext": ModelSpec("flux-kontext", TINY_FLUX, 64, 64, 1, 4, 16, 2.5, vae_scale=2, images=1,
-                                   extras={"auto_resize": False}),
-    "flux-kontext": ModelSpec("flux-kontext", FLUX_DEV, 1024, 1024, 1, 28, 512, 2.5, vae_scale=8, images=1),
-    # Flux.2 stacks three hidden layers of its text encoder: a text width divisible by 3
-    "tiny-flux2": ModelSpec("flux2", {**TINY_FLUX2, "joint_attention_dim": 48}, 64, 64, 1, 4, 16, 4.0, vae_scale=4,
-                            images=10),
-    "flux2-dev": ModelSpec("flux2", FLUX2_DEV, 1024, 1024, 1, 50, 512, 4.0, vae_scale=8, images=10),
-}
-# The tiny counterpart of each real-size model (the CPU's stand-in for it in bench and in generate's hints).
-TINY: dict[str, str] = {"flux-dev": "tiny-flux", "cogvideox-5b": "tiny-cogvideox", "flux2-dev": "tiny-flux2",
-                        "wan2.2-ti2v-5b": "tiny-wan", "wan2.2-t2v-a14b": "tiny-wan-a14b",
-                        "qwen-image": "tiny-qwen-image", "qwen-image-edit": "tiny-qwen-image-edit",
-                        "flux-kontext": "tiny-flux-kontext"}
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family: what `--model` runs through one pipeline, and what splits its transformer.
+
+    name: the family its models' ModelSpec.family names. transformer_class: diffusers' transformer class, what the
+    plan lookup matches a transformer by. models: the named models it runs (real size and tiny). tiny: each
+    real-size model's tiny stand-in (the CPU's, in bench and in generate's hints). pipeline: the module of
+    models/pipelines/ whose FAMILY builds and calls its pipeline (None: parallelize only, no `--model`). plan:
+    the module of diffusers/plans/ whose PLAN splits its transformer (None: diffusers' own `_cp_plan`). recipes:
+    its packaged recipes (choice/recipes/<name>.yaml), which method "auto" reads.
+    """
+
+    name: str
+    transformer_class: str
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    tiny: dict[str, str] = field(default_factory=dict)
+    pipeline: str | None = None
+    plan: str | None = None
+    recipes: tuple[str, ...] = ()
+
+
+FAMILIES: dict[str, ModelFamily] = {}
+MODELS: dict[str, ModelSpec] = {}  # every family's named models (what `--model` takes), filled by register_model
+TINY: dict[str, str] = {}  # every real-size model's tiny counterpart, filled by register_model
+
+
+def register_model(family: ModelFamily) -> ModelFamily:
+    """Add a family to the registry: its models become `--model` choices, its plan the plan of its transformer
+    class. A name already taken, a model of another family, a tiny stand-in it does not hold, or another plan
+    for a transformer class a family already splits is one line naming the clash."""
+    if family.name in FAMILIES:
+        raise ValueError(f"model family {family.name!r} is registered already; pick another name")
+    if family.models and family.pipeline is None:
+        raise ValueError(f"model family {family.name!r} has models but no pipeline: name its models/pipelines/ "
+                         f"module")
+    clash = sorted(set(family.models) & set(MODELS))
+    wrong = sorted(m for m, spec in family.models.items() if spec.family != family.name)
+    unknown = sorted(t for t in family.tiny.values() if t not in family.models)
+    other = next((f for f in FAMILIES.values() if f.transformer_class == family.transformer_class
+                  and f.plan != family.plan), None)
+    if clash or wrong or unknown:
+        raise ValueError(f"model family {family.name!r}: " + "; ".join(
+            [f"models {clash} are taken"] * bool(clash) + [f"models {wrong} name another family"] * bool(wrong)
+            + [f"tiny stand-ins {unknown} are not among its models"] * bool(unknown)))
+    if other is not None:
+        raise ValueError(f"model family {family.name!r} splits {family.transformer_class} by plan {family.plan!r}, "
+                         f"family {other.name!r} by {other.plan!r}: one plan per transformer class")
+    FAMILIES[family.name] = family
+    MODELS.update(family.models)
+    TINY.update(family.tiny)
+    return family
+
+
+register_model(ModelFamily(
+    "flux", "FluxTransformer2DModel", pipeline="flux", recipes=("flux-dev",),
+    models={"tiny-flux": ModelSpec("flux", TINY_FLUX, 64, 64, 1, 4, 16, 3.5, vae_scale=2),
+            "flux-dev": ModelSpec("flux", FLUX_DEV, 1024, 1024, 1, 28, 512, 3.5, vae_scale=8)},
+    tiny={"flux-dev": "tiny-flux"}))
+register_model(ModelFamily(
+    "cogvideox", "CogVideoXTransformer3DModel", pipeline="cogvideox", plan="cogvideox", recipes=("cogvideox-5b",),
+    models={"tiny-cogvideox": ModelSpec("cogvideox", TINY_COGVIDEOX, 64, 64, 9, 4, 10, 6.0, vae_scale=8, temporal=4),
+            "cogvideox-5b": ModelSpec("cogvideox", COGVIDEOX_5B, 480, 720, 49, 50, 226, 6.0, vae_scale=8,
+                                      temporal=4)},
+    tiny={"cogvideox-5b": "tiny-cogvideox"}))
+# Wan 2.2: TI2V-5B's own VAE compresses 16x (z_dim 48) and its timesteps are per token; A14B runs a high-noise
+# expert down to boundary_ratio x 1000, then a low-noise one, on Wan 2.1's 8x VAE.
+register_model(ModelFamily(
+    "wan", "WanTransformer3DModel", pipeline="wan",
+    models={"tiny-wan": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 5.0, vae_scale=16, temporal=4, images=1,
+                                  extras={"expand_timesteps": True}),
+            "wan2.2-ti2v-5b": ModelSpec("wan", WAN22_TI2V_5B, 704, 1280, 121, 50, 512, 5.0, vae_scale=16,
+                                        temporal=4, images=1, extras={"expand_timesteps": True, "flow_shift": 5.0}),
+            "tiny-wan-a14b": ModelSpec("wan", TINY_WAN, 64, 64, 9, 4, 16, 4.0, vae_scale=8, temporal=4,
+                                       extras={"boundary_ratio": 0.875}),
+            "wan2.2-t2v-a14b": ModelSpec("wan", WAN22_T2V_A14B, 720, 1280, 81, 40, 512, 4.0, vae_scale=8, temporal=4,
+                                         extras={"boundary_ratio": 0.875, "flow_shift": 3.0})},
+    tiny={"wan2.2-ti2v-5b": "tiny-wan", "wan2.2-t2v-a14b": "tiny-wan-a14b"}))
+register_model(ModelFamily(
+    "qwen-image", "QwenImageTransformer2DModel", pipeline="qwen_image", plan="qwen_image",
+    models={"tiny-qwen-image": ModelSpec("qwen-image", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None, vae_scale=8),
+            "qwen-image": ModelSpec("qwen-image", QWEN_IMAGE, 1328, 1328, 1, 50, 512, None, vae_scale=8)},
+    tiny={"qwen-image": "tiny-qwen-image"}))
+# Edits: Qwen-Image's and Flux.1's transformers (Qwen/Qwen-Image-Edit, black-forest-labs/FLUX.1-Kontext-dev ship the
+# same transformer configs); the tiny Qwen2-VL processor resizes the prompt's image to 56 x 56 pixels, the tiny
+# Kontext keeps its input image's size (no resize to Kontext's trained sizes)
+register_model(ModelFamily(
+    "qwen-image-edit", "QwenImageTransformer2DModel", pipeline="qwen_image_edit", plan="qwen_image",
+    models={"tiny-qwen-image-edit": ModelSpec("qwen-image-edit", TINY_QWEN_IMAGE, 64, 64, 1, 4, 64, None,
+                                              vae_scale=8, images=1, extras={"vl_max_pixels": 56 * 56}),
+            "qwen-image-edit": ModelSpec("qwen-image-edit", QWEN_IMAGE, 1024, 1024, 1, 50, 512, None, vae_scale=8,
+                                         images=1)},
+    tiny={"qwen-image-edit": "tiny-qwen-image-edit"}))
+register_model(ModelFamily(
+    "flux-kontext", "FluxTransformer2DModel", pipeline="flux_kontext",
+    models={"tiny-flux-kontext": ModelSpec("flux-kontext", TINY_FLUX, 64, 64, 1, 4, 16, 2.5, vae_scale=2, images=1,
+                                           extras={"auto_resize": False}),
+            "flux-kontext": ModelSpec("flux-kontext", FLUX_DEV, 1024, 1024, 1, 28, 512, 2.5, vae_scale=8, images=1)},
+    tiny={"flux-kontext": "tiny-flux-kontext"}))
+# Flux.2 stacks three hidden layers of its text encoder: a text width divisible by 3
+register_model(ModelFamily(
+    "flux2", "Flux2Transformer2DModel", pipeline="flux2",
+    models={"tiny-flux2": ModelSpec("flux2", {**TINY_FLUX2, "joint_attention_dim": 48}, 64, 64, 1, 4, 16, 4.0,
+                                    vae_scale=4, images=10),
+            "flux2-dev": ModelSpec("flux2", FLUX2_DEV, 1024, 1024, 1, 50, 512, 4.0, vae_scale=8, images=10)},
+    tiny={"flux2-dev": "tiny-flux2"}))
+# Transformers parallelize splits by a plan of ours that no `--model` runs (users' pipelines)
+register_model(ModelFamily("hunyuan-video", "HunyuanVideoTransformer3DModel", plan="hunyuan_video"))
+register_model(ModelFamily("ltx", "LTXVideoTransformer3DModel", plan="ltx"))
+register_model(ModelFamily("longcat-image", "LongCatImageTransformer2DModel", plan="longcat_image"))
+register_model(ModelFamily("krea2", "Krea2Transformer2DModel", plan="krea2"))
+register_model(ModelFamily("z-image", "ZImageTransformer2DModel", plan="z_image"))

@@ -19,7 +19,7 @@ from ..runtime.job import Job
 from ..runtime.output import FPS
 from ..runtime.progress import PREVIEW_FAMILIES
 from ..runtime.request import Request
-from ..models.pipelines import FAMILIES
+from ..models.pipelines import adapter
 from .errors import ApiError, bad
 from ..runtime import images as input_images
 from .protocol import EditRequest, ImageRequest, LoraChoice, VideoRequest
@@ -60,7 +60,7 @@ class Checker:
 
     def __init__(self, job: Job, limits: Limits):
         self.job, self.limits = job, limits
-        self.family = FAMILIES[job.spec.family]
+        self.family = adapter(job.spec.family)
         # CogVideoX and Wan run two guidance branches when guidance_scale > 1: a request must keep the server's
         # count (the CFG split over the ranks is fixed when the server starts)
         self.guided = self.family.guided(job.guidance_scale, job.true_cfg_scale)

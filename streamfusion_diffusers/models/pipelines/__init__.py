@@ -1,23 +1,25 @@
-"""The pipeline families, one module each (`base.PipelineFamily` says what a family knows)."""
+"""The pipeline families, one module each (`base.PipelineFamily` says what a family knows); the model registry
+(models/configs.py) names each family's module."""
 from __future__ import annotations
 
-from ..configs import MODELS
-from .base import PipelineFamily
-from .cogvideox import FAMILY as COGVIDEOX
-from .flux import FAMILY as FLUX
-from .flux2 import FAMILY as FLUX2
-from .flux_kontext import FAMILY as FLUX_KONTEXT
-from .qwen_image import FAMILY as QWEN_IMAGE
-from .qwen_image_edit import FAMILY as QWEN_IMAGE_EDIT
-from .wan import FAMILY as WAN
+from importlib import import_module
 
-FAMILIES: dict[str, PipelineFamily] = {f.name: f for f in (FLUX, COGVIDEOX, WAN, QWEN_IMAGE, FLUX2, QWEN_IMAGE_EDIT,
-                                                         FLUX_KONTEXT)}
+from ..configs import FAMILIES, MODELS
+from .base import PipelineFamily
+
+
+def adapter(family: str) -> PipelineFamily:
+    """The pipeline adapter of a registered family: its module's FAMILY (imported on first use)."""
+    module = FAMILIES[family].pipeline
+    if module is None:
+        raise ValueError(f"model family {family!r} has no pipeline: parallelize its transformer in a pipeline of "
+                         f"your own")
+    return import_module(f"{__name__}.{module}").FAMILY
 
 
 def family_of(model: str) -> PipelineFamily:
-    """The family of a MODELS name."""
-    return FAMILIES[MODELS[model].family]
+    """The pipeline adapter of a MODELS name."""
+    return adapter(MODELS[model].family)
 
 
-__all__ = ["FAMILIES", "PipelineFamily", "family_of"]
+__all__ = ["PipelineFamily", "adapter", "family_of"]
