@@ -182,7 +182,7 @@ def test_compiled_blocks_compile_once_and_never_again(pool, family):
 def bound_compiled_vs_eager(config: ParallelConfig, case: Case, seed: int) -> dict:
     """On every rank: the bench's no-communication bound (a custom op too) compiled whole with fullgraph=True
     against its eager run (the same random keys, made at the first call), and its nodes in the graph."""
-    from streamfusion_diffusers.bench.model_setup import FluxBoundProcessor
+    from streamfusion_diffusers.bench.model import FluxBoundProcessor
 
     torch._dynamo.reset()
     nodes: list[int] = []

@@ -86,7 +86,7 @@ def _degrees(world: int, heads: int, ring_ok: bool) -> list[tuple[int, int]]:
 
 def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: str, notes: list[str]) -> list[Any]:
     """The cases of one workload; what cannot run is left out with its reason added to `notes` (once)."""
-    from .e2e_setup import E2ECase
+    from .e2e import E2ECase
 
     spec = MODELS[setup.model]
     heads, family = spec.transformer["num_attention_heads"], spec.family
@@ -154,7 +154,7 @@ def e2e_cases(systems: list[str], setup: Any, world: int, gpu: bool, layouts: st
 
 
 def _setup(spec: str, args: argparse.Namespace, size: str, dtype: torch.dtype, m: int) -> Any:
-    from .e2e_setup import E2ESetup
+    from .e2e import E2ESetup
 
     w = parse_workload(spec)
     if w.model is None:
@@ -181,7 +181,7 @@ def run_tasks(tasks: list[tuple[Any, list[Any]]]) -> list[dict]:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """bench --level e2e: plan the cases, run the job, print and write the tables (rank 0)."""
     from ..core.exactness import LOWP_THRESHOLD, MODEL_THRESHOLD
-    from .e2e_setup import OURS
+    from .e2e import OURS
 
     world, gpu = job_shape(args.machines * (args.gpus_per_machine or 8), args.cpu)
     m = args.gpus_per_machine or world // args.machines

@@ -2,7 +2,7 @@
 
 The levels above one attention layer, as a diffusers user runs them. Every rank builds the same transformer
 from its diffusers config with seeded random weights, and the same inputs; the unparallelized forward over the
-whole sequence is the reference. Each case then sets the model up its own way (model_setup.py): ours through
+whole sequence is the reference. Each case then sets the model up its own way (`set_up`): ours through
 `parallelize`, diffusers' context parallelism ("diffusers-cp") through `enable_parallelism`, the bound through
 `parallelize` with a processor that keeps every rank's work and drops every transfer. One checked forward
 records the inputs of the timed blocks, which the block level then replays on this rank's tokens:
@@ -22,28 +22,39 @@ diffusers-cp's collectives pay the same emulated link there, so the rows compare
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from diffusers import CogVideoXTransformer3DModel, FluxPipeline, FluxTransformer2DModel
+from diffusers import CogVideoXTransformer3DModel, ContextParallelConfig, FluxPipeline, FluxTransformer2DModel
+from diffusers.hooks import HookRegistry
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
+from diffusers.models.transformers.transformer_flux import _get_qkv_projections
 from torch import Tensor
 from tqdm import tqdm
 
+from .. import init_parallel
+from ..backends.emulated import EmulatedNic
 from ..choice.workloads import Workload, is_flux
 from ..commands.timing import Stats, deadline, interleaved_ms
+from ..core.links import parse_link
 from ..core.mesh import GroupCache
 from ..core.sequence import split_sizes
-from ..diffusers.processors import ShardState, TokenLayout
+from ..diffusers.parallel_pipeline import parallelize, unparallelize
+from ..diffusers.plans import plan_for
+from ..diffusers.processors import CogVideoXSPAttnProcessor, FluxSPAttnProcessor, ShardState, TokenLayout
+from ..diffusers.processors.flux import flux_output, rotary_qkv
+from ..diffusers.sharding import GATHER_HOOK
 from ..models import MODELS, TRANSFORMERS
 from ..models.build import build_transformer
 from ..models.inputs import build as plan_build, inputs as plan_inputs
-from .bound import link_bound_ms, over_bounds
-from .layer import Case, Setup, device_of_job
-from .model_setup import set_up
-from .variants import LEVELS as VARIANT_LEVELS
+from .bound import link_bound_ms, local_attention, over_bounds
+from .emulated_cp import over_emulated_link
+from .layer import Case, Setup, device_of_job, parallel_config
+from .variants import LEVELS as VARIANT_LEVELS, compiled, parallelize_options
 
 LEVELS = ("block", "step")
 PROCESSOR_FAMILIES = ("flux", "cogvideox")  # block level and bound: through our processors of these families
@@ -97,6 +108,70 @@ def model_inputs(w: Workload, config: dict[str, Any], seed: int, dtype: torch.dt
         inputs["image_rotary_emb"] = get_3d_rotary_pos_embed(config["attention_head_dim"], ((0, 0), grid), grid,
                                                              frames, device=device)
     return inputs
+
+
+def _local(query: Tensor, state: ShardState) -> Tensor:
+    """The bound's attention: this rank's query rows against keys/values of the whole sequence's length that
+    already lie here, through the fastest kernel without LSE (bound.py), so the rank does its full share of
+    attention work and moves nothing. Replicated text rows are attended on every rank, as they arrive. A custom
+    op, as our attention is, so a compiled bound compiles the same graphs as ours."""
+    layout = state.layout
+    return local_attention(query, layout.joint + sum(layout.seq_lens)).to(query.dtype)
+
+
+class FluxBoundProcessor(FluxSPAttnProcessor):
+    """FluxSPAttnProcessor's call with the no-communication attention in place of the backend's."""
+
+    def __call__(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+                 attention_mask: Tensor | None = None, image_rotary_emb: tuple[Tensor, Tensor] | None = None
+                 ) -> Tensor | tuple[Tensor, Tensor]:
+        q, _, _ = rotary_qkv(attn, _get_qkv_projections(attn, hidden_states, encoder_hidden_states), image_rotary_emb)
+        return flux_output(attn, _local(q, self.state).flatten(2, 3), encoder_hidden_states)
+
+
+class CogVideoXBoundProcessor(CogVideoXSPAttnProcessor):
+    """CogVideoXSPAttnProcessor's call with the no-communication attention in place of `sp_attention`."""
+
+    def __call__(self, attn: torch.nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor,
+                 attention_mask: Tensor | None = None, image_rotary_emb: tuple[Tensor, Tensor] | None = None
+                 ) -> tuple[Tensor, Tensor]:
+        query, _, _ = self.project(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+        return self.output(attn, _local(query, self.state), encoder_hidden_states.size(1))
+
+
+@contextmanager
+def set_up(model: torch.nn.Module, case: Case, setup: Setup, groups: GroupCache
+            ) -> Iterator[tuple[ShardState | None, Any]]:
+    """The model run the case's way; yields the shard state our processors read and our context (both None for
+    diffusers-cp, which `enable_parallelism` leaves in place for good: the caller builds a fresh model for each
+    such case)."""
+    if case.method == "diffusers-cp":
+        if setup.dtype in (torch.float16, torch.bfloat16):
+            model.set_attention_backend("_native_cudnn")  # diffusers' native SDPA has no LSE for the ring
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=case.ulysses, ring_degree=case.ring))
+        link = nullcontext()
+        if setup.emulate_link is not None:  # its collectives pay the emulated link as ours do
+            device = next(model.parameters()).device
+            link = over_emulated_link(EmulatedNic(parse_link(setup.emulate_link), setup.gpus_per_machine,
+                                                  dist.get_rank(), device))
+        with link:
+            yield None, None
+        return
+    bound = case.method == "bound"
+    ctx = init_parallel(parallel_config(Case("ring") if bound else case, setup), groups=groups)
+    parallelize(model, ctx, **parallelize_options(case.variant))
+    state: ShardState = model._streamfusion.state
+    if bound:
+        cls = FluxBoundProcessor if isinstance(model, FluxTransformer2DModel) else CogVideoXBoundProcessor
+        model.set_attn_processor(cls(ctx, state))
+        gathered = plan_for(model).gather_module
+        HookRegistry.check_if_exists_or_initialize(model.get_submodule(gathered)).remove_hook(
+            GATHER_HOOK.format(gathered), recurse=False)
+    try:
+        with compiled(model, case.variant):
+            yield state, None if bound else ctx
+    finally:
+        unparallelize(model)
 
 
 @dataclass
