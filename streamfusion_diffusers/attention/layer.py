@@ -86,7 +86,7 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
             raise ValueError(f"key masks (a batch of prompts of different lengths) need every key at once on each "
                              f"rank, after one all-to-all: method='ulysses' (U = P), not {plan.mesh.layout}")
         masks = (key_mask, joint_key_mask)
-    mesh, kernel, lens, transport = plan.mesh, plan.kernel, plan.lens, ctx.transport
+    mesh, kernel, lens, transport = plan.mesh, ctx.kernel_now(plan.kernel), plan.lens, ctx.transport
     transport.begin_layer(plan.peer_bytes)
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
     fault: Exact = ctx.fault or EXACT  # verify --self-test's injected fault (attention/faults.py)
@@ -118,7 +118,7 @@ def _all_keys_at_once(q: Tensor, k: Tensor, v: Tensor, shard: JointShard | None,
         # one rank holds every key (P = 1): nothing to move, nothing to merge. q, k, v go to the kernel as they
         # lie, views included (Flux.2's fused QKV+MLP projection hands out strided ones): "auto" then times SDPA
         # without log-sum-exp (its fastest backend, which diffusers' own call also takes on Hopper) against the
-        # fused kernel per shape, so P = 1 costs at most what plain diffusers costs (BENCHMARKS.md, issue 34)
+        # fused kernel per shape, so P = 1 costs at most what plain diffusers costs
         xq, xk, xv = q, k, v
     else:
         xq, xk, xv = scatter_heads((q, k, v), mesh, transport, lens, front)

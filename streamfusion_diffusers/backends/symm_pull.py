@@ -1,7 +1,7 @@
 """The torch transport with Ulysses' all-to-alls as one kernel of peer loads from symmetric memory.
 
-NCCL's all-to-all moves a Flux step's packed Q/K/V at about half of what NVLink carries (BENCHMARKS.md, session
-43), and a step at the sizes images are served at has over a hundred of them. Here an even all-to-all (every
+NCCL's all-to-all moves a Flux step's packed Q/K/V well below what NVLink carries (BENCHMARKS.md), and a step at
+the sizes images are served at has over a hundred of them. Here an even all-to-all (every
 piece one size, Ulysses' packed buffers) goes another way, on GPUs:
 
 - the rank's packed sends lie in a buffer of symmetric memory (torch's `_symmetric_memory`: every member of the

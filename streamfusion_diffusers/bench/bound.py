@@ -7,7 +7,7 @@ that the bound is no slower than any method could be: our schedule needs the LSE
 not. Link: over an emulated link, the time the busiest rank's inter-machine bytes and messages take on it alone
 (choice/costmodel.py's link_bound, the volumes the emulated transport counts), whatever overlaps them.
 
-`local_attention` is a custom op: a compiled step of the bound compiles into one graph as ours does (issue 25),
+`local_attention` is a custom op: a compiled step of the bound compiles into one graph as ours does,
 with its random keys and values made outside the graph, at the first call for a shape.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Ways to run one of our layouts in `streamfusion bench --variants` (issue 11: the fixed cost of a layer and of a
-step), so that each is timed beside the plain (eager) run in one job:
+"""Ways to run one of our layouts in `streamfusion bench --variants` (what the fixed cost of a layer and of a step
+becomes), so that each is timed beside the plain (eager) run in one job:
 
 - eager: as `parallelize` runs it by default;
 - cuda-graph: replayed from a CUDA graph (a layer: the sp_attention call; a step: the whole forward,

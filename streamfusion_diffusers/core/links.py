@@ -22,10 +22,9 @@ PRESETS = {
     "p4de": Link("AWS p4de, 4 x 100 Gb/s EFA per 8 GPUs", 4 * 100 / 8 / 8, 20.0),
     "p5": Link("AWS p5, 3200 Gb/s EFA per 8 GPUs", 3200 / 8 / 8, 15.0),
 }
-# inside one machine: NCCL all_to_all_single on 8 x H200 (NVSwitch), 2026-11-22: 269 / 292 / 306 GB/s per rank in
-# groups of 2 / 4 / 8, from the device session notes (outside this repository, no raw output kept: not a record);
-# the calibration (`streamfusion tune`) fits the cost model to measured layouts around it
-NVLINK = Link("NVLink/NVSwitch, H200 (session notes)", 290.0, 10.0)
+# inside one machine: what NCCL's all-to-all carries per rank over NVSwitch, a starting point only (no record
+# holds it): the calibration (`streamfusion tune`) fits the cost model to measured layouts around it
+NVLINK = Link("NVLink/NVSwitch", 290.0, 10.0)
 
 
 def parse_link(spec: str) -> Link:
