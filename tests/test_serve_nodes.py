@@ -63,7 +63,8 @@ class Nodes:
                    "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(self.master_port),
                    "-m", "streamfusion_diffusers", "serve", "--model", "tiny-flux", "--port", "0", "--join-port",
                    str(self.join_port), *self.args]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "STREAMFUSION_QUIET": "1"}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "STREAMFUSION_QUIET": "1",
+               "STREAMFUSION_JOIN_KEY": "the-job-secret-both-launchers-share"}  # the join handshake proves it
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         threading.Thread(target=lambda: self.err.extend(proc.stderr), daemon=True).start()
         self.launchers[node] = proc
