@@ -13,15 +13,16 @@ tens of times larger than the rest, which set the row's amax and so the step of 
 each value mixes all D channels and the row's amax is about 3-4 x its rms. Where D is not a power of two the
 rows travel unrotated (both sides know D).
 
-- "int8": round to 1/127 of the row's amax: about 0.65 % rms on Gaussian-like (rotated) rows: the accurate code.
-- "fp8" (float8_e4m3fn, largest 448): 3 mantissa bits, about 2.6 % rms whatever the scale or the rotation.
+- "int8": round to 1/127 of the row's amax: evenly spaced levels over each scale, on Gaussian-like (rotated)
+  rows the accurate code.
+- "fp8" (float8_e4m3fn, largest 448): 3 mantissa bits, the same relative error whatever the scale or the
+  rotation.
 
 None of these errors is averaged away by the softmax: each kind of chunk (Q, K, V, O) adds its codec's
 per-value error to the output about in full (Q and K more with sharper attention), so a Torus layer over
-T machines is off by about sqrt(4 (T-1) / T) x that error: 2 x 1 T2, fp8 3.7e-2, int8 1.0e-2 (measured, Flux 4096 px
-layer on 2 x H200: benchmarks/results/2026-11-23-h200x2/layer-fp8.log).
-No e4m3 variant meets a 2e-2 bar once two kinds travel (BENCHMARKS.md, 2026-11-24: the study by kind, codec,
-rotation and scale granularity); int8 with the rotation does with every kind travelling, outlier rows included.
+T machines is off by about sqrt(4 (T-1) / T) x that error. That is why int8 with the rotation is the code that
+stays within the tests' bar with every kind travelling, outlier rows included, where no e4m3 variant does once
+two kinds travel (BENCHMARKS.md: the study by kind, codec, rotation and scale granularity).
 """
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ mesh's process groups were created with.
 
 An all-to-all whose pieces lie end to end in one buffer each way (one per peer, in peer order: Ulysses' packed
 buffers) goes as one `all_to_all_single`, eagerly and in CUDA graphs alike. Other transfers inside a CUDA-graph
-capture go as one all-to-all of bytes instead of NCCL send/recv: a captured send/recv pair hung at its first
-replay on 2 x H200 (usp U1R2, 2026-11-23) while a captured all_to_all_single replayed fine. The price is a pack
-and an unpack copy, paid only by graphed layers.
+capture go as one all-to-all of bytes instead of NCCL send/recv: a captured send/recv pair can hang at its
+first replay, where a captured all_to_all_single replays. The price is a pack and an unpack copy, paid only by
+graphed layers.
 """
 from __future__ import annotations
 

@@ -18,11 +18,11 @@ from .workloads import Workload
 
 @dataclass(frozen=True)
 class Gpu:
-    """Throughputs of one GPU and its intra-machine link. Defaults: one H200. Attention rates are the no-comm
-    bound rows of `streamfusion bench` on nvidia-h200-x2 (2026-11-22: Flux 4096 px, L/2 x L, 24 x 128: 617
-    TFLOP/s; CogVideoX 161 frames, 48 x 64: 414 with cuDNN, 435 with the fused kernel), not the small-shape peak
-    (685 / 488 in ../shared/device/FACTS.md), which over-predicted every emulated run by 4-16%."""
+    """Throughputs of one GPU and its intra-machine link. Defaults: one H200. Attention rates are what a whole
+    layer's attention reaches (the no-comm bound rows of `streamfusion bench`), not a small shape's peak, which
+    predicts every emulated run faster than it runs."""
 
+    # head dim -> TFLOP/s: the no-comm bound rows of benchmarks/results/2026-11-22-h200x2/
     attention_tflops: dict[int, float] = field(default_factory=lambda: {64: 430.0, 128: 620.0})
     gemm_tflops: float = 700.0
     hbm_gb_per_s: float = 4000.0

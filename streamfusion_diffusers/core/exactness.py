@@ -7,8 +7,8 @@ split), against a reference computed by an independent path: softmax attention w
 
 A relative norm does not shrink with the output as sequences grow (attention outputs do: they average more
 values), so the same threshold holds at 1k and at 64k tokens. The thresholds are per input dtype and no more
-than 5x the honest error measured at that dtype (BENCHMARKS.md, "2026-11-24: exactness"): the rounding of a
-correct schedule passes, a dropped block of keys, dropped text keys or a block counted twice fail.
+than 5x the honest error measured at that dtype (`HONEST`): the rounding of a correct schedule passes, a dropped
+block of keys, dropped text keys or a block counted twice fail.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch import Tensor
 
 # Largest honest relative error measured on the CPU over every method and layout (benchmarks/exactness_cpu.py
 # and the attention test matrix; 1 and 4 gloo ranks, 11 to 16,384 image tokens + 0 to 512 text tokens, 4 to
-# 48 heads of 16 to 128): BENCHMARKS.md, "2026-11-24: exactness". Half precision is the output's own rounding
+# 48 heads of 16 to 128; BENCHMARKS.md's exactness table). Half precision is the output's own rounding
 # (every method alike); float32 is summation order. Threshold = MARGIN x that, MARGIN at most 5.
 HONEST = {torch.float32: 6.05e-7, torch.float16: 2.14e-4, torch.bfloat16: 1.68e-3}
 MARGIN = 5.0
