@@ -55,7 +55,7 @@ def _strided_inputs_reach_the_kernel_as_they_lie(kernel: str) -> dict:
 
 @pytest.mark.parametrize("kernel", ["auto", "sdpa"])
 def test_one_rank_moves_nothing(pool, kernel):
-    """Issue 34 item 7: at P = 1 nothing moves, so no layout copy either (Flux.2-dev paid one per single block);
+    """At P = 1 nothing moves, so no layout copy either (Flux.2-dev's single blocks would pay one each);
     the sdpa kernel is then diffusers' own call, bit for bit (on a GPU "auto" times it against the fused kernel:
     tests/test_kernels_gpu.py)."""
     res = pool.run(_strided_inputs_reach_the_kernel_as_they_lie, kernel)[0]

@@ -1,4 +1,4 @@
-"""A parallelized transformer compiles as diffusers users compile it, with `fullgraph=True` (issue 25):
+"""A parallelized transformer compiles as diffusers users compile it, with `fullgraph=True`:
 `torch.compile(model, fullgraph=True)` and `compile_repeated_blocks(fullgraph=True)` over 4 gloo processes, for
 every method, auto and the CFG split, each attention one `streamfusion::sp_attention` node in the graph; the
 compiled output matches the eager parallel one and the unparallelized model, on fresh inputs after the first
@@ -141,7 +141,7 @@ def recompiled_vs_reference(family: str, how: str, relayouts: list = RELAYOUTS, 
 @pytest.mark.parametrize("family, how", [pytest.param("flux", "whole", marks=pytest.mark.slow),
                                          ("qwen-image", "blocks")])
 def test_recompiled_at_new_sizes_and_layouts(pool, family, how):
-    """Issue 34: a compiled model that sees a second size recompiles with symbolic sizes, which the plan's hooks
+    """A compiled model that sees a second size recompiles with symbolic sizes, which the plan's hooks
     and the token split must trace (no Python arithmetic on a SymInt); every output stays exact."""
     for res in pool.run(recompiled_vs_reference, family, how):
         assert res["symbolic"], res  # the recompiled graphs really had symbolic sizes
@@ -250,7 +250,7 @@ def test_inductor_reduce_overhead_over_two_gpus():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family, how", [("flux", "whole"), ("qwen-image", "blocks")])
 def test_inductor_recompiles_at_new_sizes_and_layouts_on_one_gpu(family, how):
-    """Issue 34 item 8 on a GPU: inductor, float32, three sizes under two layouts (P = 1: ulysses, then ring on
+    """The same on a GPU: inductor, float32, three sizes under two layouts (P = 1: ulysses, then ring on
     the sdpa kernel), every output exact against the unparallelized model."""
     with ProcessPool(1, backend="nccl") as gpu_pool:
         for res in gpu_pool.run(recompiled_vs_reference, family, how, RELAYOUTS_P1, "inductor", "cuda"):

@@ -19,8 +19,8 @@ from streamfusion_diffusers.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 GPU = gpu_of(load_recipe("flux-dev").calibration_for())
 WITHIN = 0.15  # predicted step against a recorded one the prediction was not fitted on
-# a step that waits on the host: the host-bound rows of one job spread this much for the same work (Qwen-Image 1328
-# at P = 2, 2026-11-24: ours 200.4 to 271.3 ms), and the host's speed varies more between jobs than the GPU's
+# a step that waits on the host: the host-bound rows of one job spread this much for the same work, and the host's
+# speed varies more between jobs than the GPU's
 WITHIN_HOST = 0.25
 SERVED = "2026-11-26-h100x4-default-serve-s33/serve_gpu.json"  # a warm served 28-step flux-dev 1024 request, 1 x 4
 

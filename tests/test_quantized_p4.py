@@ -17,9 +17,9 @@ from streamfusion_diffusers.kernels.reference import attention_with_lse_referenc
 WORLD = 4
 METHODS = ("ulysses", "ring", "usp", "tas", "torus")
 # relative error bounds of the whole output: e4m3 keeps 3 mantissa bits (about 2.5 % rms rounding per value),
-# int8 rounds to 1/127 of each row's amax (about 0.7 % rms on Gaussian rows)
+# int8 rounds to 1/127 of each row's amax, finer than e4m3's 3 mantissa bits on Gaussian rows
 TOL = {"fp8": 5e-2, "int8": 1.5e-2}
-BAR = 2e-2  # issue 14: a Torus layer with 1-byte transfers within this of exact attention
+BAR = 2e-2  # a Torus layer with 1-byte transfers within this of exact attention
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_across_machines_is_close(pool, mesh, method, ulysses, comm_dtype):
 
 
 def test_no_kind_of_chunk_is_averaged_away(pool):
-    """Issue 14's bar: a Torus layer on 4 x 1 machines within 2e-2 of exact attention. A query at sequence part
+    """The bar: a Torus layer on 4 x 1 machines within 2e-2 of exact attention. A query at sequence part
     l != h travels (Pull Q), sees 3/4 of its keys and values travelled (Pull KV) and its output travels back
     (Push O); none of these errors is averaged away by the softmax (the output is itself an average of values),
     so the layer's error is about sqrt(4 x 3/4) x the codec's per-value rms: int8's 0.6 % holds the bar, e4m3's
@@ -188,7 +188,7 @@ def _with_rotation(config: ParallelConfig, problem: Problem, rotate: bool):
 
 def test_int8_with_rotation_meets_the_bar_at_8k_tokens_with_outlier_channels(pool):
     """2 x 2 Torus U2R2T2, 8192 tokens x 2 heads x 128, every kind of chunk travelling as 1 byte: rotated int8
-    within issue 14's 2e-2 bar with margin; unrotated, the outlier channels cost a larger step on every value."""
+    within the 2e-2 bar with margin; unrotated, the outlier channels cost a larger step on every value."""
     problem = OutlierProblem(heads=2, head_dim=128, batch=1, seq_lens=(2048,) * 4, seed=3)
     ref = _chunked_reference(problem)
     config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus", ulysses=2, comm_dtype="int8")
