@@ -1,13 +1,13 @@
 """The emulated link's time on a GPU, held by a copy engine, as a NIC's DMA is: no SM, no host thread.
 
-A NIC moves bytes while every SM computes. A delay kernel cannot stand in for it: measured on an H200
-(`benchmarks/link_delay_check.py`), a `torch.cuda._sleep` booked as transfers are posted starts only when the
+A NIC moves bytes while every SM computes. A delay kernel cannot stand in for it
+(`benchmarks/link_delay_check.py`): a `torch.cuda._sleep` booked as transfers are posted starts only when the
 attention queued before it, whose blocks fill every SM, is done, so schedules that hide transfers behind attention
-(Torus, the ring passes) were emulated as serial.
+(Torus, the ring passes) would be emulated as serial.
 
-A host thread that sleeps the booked time and then releases the GPU (the previous way) overlaps, but the GPU then
-waits on Python: a host that blocked in a CUDA call at the wrong moment, or a thread that could not get the GIL
-back, left a booking unreleased and every rank stalled (BENCHMARKS.md: the emulated steps that stopped).
+A host thread that sleeps the booked time and then releases the GPU overlaps, but the GPU then waits on Python:
+a host blocked in a CUDA call at the wrong moment, or a thread that cannot get the GIL back, leaves a booking
+unreleased and every rank stalled (BENCHMARKS.md: the emulated steps that stopped).
 
 `NicQueue` books on the copy engines instead: a booking of `seconds` is a copy between pinned host memory and the
 GPU, sized by the rate this queue measured, on the queue's stream after the work queued so far. The copy engines

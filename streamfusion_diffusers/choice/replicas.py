@@ -19,11 +19,11 @@ What is predicted, and from what (the records: choice/recipes/generations.json, 
   is the longer of the GPU's work and the host's, whose time per block is fitted on the eager records that
   waited on the host (per model, their mean elsewhere).
 - Text encoding and the VAE decode of one request: the records' warm figures (decode scaled by output pixels),
-  the same at any P' (the decode's band split over ranks is not modelled: the 2-GPU records show 1.00x for Flux
-  2048, 1.80x for Wan 49 f, so 1 x P's latency is over-predicted by at most the decode's share).
+  the same at any P' (the decode's band split over ranks is not modelled, and it speeds some models' decode and
+  not others', so 1 x P's latency is over-predicted by at most the decode's share).
 - Memory: the per-GPU peak for P' ranks, whole and sharded weights, that the caller passes (`plan --serve`:
   models/memory.py's, which sits a floor above this one); a split neither fits is listed with the reason.
-  Sharded weights' all-gathers per step are not in the step time (not measured yet).
+  Sharded weights' all-gathers per step are not in the step time (no record holds them).
 Not in the latency: the HTTP round trip and the image's PNG / video's mp4 encoding on rank 0 (serve_load.py
 measures them). The records are H200 runs, and H100 ones where a record says so (their steps at P = 1 agree
 within the run-to-run spread); host times depend on the host and the code that ran.
