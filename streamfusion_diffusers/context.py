@@ -95,6 +95,7 @@ class ParallelContext:
         self.agreed: set[tuple] = set()  # sp_attention shapes every rank has agreed on (attention/agreement.py)
         self.plans: dict[tuple, object] = {}  # per sp_attention shape, what the call runs (attention/layer.py)
         self._on_close: list[Callable[[], None]] = []
+        self.native_now = False  # a quantized kernel's native step: the inputs' precision (attention_step)
         self.fault = None  # verify --self-test only: a deliberate fault for the schedules (attention/faults.py)
         self._cfg: CfgGroups | None = None
         if self.worlds:
@@ -198,6 +199,18 @@ class ParallelContext:
                                  "streamfusion_diffusers.init_parallel, or pass a method")
             choice = self.chosen[key] = self.chooser(self, q, seq_lens, joint_len)
         return self.mesh_of(choice.layout), choice.kernel
+
+    def attention_step(self, step: int, steps: int) -> None:
+        """Say which step of `steps` the coming transformer calls make (0-based): with a quantized kernel ("int8",
+        "fp8"), the first and last `native_steps` attend in the inputs' precision. A pipeline's step callback
+        calls it (the runtime's does); without calls every step runs the asked-for kernel."""
+        first, last = self.config.native_steps
+        self.native_now = step < first or step >= steps - last
+
+    def kernel_now(self, kernel: str) -> str:
+        """The kernel this step runs for a planned call: a quantized one gives way to the per-call choice on a
+        native step."""
+        return "auto" if self.native_now and kernel in ("int8", "fp8") else kernel
 
     def mesh(self, heads: int | None = None) -> Mesh:
         """The mesh for this head count, built (collectively) on first use."""

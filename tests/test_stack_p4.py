@@ -105,6 +105,7 @@ def test_the_command_line_stack_runs_and_run_json_says_what_ran(pool, lora, tmp_
     assert run == records[0], run
     assert run["stack"] == {"lora": [{"path": lora, "scale": 0.8}], "cache": "first-block:0.2",
                             "quantize": "int8 weight-only (torchao Int8WeightOnlyConfig)"}, run["stack"]
+    assert run["attention_precision"] == {"attention": "native"}, run["attention_precision"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -117,13 +118,15 @@ def test_the_command_line_stack_runs_and_run_json_says_what_ran(pool, lora, tmp_
     (("--lora", "LORA:nan"), "the scale 'nan' is not a finite number"),
     (("--quantize", "fp8"), "--quantize fp8 needs a GPU of compute capability 8.9"),
     (("--quantize", "fp8-dynamic"), "--quantize fp8-dynamic needs a GPU of compute capability 8.9"),
+    (("--attention", "int8"), "--attention int8 needs triton, a GPU of compute capability 8.0 or newer"),
+    (("--attention", "fp8"), "--attention fp8 needs triton, a GPU of compute capability 8.9 or newer"),
     (("--lora", "my style=LORA"), "the name 'my style' must be 1 to 64 letters, digits"),
     (("--lora", "a=LORA", "--lora", "a=LORA:2"), "--lora a=...: the name is given twice"),
     (("--lora", "a=LORA", "--quantize", "int8"), "--quantize int8 with named LoRAs (--lora NAME=PATH) is not"),
     (("--lora", "a=LORA", "--compile"), "--compile with named LoRAs (--lora NAME=PATH) is not supported"),
 ])
 def test_bad_values_are_refused_in_one_line_before_any_process_starts(lora, argv, message, capsys):
-    if torch.cuda.is_available() and "fp8" in argv:
+    if torch.cuda.is_available() and ("fp8" in argv or "int8" in argv[:2] and argv[0] == "--attention"):
         pytest.skip("a GPU is visible: fp8 may be allowed here")
     argv = [a.replace("LORA", lora) for a in argv]
     with pytest.raises(SystemExit) as exit_info:
@@ -145,3 +148,21 @@ def test_a_missing_torchao_or_peft_names_the_extra_to_install(monkeypatch, lora)
 def test_a_cache_with_a_cuda_graph_is_refused():
     with pytest.raises(ValueError, match="drop --cuda-graph or --cache"):
         generate.make_job(_args("--cache", "first-block", "--cuda-graph"))
+
+
+def test_quantized_attention_steps_native_first_and_last():
+    """--attention int8|fp8: the schedule's first and last steps give the kernel back to the per-call choice."""
+    from types import SimpleNamespace
+
+    from streamfusion_diffusers import ParallelConfig
+    from streamfusion_diffusers.context import ParallelContext
+
+    ctx = SimpleNamespace(config=ParallelConfig(kernel="int8", native_steps=(1, 2)), native_now=False)
+    kernels = []
+    for step in range(6):
+        ParallelContext.attention_step(ctx, step, 6)
+        kernels.append(ParallelContext.kernel_now(ctx, "int8"))
+    assert kernels == ["auto", "int8", "int8", "int8", "auto", "auto"], kernels
+    assert ParallelContext.kernel_now(ctx, "sdpa") == "sdpa"
+    with pytest.raises(ValueError, match="native_steps must be two non-negative integers"):
+        ParallelConfig(kernel="int8", native_steps=(1, -1))

@@ -86,7 +86,7 @@ def run_layer(q: Tensor, k: Tensor, v: Tensor, ctx: ParallelContext, *, joint_q:
             raise ValueError(f"key masks (a batch of prompts of different lengths) need every key at once on each "
                              f"rank, after one all-to-all: method='ulysses' (U = P), not {plan.mesh.layout}")
         masks = (key_mask, joint_key_mask)
-    mesh, kernel, lens, transport = plan.mesh, plan.kernel, plan.lens, ctx.transport
+    mesh, kernel, lens, transport = plan.mesh, ctx.kernel_now(plan.kernel), plan.lens, ctx.transport
     transport.begin_layer(plan.peer_bytes)
     shard = joint_shard(joint_q, joint_k, joint_v, mesh) if joint_q is not None else None
     fault: Exact = ctx.fault or EXACT  # verify --self-test's injected fault (attention/faults.py)

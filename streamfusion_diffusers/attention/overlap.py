@@ -77,11 +77,12 @@ def run_overlapped(ctx: ParallelContext, plan: OverlapPlan, q: Tensor, k: Tensor
     signature = ("sp_attention", plan.mesh.layout, tuple(plan.lens), plan.joint, b, heads, d, q.dtype)
     sms = plan.exchange_sms if q.is_cuda else 0  # cuBLAS's setting: nothing to leave on the CPU
     try:
-        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, q, plan.kernel):
+        kernel = ctx.kernel_now(plan.kernel)
+        with agreed_choices(ctx.kernels, ctx.cfg.sp, signature, q, kernel):
             inbound = _post_in(plan, transport, q, k, v)
             with sms_left(sms):
                 first()
-            gathered, joint_out = _attend(plan, transport, scale, *inbound)
+            gathered, joint_out = _attend(plan, transport, scale, kernel, *inbound)
             with sms_left(sms):
                 last()
             out = gathered()
@@ -136,13 +137,14 @@ def _post_in(plan: OverlapPlan, transport: Transport, q: Tensor, k: Tensor, v: T
     return wait, shard, (q[:, :j] if j else None)
 
 
-def _attend(plan: OverlapPlan, transport: Transport, scale: float | None, wait: Callable[[], list[Tensor]],
-            shard: JointShard | None, joint_q: Tensor | None) -> tuple[Callable[[], Tensor], Tensor | None]:
+def _attend(plan: OverlapPlan, transport: Transport, scale: float | None, kernel: str,
+            wait: Callable[[], list[Tensor]], shard: JointShard | None, joint_q: Tensor | None
+            ) -> tuple[Callable[[], Tensor], Tensor | None]:
     """This rank's heads attended over the whole sequence, their output posted back: the wait for it, and the
     joint rows' output."""
     xq, xk, xv = (x[0] for x in wait())
     partial = Partial()
-    attend_chunks([partial], [xq], [(xk, xv)], scale, plan.kernel, finalize=True)
+    attend_chunks([partial], [xq], [(xk, xv)], scale, kernel, finalize=True)
     out = finished(partial, xq)
     skip = shard.q.shape[1] if shard is not None else 0
     gathered = post_gather_heads([out[:, skip:]], plan.mesh, transport, plan.lens)

@@ -10,7 +10,7 @@ from .transports import transport_spec
 
 Method = Literal["ulysses", "ring", "usp", "tas", "torus", "auto"]
 METHODS: tuple[str, ...] = ("ulysses", "ring", "usp", "tas", "torus")
-KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused")
+KERNELS: tuple[str, ...] = ("auto", "reference", "sdpa", "fused", "int8", "fp8")
 COMM_DTYPES: tuple[str | None, ...] = (None, "fp8", "int8")
 DEFAULT_TIMEOUT_S = 300.0  # how long any collective waits for a peer before it fails (process groups, transports)
 
@@ -40,7 +40,11 @@ class ParallelConfig:
     inside) | torus (TAS with Pull Q / Pull KV / Push O stages). backend: how bytes move ("torch":
     torch.distributed's NCCL or gloo; "symm-pull": the same, its even all-to-alls on GPUs one kernel of peer loads
     from symmetric memory; "nvshmem": one-sided puts into symmetric memory; both fall back to "torch" with one
-    warning where they cannot run). kernel: local attention ("auto", "reference", "sdpa", "fused"). timeout_s: the
+    warning where they cannot run). kernel: local attention ("auto", "reference", "sdpa", "fused"; "int8" or "fp8":
+    Q K^T on 8-bit tensor cores, its log-sum-exp kept, so ring and Torus merges stay exact:
+    kernels/quantized_attention.py). native_steps: with a quantized kernel, the (first, last) steps of a
+    generation whose attention still runs in the inputs' precision, where quantization errors cost the most
+    (ParallelContext.attention_step). timeout_s: the
     longest any collective may wait before it fails instead of hanging. strict: raise instead of falling back when
     the asked-for backend cannot run. emulate_link: make transfers between machines as slow as this link (a preset:
     dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's GPUs, split into `machines` groups, stand in for a
@@ -74,6 +78,7 @@ class ParallelConfig:
     method: Method = "torus"
     backend: str = "torch"
     kernel: str = "auto"
+    native_steps: tuple[int, int] = (1, 1)
     timeout_s: float = DEFAULT_TIMEOUT_S
     strict: bool = False
     emulate_link: str | None = None
@@ -93,6 +98,9 @@ class ParallelConfig:
         transport_spec(self.backend)  # a name core/transports.py knows
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
+        if (not isinstance(self.native_steps, tuple) or len(self.native_steps) != 2
+                or not all(isinstance(n, int) and n >= 0 for n in self.native_steps)):
+            raise ValueError(f"native_steps must be two non-negative integers (first, last), got {self.native_steps!r}")
         for name in ("machines", "gpus_per_machine", "ulysses", "ring", "torus", "overlap_groups"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

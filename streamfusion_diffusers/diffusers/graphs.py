@@ -196,7 +196,7 @@ class GraphedForward(ModelHook):
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
-        key = (spec, _signature(leaves), self.variant)
+        key = (spec, _signature(leaves), self.variant, self.ctx.native_now)  # a native step: kernels of its own
         captured = self.graphs.get(key)
         if captured is not None and captured.epoch != transport_epoch(self.ctx):
             self._free(key)  # the NVSHMEM mailbox moved (a larger shape made it grow): capture again

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch
-from .choice import HALF, KV, Pairs, check_fused, kernel_for
+from .choice import HALF, KV, QUANTIZED, Pairs, check_fused, check_quantized, kernel_for
 from .inputs import check_chunks, check_state
 from .partial import Partial
 from .reference import attention_with_lse_reference
@@ -40,6 +40,11 @@ def _with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, kernel: str) -> tup
         partial = Partial()
         _attend_fused([(partial, q)], [(k, v)], scale, finalize=True)
         return partial.out, partial.lse
+    if kernel in QUANTIZED:
+        from .quantized_attention import attention_with_lse_quantized  # triton: imported only where it runs
+
+        check_quantized(kernel, q)
+        return attention_with_lse_quantized(q, k, v, scale, kernel)
     if kernel == "sdpa" or (kernel == "auto" and q.is_cuda and q.dtype in HALF):
         return attention_with_lse_sdpa(q, k, v, scale)
     return attention_with_lse_reference(q, k, v, scale)

@@ -13,6 +13,7 @@ for nothing.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 
@@ -80,6 +81,30 @@ def check_fused(q: Tensor) -> None:
     if not (has_triton() and fused_supports(q)):
         raise ValueError(f"kernel 'fused' needs triton and float16/bfloat16 inputs with head dim 64 or 128 "
                          f"(got {q.dtype}, head dim {q.shape[-1]}); use kernel='auto'")
+
+
+QUANTIZED = {"int8": (8, 0), "fp8": (8, 9)}  # kernel -> the compute capability whose tensor cores run its Q K^T
+
+
+def quantized_needs(kernel: str) -> str:
+    major, minor = QUANTIZED[kernel]
+    return (f"kernel {kernel!r} needs triton, a GPU of compute capability {major}.{minor} or newer and "
+            f"float16/bfloat16 inputs with a head dim that is a multiple of 32")
+
+
+def quantized_supported(kernel: str, device: torch.device | None = None) -> bool:
+    """Whether the quantized kernel runs here: triton, and a CUDA GPU whose tensor cores multiply its format."""
+    return (has_triton() and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) >= QUANTIZED[kernel])
+
+
+def check_quantized(kernel: str, q: Tensor) -> None:
+    """Interpreted Triton (TRITON_INTERPRET=1) runs the kernel on the CPU: how the tests check it."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1" and has_triton()
+    runs = interpreted or (q.is_cuda and quantized_supported(kernel, q.device))
+    if not (runs and q.dtype in HALF and q.shape[-1] % 32 == 0):
+        raise ValueError(f"{quantized_needs(kernel)} (got {q.dtype} on {q.device.type}, head dim {q.shape[-1]}); "
+                         f"use kernel='auto'")
 
 
 def fused_supports(q: Tensor) -> bool:

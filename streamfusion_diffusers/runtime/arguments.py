@@ -17,6 +17,17 @@ WEIGHTS_SEED = 0  # random weights' seed unless --weights-seed: apart from the g
 SPAWN_SHAPE = (2, 2)  # machines x processes per machine of a CPU job not under torchrun
 
 
+def native_steps(text: str) -> tuple[int, int]:
+    """--attention-native-steps FIRST,LAST."""
+    try:
+        first, last = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give FIRST,LAST, two step counts, e.g. 1,1") from None
+    if first < 0 or last < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: step counts are at least 0")
+    return first, last
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-flux",
                         help="tiny-* build small random models for the CPU; the others are real size (random "
@@ -83,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send every attention chunk that crosses machines (Torus Pull Q, Pull KV, Push O; ring "
                              "passes) as 1-byte values with per-token-and-head scales: int8 (about 0.65 %% rms per "
                              "value) or fp8 (float8_e4m3fn, about 2.6 %%); intra-machine traffic is untouched")
+    parser.add_argument("--attention", choices=("native", "int8", "fp8"), default="native",
+                        help="native (default): attention in the inputs' precision; int8 or fp8: Q K^T on 8-bit "
+                             "tensor cores (per-row scales, keys smoothed, log-sum-exp kept for ring and Torus "
+                             "merges; int8 the more accurate, GPUs of compute capability 8.0+, fp8 8.9+; triton), "
+                             "except the --attention-native-steps")
+    parser.add_argument("--attention-native-steps", type=native_steps, default=(1, 1), metavar="FIRST,LAST",
+                        help="with --attention int8|fp8: the first and last steps that still attend natively, where "
+                             "quantization errors cost the most (default 1,1; 0,0: every step quantized)")
     parser.add_argument("--vae-split", action=argparse.BooleanOptionalAction, default=True,
                         help="split the VAE decode over the ranks (default): one band of latent rows per rank, "
                              "exact (the VAEs of Flux.1, Flux.2, CogVideoX, Wan 2.x, Qwen-Image), else diffusers' "
@@ -128,4 +147,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "matmuls, faster); fp8 needs a GPU of compute capability 8.9+ (extra quantize)")
 
 
-__all__ = ["DEFAULT_PROMPT", "DTYPES", "SPAWN_SHAPE", "WEIGHTS_SEED", "add_arguments"]
+__all__ = ["DEFAULT_PROMPT", "DTYPES", "SPAWN_SHAPE", "WEIGHTS_SEED", "add_arguments", "native_steps"]

@@ -151,6 +151,15 @@ def check_images(model: str, count: int, option: str = "--image") -> None:
         raise ValueError(f"{option} PATH: {model} edits an input image; give one")
 
 
+def check_quantized_attention(kernel: str, gpu: bool) -> None:
+    """--attention int8|fp8 where 8-bit tensor cores run it (this machine's first GPU stands for the job's)."""
+    from ..kernels.choice import quantized_needs, quantized_supported
+
+    if not (gpu and quantized_supported(kernel)):
+        needs = quantized_needs(kernel).removeprefix(f"kernel {kernel!r} ")
+        raise ValueError(f"--attention {kernel} {needs}; drop --attention {kernel} here")
+
+
 def check_link(spec: str, machines: int, serving: bool) -> None:
     """--emulate-link: a link the emulated transport knows, and machines for it to lie between."""
     try:
@@ -189,6 +198,9 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
         parallel = dataclasses.replace(parallel, backend=args.backend)
     if args.comm_dtype:
         parallel = dataclasses.replace(parallel, comm_dtype=args.comm_dtype)
+    if args.attention != "native":
+        check_quantized_attention(args.attention, gpu)
+        parallel = dataclasses.replace(parallel, kernel=args.attention, native_steps=args.attention_native_steps)
     if args.emulate_link is not None:
         check_link(args.emulate_link, machines, serving)
         parallel = dataclasses.replace(parallel, emulate_link=args.emulate_link)

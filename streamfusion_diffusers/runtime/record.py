@@ -44,7 +44,8 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "seed": job.seed, "weights_seed": None if job.weights else job.weights_seed, "dtype": job.dtype,
         "deterministic": job.deterministic,
         "device": "cuda" if job.gpu else "cpu", "world_size": job.world_size,
-        "config": dataclasses.asdict(job.parallel), "vae_split": job.vae_split,
+        "config": {**dataclasses.asdict(job.parallel), "native_steps": list(job.parallel.native_steps)},  # as JSON
+        "vae_split": job.vae_split,
         "vae_decode": prepared.transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded
         "encoded_first": "prompt_embeds" in prepared.prompt,  # encoder freed before the transformer was built
         "cuda_graph": {"on": job.cuda_graph, "why": job.graph_why, **graph_record(prepared.pipe)},
@@ -58,6 +59,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "crossed": moved,
         "layout": layout_record(ctx, heads), "cfg": ctx.cfg.degree,
         "attention": _attention_record(ctx, heads),
+        "attention_precision": _precision_record(job),
         "step_latency_s": phases.step_latencies, "phases_s": phases.seconds, "one_time_s": once or {},
         "generate_s": generate_s, "build_s": build_s,
         "startup_s": prepared.startup_s if build_s else {},  # a one-request job's start-up, by stage
@@ -92,6 +94,16 @@ def _attention_record(ctx: ParallelContext, heads: int) -> list[dict]:
         return [{"layout": str(ctx.layout(heads)), "kernel": ctx.config.kernel, "why": "asked for"}]
     return [{"tokens": key[0], "joint_tokens": key[3], "heads": key[1], "head_dim": key[2], "layout": str(c.layout),
              "kernel": c.kernel, "why": c.why} for key, c in ctx.chosen.items()]
+
+
+def _precision_record(job: Job) -> dict[str, Any]:
+    """What precision the attention ran in: native, or Q K^T in 8 bits on every step but the native first and last
+    ones."""
+    if job.parallel.kernel not in ("int8", "fp8"):
+        return {"attention": "native"}
+    first, last = job.parallel.native_steps
+    return {"attention": job.parallel.kernel, "native_steps": [first, last],
+            "quantized_steps": max(0, job.steps - first - last)}
 
 
 def _split_record(split: Any) -> dict | None:

@@ -141,6 +141,7 @@ class Agreement:
         self.latents: Any = None
         self.previews = self._previews(batch, order) if dist.get_rank() == 0 else {}
         self.fault = served.prepared.ctx.fault or EXACT  # the serve tests' out of memory (attention/faults.py)
+        served.prepared.ctx.attention_step(0, self.steps)  # a quantized kernel's first steps attend natively
 
     def agree(self, said: int) -> int:
         """The largest of what every rank says."""
@@ -156,6 +157,7 @@ class Agreement:
         stop = self.agree(CANCELLED if cancelled() else LATE if time.monotonic() > self.deadline else GO)
         if stop:
             raise Stopped(WHY[stop], self.step)
+        self.served.prepared.ctx.attention_step(self.step, self.steps)
         if dist.get_rank() == 0:
             if self.keep_latents:
                 self.latents = kwargs["latents"]
