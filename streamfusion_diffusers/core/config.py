@@ -48,9 +48,9 @@ class ParallelConfig:
     longest any collective may wait before it fails instead of hanging. strict: raise instead of falling back when
     the asked-for backend cannot run. emulate_link: make transfers between machines as slow as this link (a preset:
     dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's GPUs, split into `machines` groups, stand in for a
-    cluster. method "auto": the layout (method, U, R, T and the kernel, when kernel is "auto") is chosen at the
-    first `sp_attention` call from the attention shape and the cluster, by `choice.choose`: a recipe entry for that
-    shape, else the cost model. recipe: where "auto" looks (a packaged name, a YAML file or a folder of them; None:
+    cluster. method "auto" (the default): the layout (method, U, R, T and the kernel, when kernel is "auto") is chosen
+    at the first `sp_attention` call from the attention shape and the cluster, by `choice.choose`: a recipe entry for
+    that shape, else the cost model. recipe: where "auto" looks (a packaged name, a YAML file or a folder of them; None:
     the packaged recipes). cfg: classifier-free-guidance parallelism, 1 or 2 branches (world = cfg x SP degree; each
     branch computes one half of the guidance batch over its own SP group) or "auto" (2 when the transformer's first
     batch is 2 and the world splits in two, else 1). comm_dtype: "int8" or "fp8" (float8_e4m3fn) sends every chunk
@@ -75,7 +75,7 @@ class ParallelConfig:
     ulysses: int | None = None
     ring: int | None = None
     torus: int | None = None
-    method: Method = "torus"
+    method: Method = "auto"
     backend: str = "torch"
     kernel: str = "auto"
     native_steps: tuple[int, int] = (1, 1)
