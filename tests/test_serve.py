@@ -100,7 +100,7 @@ BAD = [  # (body, status, param, words the message must hold)
     ({"prompt": "a", "size": "64"}, 400, "size", "WIDTHxHEIGHT"),
     ({"prompt": "a", "size": "0x64"}, 400, "size", "positive multiples of 4"),
     ({"prompt": "a", "size": "62x64"}, 400, "size", "multiples of 4"),
-    ({"prompt": "a", "size": "4096x4096"}, 400, "size", "at most 262144"),
+    ({"prompt": "a", "size": "4096x4096"}, 400, "size", "at most 65536"),
     ({"prompt": "a", "size": "4x4"}, 400, "size", "fewer than the 4 ranks"),
     ({"prompt": "a", "size": [64, 64]}, 400, "size", "WIDTHxHEIGHT"),
     ({"prompt": "a", "num_inference_steps": 0}, 400, "num_inference_steps", "from 1 to 400"),

@@ -69,18 +69,33 @@ def test_groups_of_a_job_across_machines_are_whole_machines_or_a_share_of_each()
     assert group_slots(4, 2, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_on_the_cpu_a_tiny_model_admits_512x512_by_default():
+def test_on_the_cpu_a_tiny_model_says_its_size_limit_and_refuses_512x512_unless_max_pixels_raises_it(caplog):
+    """Open WebUI's default 512x512 would take minutes on the CPU with every request behind it: the start says the
+    limit in one line, and the request is refused with a 400 naming it and --max-pixels."""
     import argparse
+    import logging
 
     from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.errors import ApiError
     from streamfusion_diffusers.serve.limits import limits
+    from streamfusion_diffusers.serve.protocol import ImageRequest
+    from streamfusion_diffusers.serve.validation import Checker
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--model", "tiny-flux", "--cpu"])
     job, _ = serve_job(args)
-    assert limits(args, job).max_pixels >= 512 * 512
-    assert limits(parser.parse_args(["--model", "tiny-flux", "--cpu", "--max-pixels", "4096"]), job).max_pixels == 4096
+    with caplog.at_level(logging.INFO, logger="streamfusion_diffusers.serve"):
+        found = limits(args, job)
+    said = [r.getMessage() for r in caplog.records if "on the CPU" in r.getMessage()]
+    assert found.max_pixels == 256 * 256 and len(said) == 1 and "at most 65536 pixels (256x256)" in said[0], said
+    checker = Checker(job, found)
+    assert checker.image(ImageRequest(prompt="a", size="256x256")).size == "256x256"
+    with pytest.raises(ApiError) as refused:
+        checker.image(ImageRequest(prompt="a", size="512x512"))
+    assert refused.value.status == 400 and "at most 65536 (--max-pixels)" in refused.value.message
+    raised = parser.parse_args(["--model", "tiny-flux", "--cpu", "--max-pixels", str(512 * 512)])
+    assert Checker(job, limits(raised, job)).image(ImageRequest(prompt="a", size="512x512")).size == "512x512"
 
 
 @pytest.mark.parametrize(("model", "given", "runs"), [("tiny-flux2", "auto", "tensor"), ("tiny-wan", "auto", "gather"),

@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=100, help="most num_inference_steps (default 100)")
     parser.add_argument("--max-pixels", type=int, default=None,
                         help="most width x height of a request (default on GPUs: the largest the memory planner "
-                             "fits on one GPU of a group; on the CPU 64 x the model's default size)")
+                             "fits on one GPU of a group; on the CPU 16 x the model's default size, 4 x each side)")
     parser.add_argument("--max-frames", type=int, default=None,
                         help="most frames of a video request (default on GPUs: the most the memory planner fits at "
                              "the model's default size; on the CPU 2 x the model's default frames)")

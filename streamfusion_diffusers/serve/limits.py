@@ -3,6 +3,8 @@ fits one GPU of the group; found in a thread (`planned_limits`), beside the rank
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import threading
 from concurrent.futures import Future
 
@@ -11,7 +13,10 @@ import torch
 from ..runtime.job import Job
 from .validation import Limits
 
-CPU_PIXELS = 64  # on the CPU, requests up to 64 x the model's own pixels (8 x each side): no GPU memory to plan
+# on the CPU, requests up to 16 x the model's own pixels (4 x each side: 256x256 for the tiny models): a tiny model
+# at 512x512 (Open WebUI's default) takes minutes on a few cores, with every request queued behind it
+CPU_PIXELS = 16
+logger = logging.getLogger(__name__)
 
 
 def limits(args: argparse.Namespace, job: Job) -> Limits:
@@ -32,6 +37,11 @@ def limits(args: argparse.Namespace, job: Job) -> Limits:
             raise ValueError(f"{job.model} does not fit {gib:.0f} GiB GPUs on {job.world_size} rank(s) at any size "
                              f"(streamfusion plan --memory says why): add --shard-weights or ranks, or give "
                              f"--max-pixels to try anyway")
+    if not job.gpu and args.max_pixels is None:
+        side = math.isqrt(CPU_PIXELS)
+        logger.info("on the CPU a request may ask for at most %d pixels (%dx%d): larger ones would take minutes "
+                    "each, every request waiting behind them; --max-pixels raises the limit", pixels,
+                    side * job.spec.width, side * job.spec.height)
     return Limits(max_n=args.max_n, max_steps=args.max_steps, max_pixels=args.max_pixels or pixels,
                   max_frames=args.max_frames or frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
 
