@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from streamfusion_diffusers.commands import plan
 from streamfusion_diffusers.models import MODELS
@@ -138,3 +139,29 @@ def test_plan_memory_says_what_a_sharded_start_parks_in_host_memory(capsys):
     plan.main(_args("--model", "flux2-dev", "--memory", "--gpus-per-machine", "4"))
     line = next(x for x in capsys.readouterr().out.splitlines() if "start-up with random weights" in x)
     assert "(104.9 GiB)" in line and "420 GiB per machine" in line
+
+
+def test_a_size_that_does_not_fit_this_machine_is_refused_before_any_rank_starts_saying_what_fits():
+    """generate --height 100000 --width 100000 on the CPU: one line from the estimate, with the largest square
+    whose estimate fits what is available, instead of four ranks failing on an allocation."""
+    import dataclasses
+    import math
+
+    from streamfusion_diffusers.cli import make_parser
+    from streamfusion_diffusers.models.memory import largest_size, pipeline_parts
+    from streamfusion_diffusers.runtime.job import check_memory, make_job
+
+    args = make_parser().parse_args(["generate", "--model", "tiny-flux", "--cpu"])
+    job = make_job(args)
+    check_memory(job, available_gib=8.0)  # the default size fits
+    with pytest.raises(ValueError) as refused:
+        check_memory(dataclasses.replace(job, height=100000, width=100000), available_gib=8.0)
+    side = math.isqrt(largest_size("tiny-flux", 4, 2.0, dtype=torch.float32, runtime_gib=0.0)[0])
+    assert 64 <= side < 100000
+    message = str(refused.value)
+    assert message.startswith("100000x100000: tiny-flux needs about ") and "and 8.0 GiB is available" in message
+    assert message.endswith(f"at most {side}x{side} fits"), message
+    fitting = dataclasses.replace(job, height=side, width=side)
+    check_memory(fitting, available_gib=8.0)
+    parts = pipeline_parts("tiny-flux", torch.float32)
+    assert 4 * estimate("tiny-flux", side, side, 1, 4, parts=parts, bytes_per_value=4).peak <= 8.0

@@ -173,18 +173,20 @@ def parked_gib(model: str, height: int, width: int, frames: int, ranks: int, loc
 
 
 def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None = None, cfg: int = 1,
-                 sharded: bool = False, streamed: str = "gather") -> tuple[int, int]:
-    """(the most pixels of a square image, the most frames at the model's own size) whose peak fits a GPU of
-    `gpu_gib` beside RUNTIME_GIB on each of `ranks` ranks: what a server admits by default (sharded, its streamed
-    blocks run as `streamed` says: "tensor", the larger activations of blocks that hold every token). (0, 0) where
-    even the smallest does not fit; frames 0 for image models."""
+                 sharded: bool = False, streamed: str = "gather", dtype: torch.dtype = torch.bfloat16,
+                 runtime_gib: float = RUNTIME_GIB) -> tuple[int, int]:
+    """(the most pixels of a square image, the most frames at the model's own size) whose peak in `dtype` fits a
+    GPU of `gpu_gib` beside `runtime_gib` on each of `ranks` ranks: what a server admits by default (sharded, its
+    streamed blocks run as `streamed` says: "tensor", the larger activations of blocks that hold every token). On
+    the CPU `gpu_gib` is a rank's share of the host's memory, with no CUDA runtime beside it. (0, 0) where even
+    the smallest does not fit; frames 0 for image models."""
     spec = MODELS[model]
-    parts = pipeline_parts(model)
-    room = gpu_gib - RUNTIME_GIB
+    parts = pipeline_parts(model, dtype)
+    room = gpu_gib - runtime_gib
 
     def fits(height: int, width: int, frames: int) -> bool:
         return estimate(model, height, width, frames, ranks, cfg=cfg, sharded=sharded, parts=parts,
-                        streamed=streamed).peak <= room
+                        bytes_per_value=dtype.itemsize, streamed=streamed).peak <= room
 
     at = frames or spec.frames
     low, high = 0, 16384 // spec.size_step  # the side in size steps: the largest that fits, by bisection

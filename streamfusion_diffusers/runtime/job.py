@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from ..core.links import parse_link
 from ..diffusers.stack.spec import Stack, parse_stack
 from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import adapter
-from .arguments import SPAWN_SHAPE, WEIGHTS_SEED
+from .arguments import DTYPES, SPAWN_SHAPE, WEIGHTS_SEED
 from .execution import compile_choice, graph_choice
 from .images import read as read_image
 
@@ -251,6 +252,7 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
               shard_weights=args.shard_weights, max_memory=args.max_memory,
               streamed_blocks=args.streamed_blocks or "auto", stack=stack,
               weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)
+    check_memory(job)
     compiled, why = compile_choice(args, job, serving)
     return dataclasses.replace(job, compile=compiled, compile_why=why)
 
@@ -286,3 +288,42 @@ def check_host_memory(model: str, height: int, width: int, frames: int, world: i
                          f"available: run fewer ranks per machine (CUDA_VISIBLE_DEVICES, or launch's "
                          f"--nproc-per-node), load real weights (--weights), or free memory")
 
+
+def check_memory(job: Job, available_gib: float | None = None) -> None:
+    """A size whose generation cannot fit would start every rank, build, and fail on an allocation a while later:
+    refuse in one line first, with the largest square that fits, by models/memory.py's estimate (`plan
+    --memory`'s; whole weights, or sharded with every block streamed: the least a size can need). On GPUs each
+    rank's peak beside the CUDA runtime within its card; on the CPU this machine's ranks' peaks within its
+    available memory. Quantized weights are smaller than the estimate counts them: not checked."""
+    from ..models.memory import GIB, RUNTIME_GIB, estimate, largest_size, pipeline_parts
+
+    if job.stack.quantize is not None or (job.gpu and not torch.cuda.is_available()):  # no card here to ask
+        return
+    if job.gpu:
+        ranks_here, runtime = 1, RUNTIME_GIB
+        room = torch.cuda.get_device_properties(0).total_memory / GIB
+    else:
+        available = available_host_gib() if available_gib is None else available_gib
+        if available is None:
+            return
+        ranks_here, runtime = int(os.environ.get("LOCAL_WORLD_SIZE", job.world_size)), 0.0
+        room = available / ranks_here
+    dtype, cfg = DTYPES[job.dtype], job.parallel.cfg if isinstance(job.parallel.cfg, int) else 1
+    streamed = "gather" if job.streamed_blocks == "auto" else job.streamed_blocks
+    shape = {"cfg": cfg, "sharded": job.shard_weights, "streamed": streamed}
+    parts = pipeline_parts(job.model, dtype)
+    peak = estimate(job.model, job.height, job.width, job.frames, job.world_size, parts=parts,
+                    bytes_per_value=dtype.itemsize, **shape).peak + runtime
+    if peak <= room:
+        return
+    pixels, _ = largest_size(job.model, job.world_size, room, frames=job.frames, dtype=dtype, runtime_gib=runtime,
+                             **shape)
+    side = math.isqrt(pixels)
+    fits = (f"at most {side}x{side} fits" if side else
+            f"no size fits (streamfusion plan --memory --model {job.model} says why)")
+    need = (f"about {peak:.1f} GiB on each GPU, which has {room:.0f} GiB" if job.gpu else
+            f"about {ranks_here * peak:.1f} GiB for its {ranks_here} CPU processes, and {ranks_here * room:.1f} GiB "
+            f"is available")
+    more = "; or add GPUs, or --shard-weights" if job.gpu and not job.shard_weights else ""
+    raise ValueError(f"{job.width}x{job.height}: {job.model} needs {need} (models/memory.py's estimate): "
+                     f"{fits}{more}")
