@@ -28,14 +28,6 @@ def test_print_env_keeps_a_heap_the_user_set(capsys, monkeypatch):
     assert capsys.readouterr().out == ""
 
 
-def test_recipe_that_named_the_model_still_sizes_the_heap_and_says_so(capsys, monkeypatch):
-    monkeypatch.delenv("NVSHMEM_SYMMETRIC_SIZE", raising=False)
-    assert main(["launch", "--nproc-per-node", "2", "--recipe", "flux-dev", "--print-env"]) == 0
-    out, err = capsys.readouterr()
-    heap = heap_bytes(*sequence_tokens("flux-dev"), machines=1, gpus_per_machine=2)
-    assert out == f"export NVSHMEM_SYMMETRIC_SIZE={heap}\n" and "use --model flux-dev" in err
-
-
 def test_heap_covers_every_method_layer():
     tokens, joint, heads, dim = sequence_tokens("cogvideox-5b", 768, 1360, 161)
     assert tokens == 41 * 48 * 85 and (joint, heads, dim) == (226, 48, 64)

@@ -23,7 +23,6 @@ import sys
 
 from ..attention.volume import peer_bytes
 from ..backends.nvshmem_pool import heap_bytes as mailbox_heap_bytes
-from ..choice.recipe import load_recipe
 from ..choice.workloads import MODELS as WORKLOADS
 from ..core.config import METHODS, ParallelConfig, resolve_layout
 from ..core.sequence import split_sizes
@@ -40,7 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master-port", type=int, default=29500)
     parser.add_argument("--model", choices=sorted(WORKLOADS), default=None,
                         help="the model the script runs: sizes the NVSHMEM symmetric heap for it")
-    parser.add_argument("--recipe", default=None, help=argparse.SUPPRESS)  # deprecated: was the model
     parser.add_argument("--resolution", type=int, default=None, help="image side in pixels (image models)")
     parser.add_argument("--height", type=int, default=None, help="frame height in pixels (default: the model's)")
     parser.add_argument("--width", type=int, default=None, help="frame width in pixels (default: the model's)")
@@ -82,18 +80,9 @@ def heap_bytes(tokens: int, joint: int, heads: int, head_dim: int, machines: int
     return mailbox_heap_bytes(world, worst)
 
 
-def heap_model(args: argparse.Namespace) -> str | None:
-    """--model; launch's --recipe, which named the model before, says once that it is deprecated."""
-    if args.recipe is None:
-        return args.model
-    print(f"streamfusion launch: --recipe is deprecated here (--recipe means where method auto looks, in every "
-          f"command): use --model {load_recipe(args.recipe).model}", file=sys.stderr)
-    return args.model or load_recipe(args.recipe).model
-
-
 def nvshmem_env(args: argparse.Namespace, nproc: int) -> dict[str, str]:
     """The NVSHMEM variables to set: the symmetric heap, from the model and size."""
-    model = heap_model(args)
+    model = args.model
     if model is None or "NVSHMEM_SYMMETRIC_SIZE" in os.environ:
         return {}
     side = args.resolution
