@@ -66,12 +66,12 @@ def _launched_machines() -> int:
     return max(1, dist.get_world_size() // local)
 
 
-def enable(pipe: Any, method: str = "torus", machines: int | None = None, backend: str = "torch",
+def enable(pipe: Any, method: str = "auto", machines: int | None = None, backend: str = "torch",
            **config: Any) -> ParallelContext | None:
     """Run the attention of a built xfuser Flux / CogVideoX pipeline through `sp_attention`; every rank calls it.
 
     method, backend and `config` (ulysses, ring, torus, kernel, emulate_link, recipe, timeout_s, strict) are
-    ParallelConfig's; method "auto" picks the layout for each attention shape over one of xfuser's SP groups
+    ParallelConfig's, with its default: method "auto" picks the layout for each attention shape over one of xfuser's SP groups
     (choice.choose: a recipe entry for that cluster, else the cost model). machines: how many machines the job runs on (None: WORLD_SIZE / LOCAL_WORLD_SIZE as torchrun
     sets them). Unsupported set-ups (PipeFusion, its KV cache, tensor parallelism, DiTFastAttn, FP8 comms,
     separate VAE workers, quantized or sparse attention backends, the hybrid attention schedule, OneDiff, other

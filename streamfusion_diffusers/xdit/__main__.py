@@ -30,7 +30,7 @@ def parse(argv: Sequence[str]) -> tuple[str, dict[str, Any], list[str]]:
                          "[--sf-backend B] [--sf-ulysses U] [--sf-ring R] [--sf-torus T] [--sf-kernel K] "
                          "[--sf-emulate-link LINK] SCRIPT_ARGS...")
     parser = argparse.ArgumentParser(prog="python -m streamfusion_diffusers.xdit", allow_abbrev=False)
-    parser.add_argument("--sf-method", dest="method", choices=(*METHODS, "auto"), default="torus")
+    parser.add_argument("--sf-method", dest="method", choices=(*METHODS, "auto"), default="auto")
     parser.add_argument("--sf-machines", dest="machines", type=int, default=None,
                         help="machines the job runs on (default: WORLD_SIZE / LOCAL_WORLD_SIZE)")
     parser.add_argument("--sf-backend", dest="backend", choices=transport_names(aliases=True), default="torch")
