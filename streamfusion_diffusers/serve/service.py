@@ -88,8 +88,11 @@ class Service:
 
     async def limits_known(self) -> Limits:
         """The request limits once the planner has them (serve/limits.py), awaited without holding the loop; a
-        waiter cancelled (a client gone) leaves the planner's future as it is. Raises the planner's error."""
-        await asyncio.wait([asyncio.wrap_future(self.limits)])
+        waiter cancelled (a client gone) leaves the planner's future as it is. Raises the planner's error, read from
+        the loop's copy of the future too (else asyncio logs it as never retrieved once the copy is collected)."""
+        waiting = asyncio.wrap_future(self.limits)
+        waiting.add_done_callback(lambda copy: copy.cancelled() or copy.exception())
+        await asyncio.wait([waiting])
         return self.limits.result()
 
     def _planned(self, found: Future) -> None:
