@@ -206,3 +206,34 @@ def test_a_planner_that_refuses_the_job_ends_the_start_at_once():
 
     service = asyncio.run(run())
     assert exits == [1] and str(service.failure) == "fits no size"
+
+
+def test_a_planner_error_read_by_a_request_is_not_logged_as_never_retrieved(caplog):
+    """A request that waits for the limits reads the planner's error; asyncio's copy of the planner's future holds
+    it too, and must not be collected unread (asyncio's "Future exception was never retrieved")."""
+    import argparse
+    import gc
+    from concurrent.futures import Future
+
+    from streamfusion_diffusers.serve.command import add_arguments, serve_job
+    from streamfusion_diffusers.serve.service import Service
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    job, _ = serve_job(parser.parse_args(["--model", "tiny-flux", "--cpu"]))
+
+    async def run() -> None:
+        found: Future = Future()
+        service = Service(job, found, [], 4, 60.0, lambda _: None, lambda _: None)  # never started: no ranks
+        found.set_exception(ValueError("fits no size"))
+        try:
+            await service.limits_known()
+        except ValueError as err:
+            said.append(str(err))  # (the traceback, and the frames holding the copy, go with the except block)
+        del service, found  # the planner's future, whose callback holds the copy: as when a server stops
+        gc.collect()  # the copy is collected here, on the running loop
+
+    said: list[str] = []
+
+    asyncio.run(run())
+    assert said == ["fits no size"] and "never retrieved" not in caplog.text, caplog.text
