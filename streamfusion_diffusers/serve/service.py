@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
@@ -70,6 +70,7 @@ class Service:
                             for group in self.groups]
         self.follower = Follower(self.queue, self.metrics)
         self.videos = VideoStore(keep_videos)
+        self._saving: set[asyncio.Task] = set()  # finished videos being written
         self.request_timeout_s, self.drain_timeout_s = request_timeout_s, drain_timeout_s
         self.on_ready, self.on_exit = on_ready, on_exit
         self.started = time.monotonic()
@@ -137,9 +138,11 @@ class Service:
         return work
 
     async def wait(self, work: Work, disconnected: Callable[[], Any]) -> dict[str, Any]:
+        """A submitted request's result (follower.py); its client gone, it is dropped or cancelled."""
         return await self.follower.wait(work, disconnected)
 
     def stream(self, work: Work, disconnected: Callable[[], Any]) -> AsyncIterator[StepNote]:
+        """A submitted request's step notes until its result (follower.py)."""
         return self.follower.stream(work, disconnected)
 
     def stranded(self) -> ApiError | None:
@@ -191,14 +194,19 @@ class Service:
     async def submit_video(self, params: Request) -> VideoJob:
         work = await self.submit("video", params)
         job = self.videos.add(self.job.model, work)
-        work.done.add_done_callback(lambda _: self._video_done(job))
+        work.done.add_done_callback(lambda _: self._keeping(self._video_done(job)))
         return job
 
-    def _video_done(self, job: VideoJob) -> None:
+    def _keeping(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run `coroutine` in a task held until it ends (the loop keeps only weak references to tasks)."""
+        self._saving.add(task := asyncio.create_task(coroutine))
+        task.add_done_callback(self._saving.discard)
+
+    async def _video_done(self, job: VideoJob) -> None:
         error = job.work.done.exception()
         if error is None:
             result = job.work.done.result()
-            self.videos.complete(job, result["outputs"][0], what_ran(job.work, result))
+            await self.videos.complete(job, result["outputs"][0], what_ran(job.work, result))
         elif isinstance(error, ApiError):
             self.videos.fail(job, error.code or "failed", error.message)
         else:
@@ -260,7 +268,7 @@ class Service:
         await self.queue.close(ApiError(503, "the server stopped before the request ran", code="unavailable"))
         now = self.running > 0
         await asyncio.gather(*(supervisor.stop(now) for supervisor in self.supervisors))
-        self.videos.close()
+        await asyncio.to_thread(self.videos.close)
 
 
 def what_ran(work: Work, result: dict[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,10 @@ A rank that dies, fails or stalls answers its batch 5xx at once; the group's oth
 is started again (rebuilt from scratch: nothing of the failed job is reused), then goes on with the queue. A rank
 that ends while its group is idle is seen within WATCH_S and restarts the group the same way, before it takes a
 request. A batch every rank stopped together (out of memory, past its deadline) is answered 503 or 504 and the group
-serves on. A group that fails MAX_RESTARTS starts in a row, or its first, is given up. Across machines, a group that
-lost a node waits for it (its launcher restarted) rather than counting failed starts.
+serves on. An error of the supervisor's own while it runs a batch (a malformed rank result) answers the batch 500
+and restarts the group the same way. A group that fails MAX_RESTARTS starts in a row, or its first, is given up.
+Across machines, a group that lost a node waits for it (its launcher restarted) rather than counting failed starts.
+The supervisor is the one writer of its group's `GroupState`.
 """
 from __future__ import annotations
 
@@ -128,7 +130,7 @@ class Supervisor:
                 await asyncio.to_thread(group.start, self.build_timeout_s, logger.info, waiting)
                 await self.limits_known()  # a planner's refusal fails the start: the command says it
             except Exception as err:  # noqa: BLE001 - a rank's failure (RankFailure) or the pool's own
-                group.stop(now=True)
+                await asyncio.to_thread(group.stop, True)  # a stuck rank takes seconds to end
                 if self.queue.closed:
                     self.state = GroupState.STOPPED
                     return False
@@ -151,8 +153,9 @@ class Supervisor:
             return True
 
     def _waiting(self, lost: bool) -> None:
-        """The start waits for a lost node (`lost`), or has every node now."""
-        self.state = GroupState.WAITING if lost else GroupState.RESTARTING if self.served else GroupState.STARTING
+        """The start waits for a lost node (`lost`), or has every node now (a stopped group stays stopped)."""
+        if self.state is not GroupState.STOPPED:
+            self.state = GroupState.WAITING if lost else GroupState.RESTARTING if self.served else GroupState.STARTING
 
     async def _restart(self, why: str) -> None:
         """Stop what is left of a group whose rank failed (in a thread: a stuck rank takes seconds to end, and the

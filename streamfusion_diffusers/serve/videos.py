@@ -8,6 +8,7 @@ bounded; jobs still queued or running are bounded by the queue.
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 import shutil
 import tempfile
@@ -104,9 +105,14 @@ class VideoStore:
         self.evict()
         return list(reversed(self.jobs.values()))
 
-    def complete(self, job: VideoJob, mp4: bytes, record: dict[str, Any]) -> None:
+    async def complete(self, job: VideoJob, mp4: bytes, record: dict[str, Any]) -> None:
+        """Keep a finished video: its file written in a thread (a large mp4 would hold the event loop); one
+        deleted meanwhile leaves no file."""
         path = self.folder / f"{job.id}.mp4"
-        path.write_bytes(mp4)
+        await asyncio.to_thread(path.write_bytes, mp4)
+        if job.id not in self.jobs:
+            path.unlink(missing_ok=True)
+            return
         job.path, job.record, job.size = path, record, len(mp4)
         self._finished(job)
 
