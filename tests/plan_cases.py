@@ -16,6 +16,7 @@ import streamfusion_diffusers.diffusers.processors.base as processors_base
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
 from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.sequence import split_sizes
+from streamfusion_diffusers.diffusers.routing import processors_of
 from streamfusion_diffusers.models import TINY_FLUX, TINY_FLUX2, TINY_QWEN_IMAGE, TINY_WAN
 from streamfusion_diffusers.models.configs import JOINT
 from streamfusion_diffusers.models.inputs import build, inputs
@@ -28,8 +29,22 @@ TINY_HUNYUAN = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "
                 "text_embed_dim": 32, "pooled_projection_dim": 16, "rope_axes_dim": (4, 6, 6)}
 TINY_HELIOS = {**{k: v for k, v in TINY_WAN.items() if k != "rope_max_seq_len"}, "rope_dim": (4, 6, 6),
                "num_layers": 40}  # its plan names 40 blocks
+TINY_LONGCAT_IMAGE = {"in_channels": 8, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,
+                      "num_attention_heads": 8, "joint_attention_dim": 32, "pooled_projection_dim": 32,
+                      "axes_dims_rope": [4, 6, 6]}
+TINY_KREA2 = {"in_channels": 8, "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "intermediate_size": 128, "timestep_embed_dim": 32, "text_hidden_dim": 32,
+              "num_text_layers": 3, "text_num_attention_heads": 2, "text_num_key_value_heads": 2,
+              "text_intermediate_size": 64, "num_layerwise_text_blocks": 1, "num_refiner_text_blocks": 1,
+              "axes_dims_rope": (4, 6, 6)}
+TINY_Z_IMAGE = {"in_channels": 4, "dim": 128, "n_layers": 2, "n_refiner_layers": 1, "n_heads": 8, "n_kv_heads": 8,
+                "cap_feat_dim": 32, "axes_dims": [4, 6, 6], "axes_lens": [256, 32, 32]}
 CONFIGS = {"flux": TINY_FLUX, "flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
-           "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS}
+           "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS,
+           "longcat-image": TINY_LONGCAT_IMAGE, "krea2": TINY_KREA2, "z-image": TINY_Z_IMAGE}
+SPLIT_TEXT = (*JOINT, "longcat-image")  # self-attention over [text ; image], the text split with the image
+WHOLE_TEXT = ("krea2",)  # the text whole on every rank at any length, attended as joint rows
+ONE_STREAM = {"z-image": 32}  # image and text padded to a multiple of this, then split as one sequence
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -44,6 +59,15 @@ class Case:
     padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
     token_timesteps: bool = False  # one timestep per latent token (Wan 2.2 TI2V)
     references: tuple[tuple[int, int], ...] = ()  # input images' token grids, after the image's tokens
+
+    def rows(self, world: int) -> tuple[list[int], int]:
+        """Every rank's rows of the split self-attention, and the joint rows each holds in full."""
+        if self.family in ONE_STREAM:
+            multiple = ONE_STREAM[self.family]
+            return split_sizes(sum(-(-n // multiple) * multiple for n in (self.image_tokens, self.text)), world), 0
+        joint = self.family in WHOLE_TEXT or (self.family in SPLIT_TEXT and self.text < world)
+        text = split_sizes(self.text if self.family in SPLIT_TEXT and not joint else 0, world)
+        return [i + t for i, t in zip(split_sizes(self.image_tokens, world), text)], self.text if joint else 0
 
     @property
     def image_tokens(self) -> int:
@@ -84,13 +108,14 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
         with torch.no_grad():
             reference = model(**inputs, return_dict=False)[0]
             parallelize(model, context(config))
-            processors = sorted({type(p).__name__ for p in model.attn_processors.values()})
+            processors = sorted({type(p).__name__ for p in processors_of(model).values()})
             out = model(**inputs, return_dict=False)[0]
             unparallelize(model)
             restored = model(**inputs, return_dict=False)[0]
     finally:
         processors_base.sp_attention = real
-    return {"error": relative_error(out, reference),
+    out, reference, restored = (torch.stack(x) if isinstance(x, list) else x for x in (out, reference, restored))
+    return {"error": relative_error(out, reference),  # Z-Image: one sample per batch row, in a list
             "restored_error": relative_error(restored, reference),
             "calls": calls, "rank": dist.get_rank(), "world": dist.get_world_size(), "processors": processors}
 
@@ -98,11 +123,8 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
 def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[str, Any]]:
     results = pool.run(run_case, config, case, seed)
     for res in results:
-        world, rank = res["world"], res["rank"]
-        joint = case.family in JOINT and case.text < world  # a text shorter than the ranks stays whole
-        text = split_sizes(case.text if case.family in JOINT and not joint else 0, world)
-        split = [i + t for i, t in zip(split_sizes(case.image_tokens, world), text)]
-        expected = (split[rank], split, case.text if joint else 0)
+        split, joint = case.rows(res["world"])  # a text shorter than the ranks stays whole
+        expected = (split[res["rank"]], split, joint)
         assert res["calls"], res  # the attention really ours
         assert all(tuple(call) == expected for call in res["calls"]), (expected, res)  # really split
         assert res["error"] <= TOL, res

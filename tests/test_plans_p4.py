@@ -51,6 +51,14 @@ OTHERS = {
     "helios": Case("helios", (2, 3, 3), text=7),
 }
 
+NEWEST = {  # diffusers' newest transformers, by our plans; uneven token counts, the text split, whole or joined
+    "longcat-image": Case("longcat-image", (3, 5), text=6),
+    "longcat-image-text-shorter-than-the-ranks": Case("longcat-image", (3, 5), text=3),
+    "krea2-text-whole": Case("krea2", (3, 5), text=6),
+    "z-image-one-stream": Case("z-image", (3, 5), text=7),
+}
+NEWEST_LAYOUTS = ["ulysses-U4R1", "torus-U2R2", "usp-U2R2", "ring-U1R4"]
+
 
 def config(layout: str) -> ParallelConfig:
     return ParallelConfig(machines=2, gpus_per_machine=2, **LAYOUTS[layout])
@@ -82,6 +90,12 @@ def test_input_images_match_on_every_layout(pool, layout, case):
     """The reference tokens lengthen the split sequence: every rank's attention holds its share of the image's
     and the input images' tokens together (plan_cases.check counts them), and the output matches one rank's."""
     check(pool, config(layout), EDITS[case])
+
+
+@pytest.mark.parametrize("case", NEWEST)
+@pytest.mark.parametrize("layout", NEWEST_LAYOUTS)
+def test_the_newest_models_match_on_every_method(pool, layout, case):
+    check(pool, config(layout), NEWEST[case])
 
 
 @pytest.mark.parametrize("case", OTHERS)

@@ -21,7 +21,7 @@ from .cfg import CFG_HOOK, cfg_hook
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .plans import ModelPlan, plan_for
 from .overlap_mlp import overlap_mlp_hooks
-from .routing import route_attention
+from .routing import route_attention, set_processors
 from .sharded_weights import CANNOT_UNDO, is_sharded, shard_pipeline
 from .sharding import FORWARD_HOOK, ForwardHook, PlanState, install, plan_hooks
 from .stack.skips import release_skips
@@ -109,7 +109,7 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
         graphed = GraphedForward(ctx)
         ctx.on_close(graphed.release)  # NCCL's teardown waits for the graphs that captured its calls
         hooks.append((transformer, graphed, GRAPH_HOOK))
-    forward = ForwardHook(ctx, state, plan.key_masks, plan.drop_full_masks, plan.text_whole)  # masks checked eagerly
+    forward = ForwardHook(ctx, state, plan.key_masks, plan.drop_full_masks, plan.text_whole)  # masks read eagerly
     hooks.append((transformer, forward, FORWARD_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, ctx), CFG_HOOK))
@@ -129,7 +129,7 @@ def unparallelize(target: Any) -> torch.nn.Module:
         installed: _Installed = transformer._streamfusion
         for module, name in reversed(installed.hooks):
             module._diffusers_hook.remove_hook(name, recurse=False)
-        transformer.set_attn_processor(dict(installed.processors))
+        set_processors(transformer, installed.processors)
         release_skips(transformer)
         transformer._streamfusion = None
     if is_split(getattr(target, "vae", None)):

@@ -54,18 +54,30 @@ def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan,
     return mine
 
 
+def processors_of(transformer: torch.nn.Module) -> dict[str, Any]:
+    """Every attention module's processor by "<module>.processor", as diffusers' `attn_processors` names them (read
+    from the modules: transformers without diffusers' AttentionMixin, Z-Image's, have no such property)."""
+    return {f"{name}.processor": module.processor for name, module in transformer.named_modules()
+            if hasattr(module, "set_processor") and hasattr(module, "processor")}
+
+
+def set_processors(transformer: torch.nn.Module, processors: dict[str, Any]) -> None:
+    for key, processor in processors.items():
+        transformer.get_submodule(key.removesuffix(".processor")).set_processor(processor)
+
+
 def route_attention(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelContext, state: PlanState
                     ) -> dict[str, Any]:
     """Route every self-attention over the split sequence to `sp_attention`; returns what to restore."""
-    original = dict(transformer.attn_processors)
+    original = processors_of(transformer)
     chosen: dict[str, Any] = {}
     for key, processor in original.items():
         name = key.removesuffix(".processor")
         module = transformer.get_submodule(name)
         chosen[key] = (processor if _is_local(name, module, plan)
                        else _routed(name, module, processor, plan, Route(ctx, state, name)))
-    transformer.set_attn_processor(chosen)
+    set_processors(transformer, chosen)
     return original
 
 
-__all__ = ["TWINS", "route_attention"]
+__all__ = ["TWINS", "processors_of", "route_attention", "set_processors"]

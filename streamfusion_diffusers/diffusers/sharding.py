@@ -26,6 +26,7 @@ from torch import Tensor
 from ..context import ParallelContext
 from ..core.sequence import gather, split_sizes
 from .plans import ModelPlan
+from .plans.plan import AfterText
 from .processors import ShardState, TokenLayout
 from .stack.skips import agree_skips, lead_blocks
 
@@ -53,7 +54,7 @@ class PlanState(ShardState):
 
     def record(self, name: str, tokens: int, ctx: ParallelContext) -> None:
         self.streams[name] = tokens
-        text, image = self.streams.get(TEXT, 0), self.streams.get(IMAGE, 0)
+        text, image = self.streams.get(TEXT, self.joint_text), self.streams.get(IMAGE, 0)
         key = (text, image, self.joint_text)
         # compiled code builds the layout afresh: a read of this cache would guard the graph on its contents, and
         # the entry the first call adds would compile every hooked block again at the second
@@ -85,9 +86,10 @@ def parameter_names(module: torch.nn.Module) -> tuple[str, ...]:
 class PlanSplitHook(ModelHook):
     """Cut one module's inputs (by name) or outputs (by index) along their plan dims, this rank's slice."""
 
-    def __init__(self, ctx: ParallelContext, state: PlanState, spec: dict[str | int, Any]):
+    def __init__(self, ctx: ParallelContext, state: PlanState, spec: dict[str | int, Any], image: str = IMAGE):
         super().__init__()
         self.ctx, self.state, self.spec = ctx, state, spec
+        self.image = image  # the model's name for the split image tokens (Z-Image's blocks take them as `x`)
         self.names: tuple[str, ...] = ()
         self.slices: dict[int, tuple[int, int]] = {}  # token count -> this rank's (start, length), per size once
         self.cut_outputs = tuple((i, s) for i, s in spec.items() if isinstance(i, int))
@@ -105,7 +107,12 @@ class PlanSplitHook(ModelHook):
         if spec.expected_dims is not None and value.dim() != spec.expected_dims:
             raise ValueError(f"{name} has {value.dim()} dims, the plan cuts it as {spec.expected_dims}: pass it as "
                              f"diffusers' pipelines do (e.g. Flux's txt_ids / img_ids as 2-D [L, 3] tensors)")
+        if isinstance(spec, AfterText):  # the whole text's rows in front, then this rank's image rows
+            dim, text = spec.split_dim, self.state.joint_text
+            start, length = _slice(str(name), value.shape[dim] - text, self.ctx)
+            return torch.cat([value.narrow(dim, 0, text), value.narrow(dim, text + start, length)], dim=dim)
         tokens = value.shape[spec.split_dim]
+        name = IMAGE if name == self.image else name
         if name in (IMAGE, TEXT):
             self.state.record(name, tokens, self.ctx)
         if tokens == self.state.joint_text and name != IMAGE:
@@ -161,9 +168,10 @@ class ForwardHook(ModelHook):
     decision of any First Block Cache agreed over the ranks (stack/skips.py)."""
 
     def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...],
-                 drop_full_masks: bool = False):
+                 drop_full_masks: bool = False, text_whole: bool = False):
         super().__init__()
         self.ctx, self.state, self.key_masks, self.drop_full_masks = ctx, state, key_masks, drop_full_masks
+        self.text_whole = text_whole  # the plan keeps the text whole at any length (else only below the ranks)
         self.positions: dict[str, int] = {}  # forward parameter -> its position
         self.leads: tuple[torch.nn.Module, ...] = ()  # where a First Block Cache puts its head hook
         self.full_masks: dict[int, tuple[weakref.ref, int]] = {}  # id -> (mask, its version) found to keep all
@@ -210,9 +218,9 @@ class ForwardHook(ModelHook):
                 kwargs[name] = None
             checked.append(name)
         text = self._argument(TEXT, args, kwargs)
-        text = text.shape[1] if isinstance(text, Tensor) and text.dim() == 3 else 0
+        text = text.shape[1] if isinstance(text, Tensor) and text.dim() >= 3 else 0  # [B, L, (layers,) D]
         self.state.streams.clear()
-        self.state.joint_text = text if text < self.ctx.world_size else 0
+        self.state.joint_text = text if self.text_whole or text < self.ctx.world_size else 0
         self.state.layout, self.state.masks_checked = None, () if padding else tuple(checked)
         self.state.key_padding = padding
         return args, kwargs
@@ -248,7 +256,7 @@ def plan_hooks(transformer: torch.nn.Module, plan: ModelPlan, ctx: ParallelConte
             else:
                 gathers.append((module, PlanGatherHook(ctx, state, spec), GATHER_HOOK.format(module_id)))
     state.text_last = plan.text_last
-    return [(module, PlanSplitHook(ctx, state, spec), SPLIT_HOOK.format(module_id))
+    return [(module, PlanSplitHook(ctx, state, spec, plan.image_input), SPLIT_HOOK.format(module_id))
             for module, (module_id, spec) in splits.items()] + gathers
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, FluxTransformer2DModel, HeliosTransformer3DModel,
-                       HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel, QwenImageTransformer2DModel,
-                       WanTransformer3DModel)
+                       HunyuanVideoTransformer3DModel, Krea2Transformer2DModel, LongCatImageTransformer2DModel,
+                       LTXVideoTransformer3DModel, QwenImageTransformer2DModel, WanTransformer3DModel,
+                       ZImageTransformer2DModel)
 
 from .build import _default_dtype_and_device
 from .configs import JOINT
@@ -20,7 +21,9 @@ from .configs import JOINT
 FAMILIES: dict[str, type] = {"flux": FluxTransformer2DModel, "flux2": Flux2Transformer2DModel, "wan": WanTransformer3DModel,
                              "qwen-image": QwenImageTransformer2DModel, "ltx": LTXVideoTransformer3DModel,
                              "hunyuan-video": HunyuanVideoTransformer3DModel,
-                             "chronoedit": ChronoEditTransformer3DModel, "helios": HeliosTransformer3DModel}
+                             "chronoedit": ChronoEditTransformer3DModel, "helios": HeliosTransformer3DModel,
+                             "longcat-image": LongCatImageTransformer2DModel, "krea2": Krea2Transformer2DModel,
+                             "z-image": ZImageTransformer2DModel}
 
 
 def build(family: str, config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32,
@@ -74,6 +77,23 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
                 "encoder_hidden_states": randn(b, t, config["joint_attention_dim"]),
                 "encoder_hidden_states_mask": mask, "timestep": timestep / 1000,
                 "img_shapes": [[(1, r, c) for r, c in grids]] * b}
+    if family == "longcat-image":  # text ids count along the text, image ids (1, row, col)
+        rows, cols = grid
+        return {"hidden_states": randn(b, rows * cols, config["in_channels"]),
+                "encoder_hidden_states": randn(b, t, config["joint_attention_dim"]), "timestep": timestep / 1000,
+                "img_ids": _grid_ids(rows, cols, first=1.0, device=device),
+                "txt_ids": torch.arange(float(t), device=device)[:, None].expand(t, 3).contiguous()}
+    if family == "krea2":  # Krea2Pipeline: the text's position ids zero, the image's (0, row, col), text first
+        rows, cols = grid
+        ids = torch.cat([torch.zeros(t, 3, device=device), _grid_ids(rows, cols, first=0.0, device=device)])
+        return {"hidden_states": randn(b, rows * cols, config["in_channels"]),
+                "encoder_hidden_states": randn(b, t, config["num_text_layers"], config["text_hidden_dim"]),
+                "timestep": timestep / 1000, "position_ids": ids, "encoder_attention_mask": mask.bool()}
+    if family == "z-image":  # one latent [C, 1, H, W] (2x2 patches) and one caption [T, D] per batch row
+        rows, cols = grid
+        return {"x": list(randn(b, config["in_channels"], 1, 2 * rows, 2 * cols).unbind(0)), "t": timestep / 1000,
+                "cap_feats": [randn(t - (padded_text if i == b - 1 else 0), config["cap_feat_dim"])
+                              for i in range(b)]}
     frames, rows, cols = grid
     if family == "ltx":
         return {"hidden_states": randn(b, frames * rows * cols, config["in_channels"]),

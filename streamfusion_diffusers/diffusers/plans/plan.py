@@ -3,7 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diffusers.models._modeling_parallel import ContextParallelModelPlan, ContextParallelOutput
+from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelModelPlan, ContextParallelOutput
+
+
+@dataclass(frozen=True)
+class AfterText(ContextParallelInput):
+    """Rows [text ; image] of which only the image rows are cut: the text (kept whole, `ModelPlan.text_whole`)
+    stays in front on every rank (a rotary table or position ids built for the model's concatenated sequence)."""
 
 
 @dataclass(frozen=True)
@@ -18,6 +24,8 @@ class ModelPlan:
     # (its forward then reads nothing of it back to the host, which a CUDA-graph capture could not)
     adapters: dict[type, type] = field(default_factory=dict)  # stock processor -> ours (no dispatch_attention_fn)
     text_last: bool = False  # the self-attention takes [image ; text] rows (else [text ; image])
+    text_whole: bool = False  # the text stays whole on every rank, attended as joint tokens, at any length
+    image_input: str = "hidden_states"  # the split input whose tokens the gathered output holds
 
     @property
     def gather_module(self) -> str:

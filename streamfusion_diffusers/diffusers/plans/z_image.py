@@ -1,0 +1,25 @@
+"""Z-Image (diffusers has no `_cp_plan` for it): the unified [image ; caption] sequence split at the main layers.
+
+The forward refines the image and the caption tokens apart (each refiner attends only its own stream: kept
+whole, local), then builds one padded sequence of both with its rotary table (`freqs_cis`, complex [B, L, D/2])
+and, for a batch of unequal lengths, a key mask; every main layer takes all three, so they are cut alike, as one
+stream, and the final layer's output is gathered back before the forward unpatchifies it. (Omni mode's
+per-token noise tags also modulate the final layer, which would need them whole: text-to-image mode only.)
+"""
+from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+from .plan import ModelPlan
+
+PLAN = ModelPlan(
+    cp_plan={
+        "layers.0": {"x": ContextParallelInput(split_dim=1, expected_dims=3)},
+        "layers.*": {
+            "freqs_cis": ContextParallelInput(split_dim=1, expected_dims=3),
+            "attn_mask": ContextParallelInput(split_dim=1, expected_dims=2),
+        },
+        "all_final_layer.*": ContextParallelOutput(gather_dim=1, expected_dims=3),
+    },
+    source="streamfusion",
+    local_attention=("noise_refiner.*", "context_refiner.*", "siglip_refiner.*"),  # one stream each, whole
+    image_input="x",
+)
