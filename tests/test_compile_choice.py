@@ -87,3 +87,16 @@ def test_the_choice_and_why_of_a_job_on_gpus(argv, serving, on, words):
 def test_on_the_cpu_nothing_compiles_unless_asked():
     job = make_job(_args("--model", "tiny-flux", "--height", "64", "--width", "64"), (1, 2, False), serving=True)
     assert not job.compile and "no GPU" in job.compile_why
+
+
+def test_a_compiled_server_warms_up_every_batch_it_may_run():
+    """serve --compile makes one image and then two in one call before it says ready: the second compiles the
+    blocks with the batch size symbolic, so a batch of concurrent requests never waits for a compile."""
+    from streamfusion_diffusers.runtime.worker import warm_batches
+
+    compiled = make_job(_args("--compile"), GPU, serving=True)
+    assert warm_batches(compiled, serving=True) == (1, 2)
+    assert warm_batches(compiled, serving=False) == (1,)  # generate: its one call
+    assert warm_batches(make_job(_args(), GPU, serving=True), serving=True) == (1,)  # eager blocks recompile nothing
+    cached = make_job(_args("--compile", "--cache", "first-block:0.2", "--no-cuda-graph"), GPU, serving=True)
+    assert warm_batches(cached, serving=True) == (1,)  # a cache runs every request alone: no batch to warm

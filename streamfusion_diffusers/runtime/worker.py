@@ -32,7 +32,7 @@ from ..core.one_time import spent, spent_since
 from ..models.pipelines import family_of
 from .job import Job
 from .phases import PhaseTimer
-from .batch import call_plan
+from .batch import call_plan, unbatched_why
 from .rank import cancelled, note
 from .progress import PREVIEW_FAMILIES, LatentToRgb, StepNote, latent_grid, preview_steps
 from .request import Request
@@ -110,20 +110,30 @@ def build(job: Job, serving: bool = True) -> dict | None:
         if dist.get_rank() == 0 else None
 
 
+def warm_batches(job: Job, serving: bool) -> tuple[int, ...]:
+    """The images of each warm-up call: one; a server of compiled blocks also makes two in one call, which dynamo
+    compiles with the batch size symbolic (1 stays specialized), so no later batch waits for a compile."""
+    return (1, 2) if serving and job.compile and unbatched_why(job) is None else (1,)
+
+
 def warm_up() -> dict | None:
-    """One short generation before the first request, so that the layout is chosen, every lazy first call made
-    and the default size's CUDA graph captured. Rank 0 says how long, and what ran."""
+    """Short generations before the first request (warm_batches), so that the layout is chosen, every lazy first
+    call made, the blocks compiled for every batch and the default size's CUDA graph captured. Rank 0 says how
+    long, and what the first ran."""
     assert _SERVED is not None, "warm_up before build"
     job = _SERVED.job
     started = time.perf_counter()
-    warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width, frames=job.frames,
-                   steps=min(job.steps, WARMUP_STEPS), seed=job.seed, guidance_scale=job.guidance_scale,
-                   images=job.images or _warm_images(job))
     previews = family_of(job.model).name in PREVIEW_FAMILIES
-    records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and _SERVED.serving)[1]
+    first = None
+    for n in warm_batches(job, _SERVED.serving):
+        warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width,
+                       frames=job.frames, steps=min(job.steps, WARMUP_STEPS), seed=job.seed,
+                       guidance_scale=job.guidance_scale, n=n, images=job.images or _warm_images(job))
+        records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and _SERVED.serving and n == 1)[1]
+        first = first or records
     if dist.get_rank() != 0:
         return None
-    return {"warmup_s": time.perf_counter() - started, "record": records[0] if records else None}
+    return {"warmup_s": time.perf_counter() - started, "record": first[0] if first else None}
 
 
 class Agreement:
@@ -288,4 +298,4 @@ def generate(job: Job) -> dict | None:
     return run([Request.of(job)], build_s=_SERVED.prepared.build_s)
 
 
-__all__ = ["Stopped", "build", "generate", "run", "warm_up"]
+__all__ = ["Stopped", "build", "generate", "run", "warm_batches", "warm_up"]
