@@ -57,6 +57,7 @@ LEFT_OUT = {  # how a command starts -> why it is not run here
     "docker build": "builds the deploy image: tests/test_deploy.py checks its Dockerfile",
     "kubectl": "needs a Kubernetes cluster: tests/test_deploy.py checks the example's objects",
     "for K in 0 1; do streamfusion launch": "two launchers serving until stopped: tests/test_serve_nodes.py runs them",
+    "export STREAMFUSION_JOIN_KEY": "the join secret the launchers below share: tests/test_serve_nodes.py sets one",
 }
 
 
