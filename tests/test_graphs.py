@@ -143,22 +143,28 @@ def test_sharded_weights_replay_is_bit_identical_to_eager(gpu_pool, streamed):
         assert diffs[-1] == 2, f"rank {rank}: expected one graph per shape, got {diffs[-1]}"
 
 
-def test_a_new_lora_choice_never_replays_a_graph_captured_under_another():
-    """A graph bakes in the LoRA adapters on and their scaling floats (read on the host while it was captured):
-    `set_variant` is part of each graph's key, so the first call under a new choice runs eager, as a new shape's
-    does (seen on the CPU: the key decides before any capture)."""
+def test_a_new_lora_choice_or_precision_never_replays_a_graph_captured_under_another():
+    """A graph bakes in the LoRA adapters on and their scaling floats (read on the host while it was captured), and
+    the attention kernel of its step (a quantized kernel's native steps run another): `set_variant` and the
+    context's `native_now` are part of each graph's key, so the first call under a new choice runs eager, as a
+    new shape's does (seen on the CPU: the key decides before any capture)."""
+    from types import SimpleNamespace
+
     from diffusers.hooks import HookRegistry
 
     from streamfusion_diffusers.diffusers.graphs import GRAPH_HOOK, GraphedForward, set_variant
 
     model = torch.nn.Linear(4, 4)
-    hook = GraphedForward(ctx=None)  # the context is read only by a capture
+    ctx = SimpleNamespace(native_now=False)  # what the key reads of the context (the rest: only a capture)
+    hook = GraphedForward(ctx=ctx)
     HookRegistry.check_if_exists_or_initialize(model).register_hook(hook, GRAPH_HOOK)
     x = torch.randn(2, 4)
     for choice in ((("a", 1.0),), (("a", 0.5),), ()):
         set_variant(model, choice)
         assert torch.equal(model(x), torch.nn.functional.linear(x, model.weight, model.bias))
-    assert hook.stats.eager_calls == 3 and hook.stats.captures == 0
+    ctx.native_now = True
+    model(x)
+    assert hook.stats.eager_calls == 4 and hook.stats.captures == 0
 
 
 def twins_against_stock(config: ParallelConfig, family: str, seed: int) -> float:
