@@ -55,19 +55,13 @@ class ParallelConfig:
     branch computes one half of the guidance batch over its own SP group) or "auto" (2 when the transformer's first
     batch is 2 and the world splits in two, else 1). comm_dtype: "int8" or "fp8" (float8_e4m3fn) sends every chunk
     that crosses machines (Torus Pull Q, Pull KV, Push O; ring passes) as one byte per value with per-token-and-head
-    scales (backends/quantized.py); None sends them as they are. int8 is the more accurate (about 0.65 % rms per
-    value against e4m3's 2.6 %; a Torus layer over 2 machines: 1.0e-2 against 3.7e-2), at the same bytes.
-    overlap_groups: G, the head groups of the Flux and Qwen-Image processors' pipelined Ulysses
-    (attention/overlap.py: group g's all-to-all travels while group g+1 is projected, its output's beside group
-    g-1's output projection); it applies where the attention is pure Ulysses (torus and ring degree 1) over the
-    torch transport, eagerly and in CUDA graphs (compiled code runs the plain path). None or 1: off, the default: on
-    the GPUs measured, the smaller projections and the exchanges sharing the SMs with them cost more than the
-    exchanges they hide at the shares images are served at, and eager the pipeline doubles the Python of an
-    attention call; G > 1: on (G must divide the heads per rank). overlap_mlp: Flux.1's single blocks run their MLP
-    projections while the Ulysses all-to-alls travel (diffusers/overlap_mlp.py: every GEMM whole), where the
-    attention is pure Ulysses over the torch transport and not compiled; True by default, False runs the stock block
-    order. exchange_sms: the SMs that the GEMMs run beside an overlapped all-to-all leave free for it (a GEMM that
-    fills every SM holds the exchange's kernels back until it ends); 0: all.
+    scales (backends/quantized.py); None sends them as they are. int8 is the more accurate at the same bytes: its
+    levels are evenly spaced over each scale, where e4m3 spends bits on an exponent the scale already sets.
+    overlap_mlp: Flux.1's single blocks run their MLP projections while the Ulysses all-to-alls travel
+    (diffusers/overlap_mlp.py: every GEMM whole), where the attention is pure Ulysses over the torch transport and
+    not compiled; True by default, False runs the stock block order. exchange_sms: the SMs that the GEMMs run
+    beside an overlapped all-to-all leave free for it (a GEMM that fills every SM holds the exchange's kernels back
+    until it ends); 0: none.
     """
 
     machines: int = 1
@@ -85,7 +79,6 @@ class ParallelConfig:
     recipe: str | None = None
     cfg: int | Literal["auto"] = 1
     comm_dtype: str | None = None
-    overlap_groups: int | None = None
     overlap_mlp: bool = True
     exchange_sms: int = 24
 
@@ -101,7 +94,7 @@ class ParallelConfig:
         if (not isinstance(self.native_steps, tuple) or len(self.native_steps) != 2
                 or not all(isinstance(n, int) and n >= 0 for n in self.native_steps)):
             raise ValueError(f"native_steps must be two non-negative integers (first, last), got {self.native_steps!r}")
-        for name in ("machines", "gpus_per_machine", "ulysses", "ring", "torus", "overlap_groups"):
+        for name in ("machines", "gpus_per_machine", "ulysses", "ring", "torus"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
