@@ -39,12 +39,17 @@ TINY_KREA2 = {"in_channels": 8, "num_layers": 2, "attention_head_dim": 16, "num_
               "axes_dims_rope": (4, 6, 6)}
 TINY_Z_IMAGE = {"in_channels": 4, "dim": 128, "n_layers": 2, "n_refiner_layers": 1, "n_heads": 8, "n_kv_heads": 8,
                 "cap_feat_dim": 32, "axes_dims": [4, 6, 6], "axes_lens": [256, 32, 32]}
+TINY_HUNYUAN_15 = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "attention_head_dim": 16,
+                   "num_layers": 2, "num_refiner_layers": 1, "patch_size": 2, "text_embed_dim": 32,
+                   "text_embed_2_dim": 16, "image_embed_dim": 16, "rope_axes_dim": (4, 6, 6)}
 CONFIGS = {"flux": TINY_FLUX, "flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
            "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS,
-           "longcat-image": TINY_LONGCAT_IMAGE, "krea2": TINY_KREA2, "z-image": TINY_Z_IMAGE}
-SPLIT_TEXT = (*JOINT, "longcat-image")  # self-attention over [text ; image], the text split with the image
+           "longcat-image": TINY_LONGCAT_IMAGE, "krea2": TINY_KREA2, "z-image": TINY_Z_IMAGE,
+           "hunyuan-video-1.5": TINY_HUNYUAN_15}
+SPLIT_TEXT = (*JOINT, "longcat-image", "hunyuan-video-1.5")  # attention over [text ; image], the text split too
 WHOLE_TEXT = ("krea2",)  # the text whole on every rank at any length, attended as joint rows
 ONE_STREAM = {"z-image": 32}  # image and text padded to a multiple of this, then split as one sequence
+GLYPHS = {"hunyuan-video-1.5": 2}  # the valid ByT5 tokens the forward packs into the text (inputs.py)
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -66,7 +71,8 @@ class Case:
             multiple = ONE_STREAM[self.family]
             return split_sizes(sum(-(-n // multiple) * multiple for n in (self.image_tokens, self.text)), world), 0
         joint = self.family in WHOLE_TEXT or (self.family in SPLIT_TEXT and self.text < world)
-        text = split_sizes(self.text if self.family in SPLIT_TEXT and not joint else 0, world)
+        text = split_sizes(self.text + GLYPHS.get(self.family, 0) if self.family in SPLIT_TEXT and not joint else 0,
+                           world)
         return [i + t for i, t in zip(split_sizes(self.image_tokens, world), text)], self.text if joint else 0
 
     @property

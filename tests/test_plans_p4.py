@@ -56,6 +56,7 @@ NEWEST = {  # diffusers' newest transformers, by our plans; uneven token counts,
     "longcat-image-text-shorter-than-the-ranks": Case("longcat-image", (3, 5), text=3),
     "krea2-text-whole": Case("krea2", (3, 5), text=6),
     "z-image-one-stream": Case("z-image", (3, 5), text=7),
+    "hunyuan-video-1.5-padding-dropped": Case("hunyuan-video-1.5", (2, 3, 3), text=6),
 }
 NEWEST_LAYOUTS = ["ulysses-U4R1", "torus-U2R2", "usp-U2R2", "ring-U1R4"]
 

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..context import ParallelContext
 from ..core.sequence import gather, split_sizes
 from .plans import ModelPlan
-from .plans.plan import AfterText
+from .plans.plan import AfterText, KeptText
 from .processors import ShardState, TokenLayout
 from .stack.skips import agree_skips, lead_blocks
 
@@ -49,6 +49,7 @@ class PlanState(ShardState):
     key_padding: bool = False  # a key-mask input of this forward leaves some keys out (padded prompts)
     joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
     text_last: bool = False
+    kept_text: tuple[int, int] | None = None  # this forward's text mask (by id) and the text columns it keeps
     # every layout met so far, by (text, image tokens, joint text): a forward of a size seen before builds none
     layouts: dict[tuple[int, int, int], TokenLayout] = field(default_factory=dict, repr=False)
 
@@ -93,6 +94,7 @@ class PlanSplitHook(ModelHook):
         self.names: tuple[str, ...] = ()
         self.slices: dict[int, tuple[int, int]] = {}  # token count -> this rank's (start, length), per size once
         self.cut_outputs = tuple((i, s) for i, s in spec.items() if isinstance(i, int))
+        self.kept_mask = next((n for n, s in spec.items() if isinstance(s, KeptText)), None)
 
     def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
         self.names = parameter_names(module)
@@ -124,8 +126,35 @@ class PlanSplitHook(ModelHook):
             cut = self.slices[tokens] = _slice(str(name), tokens, self.ctx)
         return value.narrow(spec.split_dim, *cut)
 
+    def _kept_columns(self, mask: Tensor) -> int:
+        """The text columns up to the last one some batch row keeps: read once per forward (every block gets the
+        same mask)."""
+        kept = self.state.kept_text
+        if kept is None or kept[0] != id(mask):
+            columns = mask.bool().any(0).nonzero()
+            kept = self.state.kept_text = (id(mask), int(columns[-1]) + 1 if len(columns) else 0)
+        return kept[1]
+
+    def _drop_padding(self, args: list, kwargs: dict[str, Any]) -> None:
+        """The text rows no query attends, and their mask columns, dropped before the cut (`KeptText`); the text
+        itself where this module's plan cuts it (the first block), the mask at every block."""
+        positions = {name: i for i, name in enumerate(self.names[:len(args)])}
+        slots = {name: (kwargs, name) if name in kwargs else (args, positions[name])
+                 for name in (self.kept_mask, TEXT) if name in kwargs or name in positions}
+        holder, key = slots.get(self.kept_mask, ({}, None))
+        mask = holder.get(key) if isinstance(holder, dict) else holder[key]
+        if mask is None:
+            return
+        columns = self._kept_columns(mask)
+        for name, (holder, key) in slots.items():
+            value = holder[key]
+            if name in self.spec and value is not None and value.shape[1] > columns:
+                holder[key] = value[:, :columns]
+
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         args = list(args)  # by parameter name, without inspect's BoundArguments (torch.compile traces this)
+        if self.kept_mask is not None:
+            self._drop_padding(args, kwargs)
         for i, name in enumerate(self.names[:len(args)]):
             if name in self.spec and args[i] is not None:
                 args[i] = self._cut(name, args[i], self.spec[name])
@@ -220,6 +249,7 @@ class ForwardHook(ModelHook):
         text = self._argument(TEXT, args, kwargs)
         text = text.shape[1] if isinstance(text, Tensor) and text.dim() >= 3 else 0  # [B, L, (layers,) D]
         self.state.streams.clear()
+        self.state.kept_text = None
         self.state.joint_text = text if self.text_whole or text < self.ctx.world_size else 0
         self.state.layout, self.state.masks_checked = None, () if padding else tuple(checked)
         self.state.key_padding = padding

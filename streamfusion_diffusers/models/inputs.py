@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, FluxTransformer2DModel, HeliosTransformer3DModel,
-                       HunyuanVideoTransformer3DModel, Krea2Transformer2DModel, LongCatImageTransformer2DModel,
+                       HunyuanVideo15Transformer3DModel, HunyuanVideoTransformer3DModel, Krea2Transformer2DModel, LongCatImageTransformer2DModel,
                        LTXVideoTransformer3DModel, QwenImageTransformer2DModel, WanTransformer3DModel,
                        ZImageTransformer2DModel)
 
@@ -23,7 +23,8 @@ FAMILIES: dict[str, type] = {"flux": FluxTransformer2DModel, "flux2": Flux2Trans
                              "hunyuan-video": HunyuanVideoTransformer3DModel,
                              "chronoedit": ChronoEditTransformer3DModel, "helios": HeliosTransformer3DModel,
                              "longcat-image": LongCatImageTransformer2DModel, "krea2": Krea2Transformer2DModel,
-                             "z-image": ZImageTransformer2DModel}
+                             "z-image": ZImageTransformer2DModel,
+                             "hunyuan-video-1.5": HunyuanVideo15Transformer3DModel}
 
 
 def build(family: str, config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32,
@@ -100,6 +101,13 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
                 "encoder_hidden_states": randn(b, t, config["caption_channels"]), "timestep": timestep,
                 "encoder_attention_mask": mask, "num_frames": frames, "height": rows, "width": cols}
     latents = randn(b, config["in_channels"], frames, 2 * rows, 2 * cols)  # 2x2 patches
+    if family == "hunyuan-video-1.5":  # text-to-video: zero image embeddings (their tokens masked), a ByT5 prompt
+        glyphs = torch.ones(b, 3, dtype=torch.long, device=device)
+        glyphs[:, 2:] = 0
+        return {"hidden_states": latents, "timestep": timestep,
+                "encoder_hidden_states": randn(b, t, config["text_embed_dim"]), "encoder_attention_mask": mask,
+                "encoder_hidden_states_2": randn(b, 3, config["text_embed_2_dim"]), "encoder_attention_mask_2": glyphs,
+                "image_embeds": torch.zeros(b, 2, config["image_embed_dim"], device=device, dtype=dtype)}
     if family in ("wan", "chronoedit", "helios"):
         if token_timesteps:
             timestep = torch.rand(b, frames * rows * cols, generator=g, device=device, dtype=dtype) * 1000

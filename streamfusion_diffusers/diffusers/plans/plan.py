@@ -13,6 +13,12 @@ class AfterText(ContextParallelInput):
 
 
 @dataclass(frozen=True)
+class KeptText(ContextParallelInput):
+    """A text mask [B, T] whose trailing columns no batch row keeps are dropped, with the text rows they mask,
+    before both are cut: keys no query attends change no output, and what is left is often all kept (no mask)."""
+
+
+@dataclass(frozen=True)
 class ModelPlan:
     """How one transformer class is split. `source`: "diffusers" (its `_cp_plan` as shipped) or "streamfusion"."""
 
