@@ -2,7 +2,8 @@
 
 Flux.2, Wan and Qwen-Image on every layout the issue names (torus U4R1 and U2R2, usp U2R2, ring U1R4,
 ulysses U4R1, auto), and so the input images of edits (Qwen-Image-Edit, Flux.1 Kontext, Flux.2's references,
-Wan 2.2 TI2V's first frame); LTX, HunyuanVideo, ChronoEdit and Helios once each; every case with token counts that do not
+Wan 2.2 TI2V's first frame); LTX, HunyuanVideo, ChronoEdit and Helios once each; LongCat-Image, Krea-2, Z-Image,
+HunyuanVideo 1.5 and ChronoEdit under Ulysses, Torus, USP and Ring; every case with token counts that do not
 divide the 4 ranks (uneven slices); a text shorter than the ranks stays whole and is attended as joint tokens.
 Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention); where they mask the
 split self-attention (padded prompts), taken under Ulysses (Qwen-Image: every rank attends all keys at once) and
@@ -51,12 +52,13 @@ OTHERS = {
     "helios": Case("helios", (2, 3, 3), text=7),
 }
 
-NEWEST = {  # diffusers' newest transformers, by our plans; uneven token counts, the text split, whole or joined
+NEWEST = {  # diffusers' newest transformers; uneven token counts, the text split, whole or joined
     "longcat-image": Case("longcat-image", (3, 5), text=6),
     "longcat-image-text-shorter-than-the-ranks": Case("longcat-image", (3, 5), text=3),
     "krea2-text-whole": Case("krea2", (3, 5), text=6),
     "z-image-one-stream": Case("z-image", (3, 5), text=7),
     "hunyuan-video-1.5-padding-dropped": Case("hunyuan-video-1.5", (2, 3, 3), text=6),
+    "chronoedit": Case("chronoedit", (2, 3, 3), text=7),  # diffusers' plan, as shipped
 }
 NEWEST_LAYOUTS = ["ulysses-U4R1", "torus-U2R2", "usp-U2R2", "ring-U1R4"]
 
