@@ -126,6 +126,15 @@ def test_bad_uploads_get_400_naming_the_field(server, photo, files, param, words
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"], error
+    assert " object at 0x" not in error["message"], error  # no Python object's repr in what a client reads
+
+
+def test_an_edit_sent_as_json_is_told_the_one_type_the_route_takes(server):
+    answer = httpx.post(server.url + "/v1/images/edits", json={"prompt": PROMPT}, timeout=60)
+    assert answer.status_code == 415, answer.text
+    message = answer.json()["error"]["message"]
+    assert "takes multipart/form-data (curl: -F image=@" in message, message
+    assert message.count("application/json") == 1, message  # as what was sent, not as what the route takes
 
 
 def test_the_page_edits_an_image_it_made_in_a_real_browser(server):

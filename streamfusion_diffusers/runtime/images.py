@@ -24,7 +24,9 @@ def check(data: bytes, name: str, family: Any = None) -> tuple[int, int]:
             image.verify()
         with Image.open(io.BytesIO(data)) as image:
             size, mode = image.size, image.mode
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except UnidentifiedImageError:  # (its message shows the buffer's repr, which says nothing)
+        raise ValueError(f"{name}: not an image PIL can read (PNG, JPEG, WebP, ...)") from None
+    except (OSError, SyntaxError, ValueError) as err:  # a known format, damaged: PIL says where
         raise ValueError(f"{name}: not an image PIL can read (PNG, JPEG, WebP, ...): {err}") from None
     if size[0] * size[1] > MAX_PIXELS:
         raise ValueError(f"{name}: {size[0]}x{size[1]} pixels, more than {MAX_PIXELS} in all; downscale it")

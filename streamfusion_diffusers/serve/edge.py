@@ -4,7 +4,7 @@
 the Host check when bound to loopback (DNS rebinding), the Origin check (a page of another site is refused unless
 `--allow-origin` names it; those get CORS through Starlette's middleware), and unexpected errors answered 500 with
 the request id only (the traceback goes to the log under that id). `V1Gate`, on /v1 routes: the API key, JSON only
-as application/json (multipart too where a route takes a form), the body size cap. Every refusal has OpenAI's
+as application/json (multipart where a route takes a form: MEDIA_TYPES), the body size cap. Every refusal has OpenAI's
 error shape.
 """
 from __future__ import annotations
@@ -29,7 +29,11 @@ logger = logging.getLogger(__name__)
 access = logging.getLogger(__name__.rsplit(".", 1)[0] + ".access")
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")  # the Host names a server bound to loopback answers
-FORM_ROUTES = ("/v1/videos", "/v1/images/edits")  # the routes that take OpenAI's multipart form
+# the body types of the /v1 routes that take OpenAI's multipart form (every other one: JSON only), the first the
+# one a refusal's curl hint shows
+MEDIA_TYPES = {"/v1/videos": ("application/json", "multipart/form-data"), "/v1/images/edits": ("multipart/form-data",)}
+CURL_HINTS = {"application/json": "curl: -H \"Content-Type: application/json\" -d '{\"prompt\": ...}'",
+              "multipart/form-data": "curl: -F image=@photo.png -F prompt=..."}
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's own X-Request-Id, kept when it looks like one
 
 
@@ -134,11 +138,10 @@ class V1Gate:
             return await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
         if scope["method"] in ("POST", "PUT", "PATCH"):
             media = headers.get("content-type", "").split(";")[0].strip().lower()
-            takes = ("application/json", "multipart/form-data") if scope["path"] in FORM_ROUTES else \
-                ("application/json",)
+            takes = MEDIA_TYPES.get(scope["path"], ("application/json",))
             if media not in takes:
-                error = ApiError(415, f"Content-Type {media or 'none'!r}: {scope['path']} takes "
-                                      f"{' or '.join(takes)} (curl: -H \"Content-Type: application/json\")",
+                error = ApiError(415, f"Content-Type {media or 'none'!r}: {scope['method']} {scope['path']} takes "
+                                      f"{' or '.join(takes)} ({CURL_HINTS[takes[0]]})",
                                  code="unsupported_media_type")
                 scope["route_label"] = "/v1 (refused)"
                 return await error_response(error)(scope, receive, send)

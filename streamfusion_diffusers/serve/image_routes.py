@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from ..runtime.request import Request as Generation
-from .errors import ApiError
 from .events import HEADERS, MEDIA_TYPE, image_events
 from .protocol import EditRequest, ImageData, ImageRequest, ImagesResponse
 from .service import Service, what_ran
@@ -63,12 +62,10 @@ def image_routes(service: Service) -> APIRouter:
     async def edits(request: Request) -> ImagesResponse | StreamingResponse:
         """OpenAI's multipart form: the image file(s) as `image` (or `image[]`, as OpenAI's client sends several),
         an optional `mask`, and the text fields of EditRequest, read by python-multipart through Starlette's form
-        parser (as /v1/videos: a field not taken is refused, which FastAPI's `Form()` parameters would drop)."""
+        parser (as /v1/videos: a field not taken is refused, which FastAPI's `Form()` parameters would drop); a body
+        of another type was refused by the V1 gate (edge.py)."""
         service.taking()
         await service.planned()
-        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-            raise ApiError(415, "POST /v1/images/edits takes multipart/form-data (curl: -F image=@photo.png -F "
-                                "prompt=...)", code="unsupported_media_type")
         files: dict[str, list[bytes]] = {}
         fields: dict[str, str] = {}
         async with request.form(max_files=MAX_EDIT_FILES, max_fields=32) as form:
