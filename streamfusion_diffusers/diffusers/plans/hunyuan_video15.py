@@ -6,22 +6,14 @@ and masks the rest as queries and keys (text-to-video masks every image token): 
 the columns no batch row keeps are dropped with their tokens before the cut (`KeptText`), and what is left is a
 mask that keeps every key (rows of unequal valid lengths leave a per-query mask, which the split refuses).
 """
-from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+import dataclasses
 
-from .plan import KeptText, ModelPlan
+from .hunyuan_video import PLAN as HUNYUAN_VIDEO
+from .plan import KeptText
 
-PLAN = ModelPlan(
-    cp_plan={
-        "rope": {0: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True),
-                 1: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)},
-        "transformer_blocks.0": {
-            "hidden_states": ContextParallelInput(split_dim=1, expected_dims=3),
-            "encoder_hidden_states": ContextParallelInput(split_dim=1, expected_dims=3),
-        },
-        "transformer_blocks.*": {"attention_mask": KeptText(split_dim=1, expected_dims=2)},
-        "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-    },
-    source="streamfusion",
-    local_attention=("context_embedder.*",),  # the text refiner attends the whole text, before the split
-    text_last=True,
+PLAN = dataclasses.replace(
+    HUNYUAN_VIDEO,
+    cp_plan={**HUNYUAN_VIDEO.cp_plan,
+             "transformer_blocks.*": {"attention_mask": KeptText(split_dim=1, expected_dims=2)}},
+    key_masks=(),  # the mask left after KeptText keeps every key
 )
