@@ -97,10 +97,8 @@ def workload_of(args: argparse.Namespace) -> Workload:
         return cogvideox(frames, height, width)
     if args.model in WORKLOADS:
         return WORKLOADS[args.model](*((frames, height, width) if MODELS[args.model].video else (width, height)))
-    spec, cfg = MODELS[args.model], MODELS[args.model].transformer
-    return Workload(f"{args.model} {width}x{height}", spec.image_tokens(height, width, frames), 0,
-                    cfg["num_attention_heads"], cfg["attention_head_dim"],
-                    cfg.get("num_layers", 1) + cfg.get("num_single_layers", 0))
+    spec = MODELS[args.model]
+    return Workload(f"{args.model} {width}x{height}", spec.image_tokens(height, width, frames), 0, *spec.attention)
 
 
 def calibrated(args: argparse.Namespace) -> tuple[str, Gpu]:

@@ -178,6 +178,25 @@ QWEN_IMAGE: dict[str, Any] = {  # Qwen/Qwen-Image, 20B
     "patch_size": 2,
 }
 
+Z_IMAGE_TURBO: dict[str, Any] = {  # Tongyi-MAI/Z-Image-Turbo, 6B
+    "all_f_patch_size": (1,),
+    "all_patch_size": (2,),
+    "axes_dims": (32, 48, 48),
+    "axes_lens": (1536, 512, 512),
+    "cap_feat_dim": 2560,
+    "dim": 3840,
+    "in_channels": 16,
+    "n_heads": 30,
+    "n_kv_heads": 30,
+    "n_layers": 30,
+    "n_refiner_layers": 2,
+    "norm_eps": 1e-05,
+    "qk_norm": True,
+    "rope_theta": 256.0,
+    "t_scale": 1000.0,
+}
+TINY_Z_IMAGE: dict[str, Any] = {"axes_dims": (4, 6, 6), "axes_lens": (256, 32, 32), "cap_feat_dim": 32, "dim": 128,
+                                "in_channels": 4, "n_heads": 8, "n_kv_heads": 8, "n_layers": 1, "n_refiner_layers": 1}
 
 JOINT = ("flux", "flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
 EDIT = ("qwen-image-edit", "flux-kontext")  # pipeline families whose every call edits an input image
@@ -241,6 +260,15 @@ class ModelSpec:
         """Tokens an edit's input image adds to the split sequence, counted at the output's size (the pipelines
         pack its latents after the image's: Qwen-Image-Edit, Kontext); 0 for models that generate only."""
         return self.image_tokens(height, width) if self.family in EDIT else 0
+
+    @property
+    def attention(self) -> tuple[int, int, int]:
+        """(heads, head width, blocks) of its self-attention, whichever names its config uses (Z-Image's: n_heads,
+        dim, n_layers)."""
+        cfg = self.transformer
+        heads = cfg.get("num_attention_heads") or cfg["n_heads"]
+        blocks = cfg.get("num_layers", cfg.get("n_layers", 1)) + cfg.get("num_single_layers", 0)
+        return heads, cfg.get("attention_head_dim") or cfg["dim"] // heads, blocks
 
     @property
     def video(self) -> bool:
@@ -363,5 +391,11 @@ register_model(ModelFamily("hunyuan-video", "HunyuanVideoTransformer3DModel", pl
 register_model(ModelFamily("ltx", "LTXVideoTransformer3DModel", plan="ltx"))
 register_model(ModelFamily("longcat-image", "LongCatImageTransformer2DModel", plan="longcat_image"))
 register_model(ModelFamily("krea2", "Krea2Transformer2DModel", plan="krea2"))
-register_model(ModelFamily("z-image", "ZImageTransformer2DModel", plan="z_image"))
+# Z-Image-Turbo: distilled (guidance 0), 9 scheduler steps (8 transformer calls), latents unpacked (in_channels
+# the VAE's) and patched 2 x 2 by the transformer
+register_model(ModelFamily(
+    "z-image", "ZImageTransformer2DModel", pipeline="z_image", plan="z_image",
+    models={"tiny-z-image": ModelSpec("z-image", TINY_Z_IMAGE, 64, 64, 1, 4, 16, 0.0, vae_scale=2),
+            "z-image-turbo": ModelSpec("z-image", Z_IMAGE_TURBO, 1024, 1024, 1, 9, 512, 0.0, vae_scale=8)},
+    tiny={"z-image-turbo": "tiny-z-image"}))
 register_model(ModelFamily("hunyuan-video-1.5", "HunyuanVideo15Transformer3DModel", plan="hunyuan_video15"))

@@ -31,8 +31,9 @@ ATTENTION_BUFFERS = 6.0  # Q, K, V of the local tokens, sent and received by the
 # The VAE decode's peak per output pixel (per pixel of one frame for video), bf16, measured on one H200
 # (BENCHMARKS.md, "VAE decode of the newer models"): Flux.2's VAE 9.7 GiB at 2048^2 (Flux.1's is the same
 # architecture), Qwen-Image's 7.2 GiB at 1328^2, Wan 2.1's 10.2 GiB at 49 x 720 x 1280 (Wan 2.2's 11.5 GiB at
-# 49 x 704 x 1280); CogVideoX's is not measured: Wan's figure stands in. The edit models decode with their base's VAE.
-VAE_BYTES_PER_PIXEL = {"flux": 2.5e3, "flux-kontext": 2.5e3, "flux2": 2.5e3, "qwen-image": 4.4e3,
+# 49 x 704 x 1280); CogVideoX's is not measured: Wan's figure stands in. The edit models decode with their base's VAE,
+# Z-Image with Flux.1's.
+VAE_BYTES_PER_PIXEL = {"flux": 2.5e3, "flux-kontext": 2.5e3, "flux2": 2.5e3, "z-image": 2.5e3, "qwen-image": 4.4e3,
                        "qwen-image-edit": 4.4e3, "wan": 12e3, "cogvideox": 12e3}
 
 
@@ -111,8 +112,9 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
     experts = [n for n in parts if n.startswith("transformer")]
     encoders = [n for n in parts if n.startswith("text_encoder")]
     cfg_t = spec.transformer
-    hidden = cfg_t["num_attention_heads"] * cfg_t["attention_head_dim"]
-    mlp = cfg_t.get("mlp_ratio", cfg_t.get("ffn_dim", 4 * hidden) / hidden)
+    heads, head_dim, _ = spec.attention
+    hidden = heads * head_dim
+    mlp = cfg_t.get("mlp_ratio", cfg_t.get("ffn_dim", 8 / 3 * hidden if "dim" in cfg_t else 4 * hidden) / hidden)  # Z-Image: 8/3
     batch = 2 if family.name == "cogvideox" and cfg == 1 and (spec.guidance_scale or 0) > 1 else 1
     text = family.joint_text(spec, spec.max_sequence_length) or 0
     image = spec.image_tokens(height, width, frames) + spec.reference_tokens(height, width)  # an edit's input too

@@ -1,4 +1,4 @@
-"""Offline word-level tokenizers standing in for each pipeline's own (CLIP, T5 / UMT5, Qwen2, Mistral / Pixtral).
+"""Offline word-level tokenizers standing in for each pipeline's own (CLIP, T5 / UMT5, Qwen2, Qwen3, Mistral / Pixtral).
 
 No model hub is needed: the vocabulary is WORDS plus each tokenizer's special tokens, lower-cased and split on
 whitespace and punctuation. They answer the calls diffusers' pipelines make: padding, truncation, attention
@@ -84,11 +84,22 @@ def qwen_vl_processor(tokenizer: PreTrainedTokenizerFast, max_pixels: int | None
     return ImageOnlyQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(**limits), tokenizer=tokenizer)
 
 
+# Qwen3's chat turn as text (Z-Image's `apply_chat_template(..., enable_thinking=True)`: no thinking block added)
+QWEN3_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def qwen3_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
+    """Qwen3's chat markers as single tokens and its chat template (Z-Image formats each prompt as a user turn)."""
+    return word_tokenizer({"unk_token": "<unk>", "pad_token": "<|endoftext|>", "eos_token": "<|im_end|>"}, "$A",
+                          max_length, extra=("<|im_start|>", "\n"), chat_template=QWEN3_TEMPLATE)
+
+
 def mistral_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
     """Mistral's <s> first, and a chat template for Flux.2's `apply_chat_template(conversations, ...)`."""
     return word_tokenizer({"unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"},
                           "<s> $A", max_length, chat_template=CHAT_TEMPLATE)
 
 
-__all__ = ["WORDS", "ImageOnlyQwen2VLProcessor", "clip_tokenizer", "mistral_tokenizer", "qwen_tokenizer", "qwen_vl_processor",
+__all__ = ["WORDS", "ImageOnlyQwen2VLProcessor", "clip_tokenizer", "mistral_tokenizer", "qwen3_tokenizer", "qwen_tokenizer", "qwen_vl_processor",
            "qwen_vl_tokenizer", "t5_tokenizer", "word_tokenizer"]

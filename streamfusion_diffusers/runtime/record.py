@@ -35,7 +35,8 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
     CUDA graph posts nothing, so only its capture counts). `once`: rank 0's one-time work in this call, by kind
     (core/one_time.py: what a new shape's first step spends beside its compute)."""
     ctx = prepared.ctx
-    heads = prepared.transformer.config.num_attention_heads
+    config = prepared.transformer.config
+    heads = config.get("num_attention_heads") or config["n_heads"]  # Z-Image names its heads n_heads
     return {
         "model": job.model, "weights": job.weights or "random", "prompt": job.prompt,
         "height": job.height, "width": job.width, "frames": job.frames if job.spec.video else None,
