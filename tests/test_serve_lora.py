@@ -111,3 +111,17 @@ def test_a_batch_of_mixed_loras_gives_each_request_its_own_image(server):
     for (image, run), single, lora in zip(together, alone, asked):
         assert np.array_equal(image, single), (lora, run["batch"])
         assert [x["name"] for x in run["lora"]["adapters"]] == ([lora] if lora else [])
+
+
+def test_the_example_lora_moves_pixels_by_tens_of_levels_at_scale_1_and_less_at_half(tmp_path):
+    """examples/make_tiny_lora.py, the one-command LoRA to try `--lora` with: at scale 1 the image moves by tens
+    of levels (peft's random weights alone move it by a few), at 0.5 visibly less."""
+    pytest.importorskip("peft", reason="LoRAs need peft (the lora extra)")
+    folder = tmp_path / "lora"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "make_tiny_lora.py"), str(folder)], cwd=ROOT, check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    plain = generated(tmp_path / "plain").astype(int)
+    moved = {scale: np.abs(generated(tmp_path / scale, "--lora", f"{folder}:{scale}").astype(int) - plain)
+             for scale in ("1", "0.5")}
+    assert moved["1"].max() >= 40 and moved["1"].mean() >= 5, (moved["1"].max(), moved["1"].mean())
+    assert 0 < moved["0.5"].mean() < 0.75 * moved["1"].mean(), (moved["0.5"].mean(), moved["1"].mean())
