@@ -18,8 +18,8 @@ from torch import Tensor
 
 # Largest honest relative error measured on the CPU over every method and layout (benchmarks/exactness_cpu.py
 # and the attention test matrix; 1 and 4 gloo ranks, 11 to 16,384 image tokens + 0 to 512 text tokens, 4 to
-# 48 heads of 16 to 128; BENCHMARKS.md's exactness table). Half precision is the output's own rounding
-# (every method alike); float32 is summation order. Threshold = MARGIN x that, MARGIN at most 5.
+# 48 heads of 16 to 128; the table of benchmarks/results/2026-11-24-h200-fused-tuning/README.md). Half precision
+# is the output's own rounding (every method alike); float32 is summation order. Threshold = MARGIN x that, MARGIN at most 5.
 HONEST = {torch.float32: 6.05e-7, torch.float16: 2.14e-4, torch.bfloat16: 1.68e-3}
 MARGIN = 5.0
 THRESHOLD = {dtype: MARGIN * err for dtype, err in HONEST.items()}
@@ -29,8 +29,8 @@ THRESHOLD = {dtype: MARGIN * err for dtype, err in HONEST.items()}
 MODEL_THRESHOLD = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 # Our methods over 1-byte transfers (--comm-dtype int8 / fp8): lossy by design, checked by this relative bound at
-# every level. fp8 e4m3 rounds each transferred element by about 2.6 % rms (BENCHMARKS.md, "low-precision study");
-# int8 with the Hadamard rotation measured 7.5e-3 at 8k tokens.
+# every level, with room over the rounding each codec was measured to add (the low-precision study:
+# benchmarks/results/2026-11-23-h200x2-pm/README.md).
 LOWP_THRESHOLD = 5e-2
 
 

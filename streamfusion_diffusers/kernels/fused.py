@@ -1,8 +1,8 @@
 """The fused multi-chunk kernel (paper Algorithm 2) for a device: Gluon's on Hopper, Triton's elsewhere.
 
 On Hopper (compute capability 9.0) the Gluon kernel (gluon_attention.py) runs the warp-specialized schedule cuDNN
-uses and comes close to it or passes it (cuDNN with LSE / fused: README.md's ranges, computed from the records by
-benchmarks/figures.py). Other GPUs, Triton's CPU interpreter, and triton older than 3.6 (whose Gluon lacks what
+uses and comes close to it or passes it (cuDNN with LSE / fused: BENCHMARKS.md's kernel ranges, computed from the
+records by benchmarks/figures.py). Other GPUs, Triton's CPU interpreter, and triton older than 3.6 (whose Gluon lacks what
 the kernel uses) take triton_attention.py. Gluon's API still moves between triton releases, so the Gluon kernel's
 first launch of each variant on a device is also that build's check: if this triton cannot build it, that is said
 once and the variant (dtype, head dim, state loaded, finalized) takes the portable kernel. Both kernels read the same chunk
