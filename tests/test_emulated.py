@@ -11,7 +11,7 @@ from sp_cases import Problem, check, context, uneven
 from streamfusion_diffusers import ParallelConfig
 from streamfusion_diffusers.runtime.pool import ProcessPool
 
-LINK_GBPS = 0.05  # 50 MB/s: 2 MB take 40 ms, far above gloo's own time on loopback
+LINK_GBPS = 0.01  # 10 MB/s: 2 MB take 200 ms, far above gloo's own time on loopback, however loaded the machine
 NBYTES = 2_000_000
 
 
@@ -42,7 +42,7 @@ def test_inter_machine_transfers_take_the_link_time_and_queue(pool):
     across = max(pool.run(_timed_exchanges, 2, 1))
     queued = max(pool.run(_timed_exchanges, 2, 3))
     inside = max(pool.run(_timed_exchanges, 1, 3))
-    assert one <= across < one + 0.5, across
+    assert one <= across < 2 * one, across  # the link's time paid once
     assert 3 * one <= queued, queued
     assert inside < one, inside  # three transfers inside a machine still beat one across
 

@@ -31,7 +31,8 @@ from streamfusion_diffusers.core.links import parse_link
 from streamfusion_diffusers.runtime.pool import free_port
 
 PROMPT = "a lighthouse on a cliff at dawn"
-FAIL_S = 10.0  # a killed node's request is answered 5xx within this
+FAIL_S = 60.0  # a killed node's request is answered 5xx within this: a loaded machine's room, far below the 600 s
+# --request-timeout it would wait for unseen
 BACK_S = 300.0  # a restarted node's group is back within this (start-up and build on a loaded machine)
 LINK = "1:100000"  # between the emulated nodes: 100 ms a message, so what a request pays stands out of the noise
 
@@ -172,7 +173,7 @@ def fail_node_1(nodes: Nodes, act: Callable[[], None]) -> tuple[httpx.Response, 
         acted = time.monotonic()
         failed = None
         while failed is None:
-            assert time.monotonic() - acted < FAIL_S, "no 5xx within 10 s of losing node 1"
+            assert time.monotonic() - acted < FAIL_S, f"no 5xx within {FAIL_S:g} s of losing node 1"
             failed = next((a.result() for a in answers if a.done() and a.result().status_code >= 500), None)
             time.sleep(0.05)
         assert "parallel group 1" in failed.json()["error"]["message"]
