@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -200,12 +201,11 @@ def test_a_client_that_leaves_before_its_request_starts_is_dropped(server):
 
 
 def test_a_request_past_the_timeout_gets_504_and_the_ranks_stay_in_step(server):
-    started = time.monotonic()
     late = httpx.post(server.url + "/v1/images/generations", headers=AUTH, timeout=60,
                       json={"prompt": "a", "num_inference_steps": 400})
     assert late.status_code == 504 and late.json()["error"]["code"] == "timeout", late.text
-    assert time.monotonic() - started < 20
-    assert "stopped after step" in late.json()["error"]["message"]
+    stopped = re.search(r"stopped after step (\d+) of 400", late.json()["error"]["message"])
+    assert stopped and int(stopped[1]) < 400, late.text  # stopped at the deadline, not run to its end
     after = httpx.post(server.url + "/v1/images/generations", headers=AUTH, json={"prompt": "a", "seed": 3},
                        timeout=60)
     assert after.status_code == 200  # the same ranks, no restart
