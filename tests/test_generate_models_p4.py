@@ -1,5 +1,5 @@
 """`streamfusion generate --model` for the newer pipelines on 4 gloo processes: tiny Wan 2.2 (TI2V-style and
-A14B-style two experts), Qwen-Image, Flux.2 and Z-Image each write their image or frames and a run.json that says what
+A14B-style two experts), Qwen-Image, Flux.2, Z-Image and HunyuanVideo 1.5 each write their image or frames and a run.json that says what
 ran (size, layout, CFG split, how the VAE decoded); options a model's pipeline does not take fail before any
 process starts; Flux.2's encode-first path gives the image the whole pipeline gives; the offline tokenizers
 answer the calls the pipelines make."""
@@ -20,7 +20,7 @@ from streamfusion_diffusers.models.build import build_pipeline
 from streamfusion_diffusers.models.full import encode_first
 
 WORLD = 4
-VAE_DECODES = ("patch-parallel", "tiles", "whole")  # what decode_over_ranks returns
+VAE_DECODES = ("patch-parallel", "tiles", "one-rank", "whole")  # what decode_over_ranks returns
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,8 @@ def _args(*argv: str) -> argparse.Namespace:
 
 @pytest.mark.parametrize(("model", "video", "cfg"), [("tiny-wan", True, "2"), ("tiny-wan-a14b", True, "1"),
                                                      ("tiny-qwen-image", False, "2"), ("tiny-flux2", False, "1"),
-                                                     ("tiny-z-image", False, "1")])
+                                                     ("tiny-z-image", False, "1"),
+                                                     ("tiny-hunyuanvideo-1.5", True, "1")])
 def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, model, video, cfg):
     guidance = ("--true-cfg-scale", "4") if model == "tiny-qwen-image" else ()
     job = generate.make_job(_args("--model", model, "--steps", "2", "--height", "64", "--width", "96",

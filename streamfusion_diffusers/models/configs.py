@@ -197,6 +197,31 @@ Z_IMAGE_TURBO: dict[str, Any] = {  # Tongyi-MAI/Z-Image-Turbo, 6B
 }
 TINY_Z_IMAGE: dict[str, Any] = {"axes_dims": (4, 6, 6), "axes_lens": (256, 32, 32), "cap_feat_dim": 32, "dim": 128,
                                 "in_channels": 4, "n_heads": 8, "n_kv_heads": 8, "n_layers": 1, "n_refiner_layers": 1}
+# hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v: the class defaults (8.3B), text-to-video; in_channels:
+# the latents, an image condition's latents (zero here) and its mask, 2 x 32 + 1
+HUNYUAN_VIDEO_15_480P: dict[str, Any] = {
+    "attention_head_dim": 128,
+    "image_embed_dim": 1152,
+    "in_channels": 65,
+    "mlp_ratio": 4.0,
+    "num_attention_heads": 16,
+    "num_layers": 54,
+    "num_refiner_layers": 2,
+    "out_channels": 32,
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "qk_norm": "rms_norm",
+    "rope_axes_dim": (16, 56, 56),
+    "rope_theta": 256.0,
+    "target_size": 640,
+    "task_type": "t2v",
+    "text_embed_2_dim": 1472,
+    "text_embed_dim": 3584,
+}
+TINY_HUNYUAN_VIDEO_15: dict[str, Any] = {"attention_head_dim": 16, "image_embed_dim": 16, "in_channels": 9,
+                                         "num_attention_heads": 8, "num_layers": 1, "num_refiner_layers": 1,
+                                         "out_channels": 4, "rope_axes_dim": (4, 6, 6), "task_type": "t2v",
+                                         "text_embed_2_dim": 16, "text_embed_dim": 32}
 
 JOINT = ("flux", "flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
 EDIT = ("qwen-image-edit", "flux-kontext")  # pipeline families whose every call edits an input image
@@ -398,4 +423,11 @@ register_model(ModelFamily(
     models={"tiny-z-image": ModelSpec("z-image", TINY_Z_IMAGE, 64, 64, 1, 4, 16, 0.0, vae_scale=2),
             "z-image-turbo": ModelSpec("z-image", Z_IMAGE_TURBO, 1024, 1024, 1, 9, 512, 0.0, vae_scale=8)},
     tiny={"z-image-turbo": "tiny-z-image"}))
-register_model(ModelFamily("hunyuan-video-1.5", "HunyuanVideo15Transformer3DModel", plan="hunyuan_video15"))
+# HunyuanVideo 1.5: 16x spatial, 4x temporal VAE, 1 x 1 patches; 1000 text tokens (the pipeline's own length)
+register_model(ModelFamily(
+    "hunyuan-video-1.5", "HunyuanVideo15Transformer3DModel", pipeline="hunyuan_video15", plan="hunyuan_video15",
+    models={"tiny-hunyuanvideo-1.5": ModelSpec("hunyuan-video-1.5", TINY_HUNYUAN_VIDEO_15, 64, 64, 9, 4, 1000, 6.0,
+                                               vae_scale=16, patch=1, temporal=4),
+            "hunyuanvideo-1.5": ModelSpec("hunyuan-video-1.5", HUNYUAN_VIDEO_15_480P, 480, 848, 121, 50, 1000, 6.0,
+                                          vae_scale=16, patch=1, temporal=4, extras={"flow_shift": 5.0})},
+    tiny={"hunyuanvideo-1.5": "tiny-hunyuanvideo-1.5"}))

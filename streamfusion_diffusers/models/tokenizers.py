@@ -84,15 +84,16 @@ def qwen_vl_processor(tokenizer: PreTrainedTokenizerFast, max_pixels: int | None
     return ImageOnlyQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(**limits), tokenizer=tokenizer)
 
 
-# Qwen3's chat turn as text (Z-Image's `apply_chat_template(..., enable_thinking=True)`: no thinking block added)
-QWEN3_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+# Qwen's chat turns as text (Z-Image's Qwen3 asks enable_thinking=True: no thinking block added; HunyuanVideo 1.5's
+# Qwen2.5-VL a system turn, then the prompt's)
+QWEN_CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def qwen3_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
-    """Qwen3's chat markers as single tokens and its chat template (Z-Image formats each prompt as a user turn)."""
+def qwen_chat_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
+    """Qwen's chat markers as single tokens and its chat template (Z-Image, HunyuanVideo 1.5)."""
     return word_tokenizer({"unk_token": "<unk>", "pad_token": "<|endoftext|>", "eos_token": "<|im_end|>"}, "$A",
-                          max_length, extra=("<|im_start|>", "\n"), chat_template=QWEN3_TEMPLATE)
+                          max_length, extra=("<|im_start|>", "\n"), chat_template=QWEN_CHAT_TEMPLATE)
 
 
 def mistral_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
@@ -101,5 +102,5 @@ def mistral_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
                           "<s> $A", max_length, chat_template=CHAT_TEMPLATE)
 
 
-__all__ = ["WORDS", "ImageOnlyQwen2VLProcessor", "clip_tokenizer", "mistral_tokenizer", "qwen3_tokenizer", "qwen_tokenizer", "qwen_vl_processor",
+__all__ = ["WORDS", "ImageOnlyQwen2VLProcessor", "clip_tokenizer", "mistral_tokenizer", "qwen_chat_tokenizer", "qwen_tokenizer", "qwen_vl_processor",
            "qwen_vl_tokenizer", "t5_tokenizer", "word_tokenizer"]

@@ -36,10 +36,10 @@ class ZImage(PipelineFamily):
     def tiny(self, spec: ModelSpec, transformers: dict[str, nn.Module]) -> Any:
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline
 
-        from ..tokenizers import qwen3_tokenizer
+        from ..tokenizers import qwen_chat_tokenizer
 
         cfg = spec.transformer
-        tok = qwen3_tokenizer(spec.max_sequence_length)
+        tok = qwen_chat_tokenizer(spec.max_sequence_length)
         blocks = spec.vae_scale.bit_length()  # one more than the VAE's downsamplings
         vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=cfg["in_channels"],
                             block_out_channels=(8,) * blocks, layers_per_block=1, norm_num_groups=2,
