@@ -3,8 +3,8 @@ system turn the pipeline crops by count, 1000 text tokens), a ByT5 glyph encoder
 4x temporal causal VAE of 32 latent channels, and a guider (ClassifierFreeGuidance) that runs the conditional and
 unconditional calls one after the other.
 
-The guider is a component: its guidance scale is the model's own (`ModelSpec.guidance_scale`), fixed when the
-pipeline is built, and the CFG split does not take its two calls apart.
+The guider is a component, built at the model's guidance scale (`ModelSpec.guidance_scale`); a call's
+`--guidance-scale` is set on it for that call, and the CFG split does not take its two calls apart.
 """
 from __future__ import annotations
 
@@ -55,7 +55,10 @@ def with_step_callback() -> type:
                 ids = self.tokenizer.apply_chat_template(turn, tokenize=True, return_dict=True)["input_ids"][0]
                 self.prompt_template_encode_start_idx = len(ids) - 2  # less the turn's end: <|im_end|>, line break
 
-        def __call__(self, *args: Any, callback_on_step_end: Any = None, **kwargs: Any) -> Any:
+        def __call__(self, *args: Any, callback_on_step_end: Any = None, guidance_scale: float | None = None,
+                     **kwargs: Any) -> Any:
+            if guidance_scale is not None:  # the guider's scale for this call (diffusers' call takes none)
+                self.guider.guidance_scale = guidance_scale
             if callback_on_step_end is None:
                 return super().__call__(*args, **kwargs)
             scheduler, steps = self.scheduler, count()
@@ -132,7 +135,8 @@ class HunyuanVideo15(PipelineFamily):
 
     def call_kwargs(self, spec: ModelSpec, frames: int, guidance_scale: float | None,
                     true_cfg_scale: float | None, max_sequence_length: int) -> dict[str, Any]:
-        return {"num_frames": frames}  # the text length is the pipeline's own, the guidance the guider's
+        # the text length is the pipeline's own; the guidance is set on the guider for the call
+        return {"num_frames": frames, **({"guidance_scale": guidance_scale} if guidance_scale is not None else {})}
 
     def joint_text(self, spec: ModelSpec, max_sequence_length: int) -> None:
         return None  # the prompt's own tokens: the plan drops the padding before the split
