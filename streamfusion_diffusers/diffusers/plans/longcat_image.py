@@ -4,19 +4,8 @@ The dual and single blocks attend [text ; image] rows with one rotary table buil
 so cutting both token streams and both id lists at the forward gives each rank its rows and their table alike;
 the image tokens are gathered after `proj_out`. Its processor calls `dispatch_attention_fn`: no adapter.
 """
-from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+from diffusers import FluxTransformer2DModel
 
 from .plan import ModelPlan
 
-PLAN = ModelPlan(
-    cp_plan={
-        "": {
-            "hidden_states": ContextParallelInput(split_dim=1, expected_dims=3),
-            "encoder_hidden_states": ContextParallelInput(split_dim=1, expected_dims=3),
-            "img_ids": ContextParallelInput(split_dim=0, expected_dims=2),
-            "txt_ids": ContextParallelInput(split_dim=0, expected_dims=2),
-        },
-        "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-    },
-    source="streamfusion",
-)
+PLAN = ModelPlan(cp_plan=FluxTransformer2DModel._cp_plan, source="streamfusion")  # Flux.1's, as diffusers ships it
