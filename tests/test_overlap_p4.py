@@ -7,6 +7,8 @@ the unsplit input), with uneven slices and joint tokens, its work beside seen to
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -63,11 +65,9 @@ def test_layer_matches_single_process_attention(pool, heads, lens, joint):
         assert res["error"] <= TOL, res
 
 
-def _model(config: ParallelConfig, case: Any) -> dict[str, Any]:
-    """On every rank: a tiny Flux.1 parallelized, against itself unparallelized; the single blocks' overlapped
-    attention calls counted."""
-    model = build_transformer(case.config, seed=0)
-    inputs = case.inputs(1)
+@contextmanager
+def overlapped_calls() -> Iterator[list[int]]:
+    """The single blocks' overlapped attention calls made inside the block, one entry each."""
     runs: list[int] = []
     real = overlap_mlp.run_overlapped
 
@@ -77,14 +77,22 @@ def _model(config: ParallelConfig, case: Any) -> dict[str, Any]:
 
     overlap_mlp.run_overlapped = spy
     try:
-        with torch.no_grad():
-            reference = model(**inputs, return_dict=False)[0]
-            parallelize(model, context(config))
-            processors = sorted({type(p).__name__ for p in model.attn_processors.values()})
-            out = model(**inputs, return_dict=False)[0]
-            unparallelize(model)
+        yield runs
     finally:
         overlap_mlp.run_overlapped = real
+
+
+def _model(config: ParallelConfig, case: Any) -> dict[str, Any]:
+    """On every rank: a tiny Flux.1 parallelized, against itself unparallelized; the single blocks' overlapped
+    attention calls counted."""
+    model = build_transformer(case.config, seed=0)
+    inputs = case.inputs(1)
+    with overlapped_calls() as runs, torch.no_grad():
+        reference = model(**inputs, return_dict=False)[0]
+        parallelize(model, context(config))
+        processors = sorted({type(p).__name__ for p in model.attn_processors.values()})
+        out = model(**inputs, return_dict=False)[0]
+        unparallelize(model)
     return {"error": relative_error(out, reference), "runs": runs, "processors": processors}
 
 
@@ -116,20 +124,10 @@ def _parallelized_again(case: Any) -> dict[str, Any]:
     with torch.no_grad():
         parallelize(model, context(ULYSSES))
         unparallelize(model)  # the single blocks keep an empty hook registry
-        runs: list[int] = []
-        real = overlap_mlp.run_overlapped
-
-        def spy(*args, **kwargs):
-            runs.append(1)
-            return real(*args, **kwargs)
-
-        overlap_mlp.run_overlapped = spy
-        try:
+        with overlapped_calls() as runs:
             parallelize(model, context(ULYSSES))
             model(**case.inputs(1))
             unparallelize(model)
-        finally:
-            overlap_mlp.run_overlapped = real
     return {"mlp_runs": runs}
 
 
