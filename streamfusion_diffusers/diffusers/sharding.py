@@ -59,11 +59,12 @@ class PlanState(ShardState):
         key = (text, image, self.joint_text)
         # compiled code builds the layout afresh: a read of this cache would guard the graph on its contents, and
         # the entry the first call adds would compile every hooked block again at the second
-        layout = None if torch.compiler.is_compiling() else self.layouts.get(key)
+        compiling = torch.compiler.is_compiling()
+        layout = None if compiling else self.layouts.get(key)
         if layout is None:
             layout = TokenLayout(rank=ctx.rank, text_total=text, text_sharded=not self.joint_text,
                                  joint_last=self.text_last, image_lens=tuple(split_sizes(image, ctx.world_size)))
-            if not torch.compiler.is_compiling():
+            if not compiling:
                 self.layouts[key] = layout
         self.layout = layout
 

@@ -13,6 +13,7 @@ for nothing.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
@@ -92,16 +93,20 @@ def quantized_needs(kernel: str) -> str:
             f"float16/bfloat16 inputs with a head dim that is a multiple of 32")
 
 
-def quantized_supported(kernel: str, device: torch.device | None = None) -> bool:
-    """Whether the quantized kernel runs here: triton, and a CUDA GPU whose tensor cores multiply its format."""
+@functools.cache
+def quantized_supported(kernel: str, device: int | None = None) -> bool:
+    """Whether the quantized kernel runs here: triton, and a CUDA GPU (this index, None: the current one) whose
+    tensor cores multiply its format. Asked at every call: known once per device."""
     return (has_triton() and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device) >= QUANTIZED[kernel])
 
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read when triton is: Triton's CPU interpreter
+
+
 def check_quantized(kernel: str, q: Tensor) -> None:
-    """Interpreted Triton (TRITON_INTERPRET=1) runs the kernel on the CPU: how the tests check it."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1" and has_triton()
-    runs = interpreted or (q.is_cuda and quantized_supported(kernel, q.device))
+    """The interpreter runs the kernel on the CPU: how the tests check it."""
+    runs = (INTERPRETED and has_triton()) or (q.is_cuda and quantized_supported(kernel, q.device.index))
     if not (runs and q.dtype in HALF and q.shape[-1] % 32 == 0):
         raise ValueError(f"{quantized_needs(kernel)} (got {q.dtype} on {q.device.type}, head dim {q.shape[-1]}); "
                          f"use kernel='auto'")

@@ -72,22 +72,23 @@ def _quantized_attention(q8, q_scale, k8, k_scale, v, out, lse, q_len, k_len, he
 def attention_with_lse_quantized(q: Tensor, k: Tensor, v: Tensor, scale: float, qk: str
                                  ) -> tuple[Tensor, Tensor]:
     """Attention of q [B, Lq, H, D] over k, v [B, Lk, H, D] with Q K^T in the 8-bit format `qk` ("int8" or
-    "fp8"): the output [B, Lq, H, D] in q's dtype and the natural-log LSE [B, H, Lq] in float32 (of the
+    "fp8"): the output [B, Lq, H, D] in the inputs' dtype and the natural-log LSE [B, H, Lq] in float32 (of the
     unsmoothed scores)."""
     b, q_len, heads, dim = q.shape
     k_len = k.shape[1]
-    mean = k.float().mean(1, keepdim=True)  # [B, 1, H, D]: the smoothing, undone in the LSE below
+    q, k = q.float(), k.float()  # once: the quantization and the shift below both read them
+    mean = k.mean(1, keepdim=True)  # [B, 1, H, D]: the smoothing, undone in the LSE below
     q8, q_scale = quantize_rows(q, qk)
-    k8, k_scale = quantize_rows(k.float() - mean, qk)
+    k8, k_scale = quantize_rows(k - mean, qk)
     v = v if v.stride(-1) == 1 else v.contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
     lse = torch.empty((b, heads, q_len), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(q_len, BLOCK_M), b * heads)
     _quantized_attention[grid](q8, q_scale, k8, k_scale, v, out, lse, q_len, k_len, heads,
                                 v.stride(0), v.stride(1), v.stride(2), scale * LOG2E,
                                 DTYPE=_TL_DTYPES[v.dtype], HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                                 num_warps=8, num_stages=3)
-    shift = torch.einsum("blhd,bhd->bhl", q.float(), mean[:, 0]) * scale  # each row's scores less the smoothed
+    shift = torch.einsum("blhd,bhd->bhl", q, mean[:, 0]) * scale  # each row's scores less the smoothed
     return out, lse + shift
 
 
