@@ -4,27 +4,29 @@
 # fp8-dynamic + int8 attention); each one's median step after the first, and the PSNR and relative error of its
 # image against the default bf16 one (same seed); plain diffusers eager and compiled beside them
 # (benchmarks/p1_overhead.py). The GPU tests of the paths first. Logs and quantized_p1.json under $OUT.
-# Run from the project root on one GPU: bash benchmarks/quantized_p1_gpu.sh
+# Run from the project root on one GPU: bash benchmarks/quantized_p1_gpu.sh ["MODEL SIZE STEPS" ...]
+# (default: flux-dev 1024 and qwen-image 1328); QUANTIZED_TESTS=0 skips the tests, QUANTIZED_RUNS names the runs.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
-{ timeout 200 python -m pytest -m gpu -x -q tests/test_kernels_gpu.py -k quantized 2>&1 | tail -5
+[ "${QUANTIZED_TESTS:-1}" = 1 ] && { timeout 200 python -m pytest -m gpu -x -q tests/test_kernels_gpu.py -k quantized 2>&1 | tail -5
   timeout 300 python -m pytest -m gpu -x -q tests/test_compiled.py -k captured 2>&1 | tail -10; } \
   > "$OUT/quantized_tests.log"
 work=$(mktemp -d)
-for spec in "flux-dev 1024 8" "qwen-image 1328 6"; do
+specs=("$@"); [ ${#specs[@]} -gt 0 ] || specs=("flux-dev 1024 8" "qwen-image 1328 6")
+runs=${QUANTIZED_RUNS:-bf16 compile fp8-dynamic int8-attention fp8-attention fastest}
+declare -A FLAGS=([bf16]="" [compile]="--compile" [fp8-dynamic]="--quantize fp8-dynamic"
+  [int8-attention]="--attention int8" [fp8-attention]="--attention fp8"
+  [fastest]="--compile --quantize fp8-dynamic --attention int8")
+for spec in "${specs[@]}"; do
   read -r model size steps <<< "$spec"
   gen() { name=$model-$1; shift; echo "=== $name: $*" >> "$OUT/quantized_p1.log"
     timeout 300 python -m streamfusion_diffusers generate --model "$model" --height "$size" --width "$size" \
       --steps "$steps" --seed 3 --output "$work/$name" "$@" 2>&1 | tr '\r' '\n' | grep -v -E "(it/s|s/it)\]" \
       >> "$OUT/quantized_p1.log"; }
-  gen bf16
-  gen compile --compile
-  gen fp8-dynamic --quantize fp8-dynamic
-  gen int8-attention --attention int8
-  gen fp8-attention --attention fp8
-  gen fastest --compile --quantize fp8-dynamic --attention int8
-  timeout 300 python benchmarks/p1_overhead.py --models "$model" --modes eager,blocks --label "$model" \
+  # shellcheck disable=SC2086
+  for run in $runs; do gen "$run" ${FLAGS[$run]}; done
+  [ "${QUANTIZED_PLAIN:-1}" = 1 ] && timeout 300 python benchmarks/p1_overhead.py --models "$model" --modes eager,blocks --label "$model" \
     >> "$OUT/p1_overhead.log" 2>&1
 done
 python - "$work" "$OUT/quantized_p1.json" <<'PY' | tee -a "$OUT/quantized_p1.log"
