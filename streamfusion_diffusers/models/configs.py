@@ -250,6 +250,10 @@ TRANSFORMERS: dict[str, TransformerSpec] = {
     "qwen-image-edit": TransformerSpec("qwen-image", QWEN_IMAGE, (64, 64), 128),  # 1024x1024, input image beside
     "tiny-flux-kontext": TransformerSpec("flux", TINY_FLUX, (4, 4), 16),
     "flux-kontext": TransformerSpec("flux", FLUX_DEV, (64, 64), 512),  # 1024x1024, input image beside
+    "flux-dev": TransformerSpec("flux", FLUX_DEV, (64, 64), 512),  # 1024x1024
+    "z-image-turbo": TransformerSpec("z-image", Z_IMAGE_TURBO, (64, 64), 128),  # 1024x1024, a prompt's valid tokens
+    "hunyuanvideo-1.5": TransformerSpec("hunyuan-video-1.5", HUNYUAN_VIDEO_15_480P, (31, 30, 53), 256),  # 480x848, 121
+    # frames; the prompt's valid tokens (its padding is dropped before the blocks)
 }
 
 
