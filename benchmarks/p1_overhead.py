@@ -53,7 +53,9 @@ def timed(call, iters: int, device: torch.device) -> list[float]:
     return times
 
 
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative(a: torch.Tensor | list[torch.Tensor], b: torch.Tensor | list[torch.Tensor]) -> float:
+    """Relative error of a against b; Z-Image's forward returns one sample per batch row, in a list."""
+    a, b = (torch.stack(x) if isinstance(x, list) else x for x in (a, b))
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
