@@ -1,4 +1,4 @@
-"""Issue 34 item 7: what `parallelize` costs at P = 1, against plain diffusers, eager and compiled alike, on one GPU.
+"""What `parallelize` costs at P = 1, against plain diffusers, eager and compiled alike, on one GPU.
 
 Real configs, seeded random weights, bf16, one transformer forward per timing. One copy of each model (Flux.2-dev's
 32B transformer fits one 80 GB GPU once, not twice), switched between plain (as built) and ours (`parallelize` on a
@@ -10,6 +10,9 @@ alike; CUDA events around each forward, after warm-up (and compile):
   each state, the hooks and processors being what its guards see).
 
     python benchmarks/p1_overhead.py --models flux2-dev,qwen-image,wan2.2-ti2v-5b --modes eager,blocks
+
+--quantize fp8-dynamic quantizes the one model both run (plain diffusers + torchao beside ours + torchao);
+--kernel int8 or fp8 gives ours the quantized attention.
 
 Prints one line per model and mode (median ms of plain and ours, ratio ours / plain, min - max, error of ours
 against plain) and writes every figure to $OUT/p1_overhead_<label>.json (or the current folder). --label names
@@ -29,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
+from streamfusion_diffusers.diffusers.stack.quantize import quantize
 from streamfusion_diffusers.models import TRANSFORMERS
 from streamfusion_diffusers.models.inputs import build, inputs
 
@@ -59,12 +63,16 @@ def relative(a: torch.Tensor | list[torch.Tensor], b: torch.Tensor | list[torch.
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def measure(name: str, modes: list[str], ctx: Any, iters: int, rounds: int, device: torch.device) -> dict:
-    """Plain vs ours for one model, every mode, as the module docstring says."""
+def measure(name: str, modes: list[str], ctx: Any, iters: int, rounds: int, device: torch.device,
+            quantized: str | None = None) -> dict:
+    """Plain vs ours for one model, every mode, as the module docstring says; `quantized`: `--quantize`'s kind,
+    applied to the one model both run (plain diffusers + torchao beside ours + torchao)."""
     spec = TRANSFORMERS[name]
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     model = build(spec.family, spec.transformer, dtype=dtype, device=device)
+    if quantized:
+        quantize([model], quantized)
     args = inputs(spec.family, spec.transformer, spec.grid, spec.text, dtype=dtype, device=device)
     forward = lambda: model(**args, return_dict=False)[0]  # noqa: E731
     state = {"ours": False}
@@ -76,7 +84,8 @@ def measure(name: str, modes: list[str], ctx: Any, iters: int, rounds: int, devi
             unparallelize(model)
         state["ours"] = ours
 
-    row: dict[str, Any] = {"model": name, "grid": list(spec.grid), "text_tokens": spec.text, "modes": {}}
+    row: dict[str, Any] = {"model": name, "grid": list(spec.grid), "text_tokens": spec.text, "quantize": quantized,
+                           "modes": {}}
     with torch.no_grad():
         for mode in modes:
             t0 = time.perf_counter()
@@ -128,6 +137,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip the models left after this long")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run (e.g. --models tiny-flux2)")
     parser.add_argument("--kernel", default="auto", help="ParallelConfig.kernel of ours")
+    parser.add_argument("--quantize", choices=("int8", "fp8", "fp8-dynamic"),
+                        help="torchao quantization of the model, for plain and ours alike (generate's --quantize)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
@@ -142,14 +153,14 @@ def main() -> None:
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     results: dict[str, Any] = {"label": args.label, "device": device_name, "torch": torch.__version__,
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "iters": args.iters,
-                               "rounds": args.rounds, "kernel": args.kernel, "rows": []}
+                               "rounds": args.rounds, "kernel": args.kernel, "quantize": args.quantize, "rows": []}
     start = time.perf_counter()
     for name in [m for m in args.models.split(",") if m]:
         if time.perf_counter() - start > args.budget_s:
             results["rows"].append({"model": name, "skipped": f"over the {args.budget_s:.0f} s budget"})
             print(f"{name}: skipped, over the budget", flush=True)
             continue
-        results["rows"].append(measure(name, modes, ctx, args.iters, args.rounds, device))
+        results["rows"].append(measure(name, modes, ctx, args.iters, args.rounds, device, args.quantize))
     path = os.path.join(os.environ.get("OUT", "."), f"p1_overhead_{args.label}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)

@@ -2,8 +2,8 @@
 # One GPU: the quantized paths against bf16 at P = 1, per model at its real size, in one job: `generate` with
 # default flags, --compile, --quantize fp8-dynamic, --attention int8 and fp8, and the fastest stack (compile +
 # fp8-dynamic + int8 attention); each one's median step after the first, and the PSNR and relative error of its
-# image against the default bf16 one (same seed); plain diffusers eager and compiled beside them
-# (benchmarks/p1_overhead.py). The GPU tests of the paths first. Logs and quantized_p1.json under $OUT.
+# image against the default bf16 one (same seed); plain diffusers eager and compiled beside them, in bf16 and
+# with torchao fp8-dynamic (benchmarks/p1_overhead.py). The GPU tests of the paths first. Logs and quantized_p1.json under $OUT.
 # Run from the project root on one GPU: bash benchmarks/quantized_p1_gpu.sh ["MODEL SIZE STEPS" ...]
 # (default: flux-dev 1024 and qwen-image 1328); QUANTIZED_TESTS=0 skips the tests, QUANTIZED_RUNS names the runs.
 set -u
@@ -26,8 +26,12 @@ for spec in "${specs[@]}"; do
       >> "$OUT/quantized_p1.log"; }
   # shellcheck disable=SC2086
   for run in $runs; do gen "$run" ${FLAGS[$run]}; done
-  [ "${QUANTIZED_PLAIN:-1}" = 1 ] && timeout 300 python benchmarks/p1_overhead.py --models "$model" --modes eager,blocks --label "$model" \
-    >> "$OUT/p1_overhead.log" 2>&1
+  if [ "${QUANTIZED_PLAIN:-1}" = 1 ]; then  # plain diffusers beside ours: bf16, then both with torchao fp8-dynamic
+    timeout 300 python benchmarks/p1_overhead.py --models "$model" --modes eager,blocks --label "$model" \
+      >> "$OUT/p1_overhead.log" 2>&1
+    timeout 300 python benchmarks/p1_overhead.py --models "$model" --modes eager,blocks --quantize fp8-dynamic \
+      --label "$model-fp8-dynamic" >> "$OUT/p1_overhead.log" 2>&1
+  fi
 done
 python - "$work" "$OUT/quantized_p1.json" <<'PY' | tee -a "$OUT/quantized_p1.log"
 import json, math, pathlib, statistics, sys
