@@ -198,10 +198,11 @@ class ForwardHook(ModelHook):
     decision of any First Block Cache agreed over the ranks (stack/skips.py)."""
 
     def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...],
-                 drop_full_masks: bool = False, text_whole: bool = False):
+                 drop_full_masks: bool = False, text_whole: bool = False, text_rows: bool = True):
         super().__init__()
         self.ctx, self.state, self.key_masks, self.drop_full_masks = ctx, state, key_masks, drop_full_masks
         self.text_whole = text_whole  # the plan keeps the text whole at any length (else only below the ranks)
+        self.text_rows = text_rows  # the split self-attention holds the text's rows (`ModelPlan.text_rows`)
         self.positions: dict[str, int] = {}  # forward parameter -> its position
         self.leads: tuple[torch.nn.Module, ...] = ()  # where a First Block Cache puts its head hook
         self.full_masks: dict[int, tuple[weakref.ref, int]] = {}  # id -> (mask, its version) found to keep all
@@ -247,7 +248,7 @@ class ForwardHook(ModelHook):
             if self.drop_full_masks and name in kwargs:  # it keeps every key: the model runs as without it
                 kwargs[name] = None
             checked.append(name)
-        text = self._argument(TEXT, args, kwargs)
+        text = self._argument(TEXT, args, kwargs) if self.text_rows else None
         text = text.shape[1] if isinstance(text, Tensor) and text.dim() >= 3 else 0  # [B, L, (layers,) D]
         self.state.streams.clear()
         self.state.kept_text = None

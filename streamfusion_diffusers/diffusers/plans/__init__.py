@@ -21,8 +21,6 @@ from .plan import ModelPlan
 # diffusers plans whose attention the split cannot serve exactly, and why
 REFUSED = {
     "LTX2VideoTransformer3DModel": "its audio stream (whole on every rank) cross-attends the split video tokens",
-    "MiniMaxH3Transformer3DModel": "its video and audio outputs are picked out of the split sequence by token tags, "
-                                   "so their per-rank counts are no plain split",
 }
 
 

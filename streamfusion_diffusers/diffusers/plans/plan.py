@@ -40,3 +40,11 @@ class ModelPlan:
         if len(gathers) != 1:
             raise ValueError(f"expected one gathered output in the context-parallel plan, got {gathers}")
         return gathers[0]
+
+    @property
+    def text_rows(self) -> bool:
+        """Whether the split self-attention holds the text (`encoder_hidden_states`) as rows of its own: cut by the
+        plan, or whole (`text_whole`). Else the text is only cross-attended (Wan, LTX) or packed into the split
+        sequence before the cut (MiniMax-H3), so a text shorter than the ranks joins no attention as joint rows."""
+        return self.text_whole or any(isinstance(spec, dict) and "encoder_hidden_states" in spec
+                                      for spec in self.cp_plan.values())
