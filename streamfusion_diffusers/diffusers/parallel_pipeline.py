@@ -110,7 +110,7 @@ def _install(target: Any, transformer: torch.nn.Module, plan: ModelPlan, ctx: Pa
         ctx.on_close(graphed.release)  # NCCL's teardown waits for the graphs that captured its calls
         hooks.append((transformer, graphed, GRAPH_HOOK))
     forward = ForwardHook(ctx, state, plan.key_masks, plan.drop_full_masks, plan.text_whole,  # masks read eagerly
-                          plan.text_rows)
+                          plan.text_rows, plan.text_input)
     hooks.append((transformer, forward, FORWARD_HOOK))
     if ctx.config.cfg != 1:  # registered last: outermost, it splits the guidance batch before the token split
         hooks.append((transformer, cfg_hook(target, ctx), CFG_HOOK))

@@ -198,11 +198,13 @@ class ForwardHook(ModelHook):
     decision of any First Block Cache agreed over the ranks (stack/skips.py)."""
 
     def __init__(self, ctx: ParallelContext, state: PlanState, key_masks: tuple[str, ...],
-                 drop_full_masks: bool = False, text_whole: bool = False, text_rows: bool = True):
+                 drop_full_masks: bool = False, text_whole: bool = False, text_rows: bool = True,
+                 text_input: str = TEXT):
         super().__init__()
         self.ctx, self.state, self.key_masks, self.drop_full_masks = ctx, state, key_masks, drop_full_masks
         self.text_whole = text_whole  # the plan keeps the text whole at any length (else only below the ranks)
         self.text_rows = text_rows  # the split self-attention holds the text's rows (`ModelPlan.text_rows`)
+        self.text_input = text_input  # the forward input of the text, or of its length (`ModelPlan.text_input`)
         self.positions: dict[str, int] = {}  # forward parameter -> its position
         self.leads: tuple[torch.nn.Module, ...] = ()  # where a First Block Cache puts its head hook
         self.full_masks: dict[int, tuple[weakref.ref, int]] = {}  # id -> (mask, its version) found to keep all
@@ -248,8 +250,9 @@ class ForwardHook(ModelHook):
             if self.drop_full_masks and name in kwargs:  # it keeps every key: the model runs as without it
                 kwargs[name] = None
             checked.append(name)
-        text = self._argument(TEXT, args, kwargs) if self.text_rows else None
-        text = text.shape[1] if isinstance(text, Tensor) and text.dim() >= 3 else 0  # [B, L, (layers,) D]
+        text = self._argument(self.text_input, args, kwargs) if self.text_rows else None
+        if not isinstance(text, int):  # its length itself (Cosmos3's und_len), else its rows
+            text = text.shape[1] if isinstance(text, Tensor) and text.dim() >= 3 else 0  # [B, L, (layers,) D]
         self.state.streams.clear()
         self.state.kept_text = None
         self.state.joint_text = text if self.text_whole or text < self.ctx.world_size else 0

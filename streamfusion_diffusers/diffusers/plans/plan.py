@@ -32,6 +32,8 @@ class ModelPlan:
     text_last: bool = False  # the self-attention takes [image ; text] rows (else [text ; image])
     text_whole: bool = False  # the text stays whole on every rank, attended as joint tokens, at any length
     image_input: str = "hidden_states"  # the split input whose tokens the gathered output holds
+    text_input: str = "encoder_hidden_states"  # the forward input of the text: its [B, L, ...] rows, or their
+    # count where the text lies in a packed sequence (Cosmos3's und_len)
 
     @property
     def gather_module(self) -> str:
