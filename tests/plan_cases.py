@@ -42,14 +42,20 @@ TINY_Z_IMAGE = {"in_channels": 4, "dim": 128, "n_layers": 2, "n_refiner_layers":
 TINY_HUNYUAN_15 = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "attention_head_dim": 16,
                    "num_layers": 2, "num_refiner_layers": 1, "patch_size": 2, "text_embed_dim": 32,
                    "text_embed_2_dim": 16, "image_embed_dim": 16, "rope_axes_dim": (4, 6, 6)}
+TINY_MINIMAX_H3 = {"num_attention_heads": 8, "attention_head_dim": 16, "hidden_size": 64, "num_layers": 2,
+                   "num_refiner_layers": 1, "ffn_dim": 128, "in_channels": 4, "audio_in_channels": 8,
+                   "patch_size": (1, 2, 2), "text_dim": 32, "freq_dim": 32, "time_embed_hidden_dim": 64,
+                   "time_embed_dim": 32, "rope_freq_dim": 2}
 CONFIGS = {"flux": TINY_FLUX, "flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
            "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS,
+           "minimax-h3": TINY_MINIMAX_H3,
            "longcat-image": TINY_LONGCAT_IMAGE, "krea2": TINY_KREA2, "z-image": TINY_Z_IMAGE,
            "hunyuan-video-1.5": TINY_HUNYUAN_15}
 SPLIT_TEXT = (*JOINT, "longcat-image", "hunyuan-video-1.5")  # attention over [text ; image], the text split too
 WHOLE_TEXT = ("krea2",)  # the text whole on every rank at any length, attended as joint rows
 ONE_STREAM = {"z-image": 32}  # image and text padded to a multiple of this, then split as one sequence
 GLYPHS = {"hunyuan-video-1.5": 2}  # the valid ByT5 tokens the forward packs into the text (inputs.py)
+PACKED = ("minimax-h3",)  # text, audio and video packed into one split sequence, a position id a row
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -64,9 +70,12 @@ class Case:
     padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
     token_timesteps: bool = False  # one timestep per latent token (Wan 2.2 TI2V)
     references: tuple[tuple[int, int], ...] = ()  # input images' token grids, after the image's tokens
+    audio: int = 0  # audio tokens: MiniMax-H3's, in its split sequence (0: inputs')
 
     def rows(self, world: int) -> tuple[list[int], int]:
         """Every rank's rows of the split self-attention, and the joint rows each holds in full."""
+        if self.family in PACKED:  # every row of the packed sequence, as the inputs lay it
+            return split_sizes(len(self.inputs(0)["position_ids"]), world), 0
         if self.family in ONE_STREAM:
             multiple = ONE_STREAM[self.family]
             return split_sizes(sum(-(-n // multiple) * multiple for n in (self.image_tokens, self.text)), world), 0
@@ -89,7 +98,7 @@ class Case:
     def inputs(self, seed: int) -> dict[str, Any]:
         return inputs(self.family, CONFIGS[self.family], self.grid, self.text, batch=self.batch,
                       padded_text=self.padded_text, token_timesteps=self.token_timesteps,
-                      references=self.references, seed=seed)
+                      references=self.references, audio=self.audio, seed=seed)
 
 
 def context(config: ParallelConfig):
@@ -112,18 +121,23 @@ def run_case(config: ParallelConfig, case: Case, seed: int) -> dict[str, Any]:
     real, processors_base.sp_attention = processors_base.sp_attention, spy
     try:
         with torch.no_grad():
-            reference = model(**inputs, return_dict=False)[0]
+            reference = _outputs(model(**inputs, return_dict=False))
             parallelize(model, context(config))
             processors = sorted({type(p).__name__ for p in processors_of(model).values()})
-            out = model(**inputs, return_dict=False)[0]
+            out = _outputs(model(**inputs, return_dict=False))
             unparallelize(model)
-            restored = model(**inputs, return_dict=False)[0]
+            restored = _outputs(model(**inputs, return_dict=False))
     finally:
         processors_base.sp_attention = real
-    out, reference, restored = (torch.stack(x) if isinstance(x, list) else x for x in (out, reference, restored))
-    return {"error": relative_error(out, reference),  # Z-Image: one sample per batch row, in a list
-            "restored_error": relative_error(restored, reference),
+    return {"error": max(relative_error(o, r) for o, r in zip(out, reference, strict=True)),
+            "restored_error": max(relative_error(o, r) for o, r in zip(restored, reference, strict=True)),
             "calls": calls, "rank": dist.get_rank(), "world": dist.get_world_size(), "processors": processors}
+
+
+def _outputs(result: tuple) -> list[torch.Tensor]:
+    """Every output of a forward (LTX-2's video and audio), each compared; Z-Image's, one sample per batch row in a
+    list, stacked."""
+    return [torch.stack(x) if isinstance(x, list) else x for x in result]
 
 
 def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[str, Any]]:

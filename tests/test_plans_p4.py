@@ -3,8 +3,10 @@
 Flux.2, Wan and Qwen-Image on every layout the issue names (torus U4R1 and U2R2, usp U2R2, ring U1R4,
 ulysses U4R1, auto), and so the input images of edits (Qwen-Image-Edit, Flux.1 Kontext, Flux.2's references,
 Wan 2.2 TI2V's first frame); LTX, HunyuanVideo, ChronoEdit and Helios once each; LongCat-Image, Krea-2, Z-Image,
-HunyuanVideo 1.5 and ChronoEdit under Ulysses, Torus, USP and Ring; every case with token counts that do not
-divide the 4 ranks (uneven slices); a text shorter than the ranks stays whole and is attended as joint tokens.
+HunyuanVideo 1.5, ChronoEdit and MiniMax-H3 (its video and audio outputs both) under Ulysses, Torus, USP and Ring;
+every case with token counts that do not divide the 4 ranks (uneven slices); a text shorter than the ranks stays
+whole and is attended as joint tokens where the split self-attention holds it (cross-attended, as Wan's, or
+packed into the split sequence, as MiniMax-H3's, it adds none).
 Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention); where they mask the
 split self-attention (padded prompts), taken under Ulysses (Qwen-Image: every rank attends all keys at once) and
 refused naming the fix elsewhere (ring stages, HunyuanVideo's per-query mask).
@@ -48,6 +50,7 @@ OTHERS = {
     "wan2.2-token-timesteps": Case("wan", (2, 3, 3), text=7, token_timesteps=True),
     "flux2-text-shorter-than-the-ranks": Case("flux2", (3, 5), text=3),
     "hunyuan-video-text-shorter-than-the-ranks": Case("hunyuan-video", (2, 3, 3), text=3),
+    "wan-text-shorter-than-the-ranks": Case("wan", (2, 3, 3), text=3),  # cross-attended only: no joint rows
     "chronoedit": Case("chronoedit", (2, 3, 3), text=7),
     "helios": Case("helios", (2, 3, 3), text=7),
 }
@@ -59,6 +62,8 @@ NEWEST = {  # diffusers' newest transformers; uneven token counts, the text spli
     "z-image-one-stream": Case("z-image", (3, 5), text=7),
     "hunyuan-video-1.5-padding-dropped": Case("hunyuan-video-1.5", (2, 3, 3), text=6),
     "chronoedit": Case("chronoedit", (2, 3, 3), text=7),  # diffusers' plan, as shipped
+    "minimax-h3-tags-uneven": Case("minimax-h3", (2, 3, 3), text=6, audio=10),  # 34 rows: 9, 9, 8, 8
+    "minimax-h3-text-shorter-than-the-ranks": Case("minimax-h3", (3, 2, 3), text=3, batch=2, audio=6),
 }
 NEWEST_LAYOUTS = ["ulysses-U4R1", "torus-U2R2", "usp-U2R2", "ring-U1R4"]
 

@@ -7,6 +7,8 @@ one sequence (Flux.1 Kontext, Flux.2, Qwen-Image-Edit), told apart by position i
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, Fl
                        HunyuanVideo15Transformer3DModel, HunyuanVideoTransformer3DModel, Krea2Transformer2DModel, LongCatImageTransformer2DModel,
                        LTXVideoTransformer3DModel, QwenImageTransformer2DModel, WanTransformer3DModel,
                        ZImageTransformer2DModel)
+from diffusers import MiniMaxH3Transformer3DModel
 
 from .build import _default_dtype_and_device
 from .configs import JOINT
@@ -24,6 +27,7 @@ FAMILIES: dict[str, type] = {"flux": FluxTransformer2DModel, "flux2": Flux2Trans
                              "chronoedit": ChronoEditTransformer3DModel, "helios": HeliosTransformer3DModel,
                              "longcat-image": LongCatImageTransformer2DModel, "krea2": Krea2Transformer2DModel,
                              "z-image": ZImageTransformer2DModel,
+                             "minimax-h3": MiniMaxH3Transformer3DModel,
                              "hunyuan-video-1.5": HunyuanVideo15Transformer3DModel}
 
 
@@ -37,9 +41,11 @@ def build(family: str, config: dict[str, Any], *, seed: int = 0, dtype: torch.dt
 
 def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int, *, batch: int = 1,
            padded_text: int = 0, token_timesteps: bool = False, references: tuple[tuple[int, int], ...] = (),
-           seed: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> dict[str, Any]:
+           audio: int = 0, seed: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+           ) -> dict[str, Any]:
     """Forward keyword arguments; `padded_text` trailing text tokens of the last batch row are masked out;
-    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps), Wan only; `references`:
+    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps), Wan only; `audio`: the
+    audio tokens, MiniMax-H3's (both stereo channels; 0: 4 a video frame and one more, a channel); `references`:
     input images' (rows, cols) token grids after the image's tokens (Flux.1, Flux.2, Qwen-Image)."""
     g = torch.Generator(device=device).manual_seed(seed)
     b, t = batch, text
@@ -96,6 +102,11 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
                 "cap_feats": [randn(t - (padded_text if i == b - 1 else 0), config["cap_feat_dim"])
                               for i in range(b)]}
     frames, rows, cols = grid
+    if family == "minimax-h3":  # stereo: two channels of audio // 2 tokens each (0: 4 a video frame and one more)
+        if audio % 2:
+            raise ValueError(f"MiniMax-H3's audio is stereo, one channel after the other: pass an even number of "
+                             f"audio tokens, not {audio}")
+        return _minimax_h3(config, grid, t, audio // 2 or 4 * frames + 1, b, randn, g, device)
     if family == "ltx":
         return {"hidden_states": randn(b, frames * rows * cols, config["in_channels"]),
                 "encoder_hidden_states": randn(b, t, config["caption_channels"]), "timestep": timestep,
@@ -117,6 +128,42 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
             "encoder_hidden_states": randn(b, t, config["text_embed_dim"]), "encoder_attention_mask": mask,
             "pooled_projections": randn(b, config["pooled_projection_dim"]),
             "guidance": torch.full((b,), 3.5, device=device, dtype=dtype)}
+
+
+def _minimax_h3(config: dict[str, Any], grid: tuple[int, ...], text: int, per_channel: int, batch: int,
+                randn: Callable[..., torch.Tensor], g: torch.Generator, device: torch.device | str) -> dict[str, Any]:
+    """MiniMax-H3's packed sequence as its keyframe-to-video-and-audio layout lays it: [text ; the first frame, a
+    keyframe at its own noise level ; the audio, its two channels one after the other ; the other frames], every
+    row tagged with its modality (0 video, 1 text, 2 audio) and the index of its timestep."""
+    frames, rows, cols = grid
+    per_frame = rows * cols
+    keyframe, audio, video = text, text + per_frame, text + per_frame + 2 * per_channel  # where each starts
+    length = video + (frames - 1) * per_frame
+
+    def arange(start: float, stop: float) -> torch.Tensor:
+        return torch.arange(float(start), float(stop), device=device)
+
+    ids = torch.zeros(length, 3, device=device)  # (t, h, w): media times continue the text's
+    ids[:text, 0] = arange(0, text)
+    ids[keyframe:audio] = torch.cartesian_prod(arange(text, text + 1), arange(0, rows), arange(0, cols))
+    ids[audio:video, 0] = arange(text, text + per_channel).repeat(2)
+    ids[audio + per_channel:video, 2] = cols - 1  # the second channel pinned to the grid's last column
+    ids[video:] = torch.cartesian_prod(arange(text + 1, text + frames), arange(0, rows), arange(0, cols))
+    video_rows = torch.cat([torch.arange(keyframe, audio, device=device), torch.arange(video, length, device=device)])
+    audio_rows = torch.arange(audio, video, device=device)
+    tags = torch.ones(length, dtype=torch.long, device=device)
+    tags[video_rows], tags[audio_rows] = 0, 2
+    noise = torch.rand(3, generator=g, device=device)  # the keyframe's, the audio's, the video's (the text's too)
+    row_noise = noise[2].repeat(length)
+    row_noise[keyframe:audio], row_noise[audio_rows] = noise[0], noise[1]
+    timestep, timestep_indices = torch.unique(row_noise, sorted=True, return_inverse=True)
+    patch = math.prod(config.get("patch_size", (1, 2, 2)))
+    return {"hidden_states": randn(batch, frames * per_frame, config["in_channels"] * patch),
+            "audio_hidden_states": randn(batch, 2 * per_channel, config["audio_in_channels"]),
+            "encoder_hidden_states": randn(batch, text, config["text_dim"]), "timestep": timestep,
+            "timestep_indices": timestep_indices, "token_tags": tags, "position_ids": ids,
+            "video_indices": video_rows, "audio_indices": audio_rows,
+            "text_indices": torch.arange(text, device=device)}
 
 
 def _grid_ids(rows: int, cols: int, first: float, device: torch.device | str) -> torch.Tensor:
