@@ -46,9 +46,15 @@ TINY_MINIMAX_H3 = {"num_attention_heads": 8, "attention_head_dim": 16, "hidden_s
                    "num_refiner_layers": 1, "ffn_dim": 128, "in_channels": 4, "audio_in_channels": 8,
                    "patch_size": (1, 2, 2), "text_dim": 32, "freq_dim": 32, "time_embed_hidden_dim": 64,
                    "time_embed_dim": 32, "rope_freq_dim": 2}
+TINY_COSMOS3 = {"hidden_size": 64, "head_dim": 16, "num_attention_heads": 8, "num_key_value_heads": 4,
+                "intermediate_size": 128, "num_hidden_layers": 2, "latent_channel": 4, "patch_latent_dim": 16,
+                "rope_axes_dim": (4, 2, 2), "vocab_size": 64, "sound_gen": True, "sound_dim": 8,
+                "action_gen": True, "action_dim": 6, "num_embodiment_domains": 2,
+                "qk_norm_for_text": False, "use_und_k_norm_for_gen": True}  # the text keys normed apart for gen
 CONFIGS = {"flux": TINY_FLUX, "flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
            "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS,
            "minimax-h3": TINY_MINIMAX_H3,
+           "cosmos3": TINY_COSMOS3,
            "longcat-image": TINY_LONGCAT_IMAGE, "krea2": TINY_KREA2, "z-image": TINY_Z_IMAGE,
            "hunyuan-video-1.5": TINY_HUNYUAN_15}
 SPLIT_TEXT = (*JOINT, "longcat-image", "hunyuan-video-1.5")  # attention over [text ; image], the text split too
@@ -56,6 +62,7 @@ WHOLE_TEXT = ("krea2",)  # the text whole on every rank at any length, attended 
 ONE_STREAM = {"z-image": 32}  # image and text padded to a multiple of this, then split as one sequence
 GLYPHS = {"hunyuan-video-1.5": 2}  # the valid ByT5 tokens the forward packs into the text (inputs.py)
 PACKED = ("minimax-h3",)  # text, audio and video packed into one split sequence, a position id a row
+OMNI = ("cosmos3",)  # the text whole, then video, sound and action tokens split as one stream
 _contexts: dict[ParallelConfig, Any] = {}
 
 
@@ -76,6 +83,8 @@ class Case:
         """Every rank's rows of the split self-attention, and the joint rows each holds in full."""
         if self.family in PACKED:  # every row of the packed sequence, as the inputs lay it
             return split_sizes(len(self.inputs(0)["position_ids"]), world), 0
+        if self.family in OMNI:  # every row after the text, as the inputs lay them
+            return split_sizes(self.inputs(0)["sequence_length"] - self.text, world), self.text
         if self.family in ONE_STREAM:
             multiple = ONE_STREAM[self.family]
             return split_sizes(sum(-(-n // multiple) * multiple for n in (self.image_tokens, self.text)), world), 0

@@ -64,6 +64,7 @@ NEWEST = {  # diffusers' newest transformers; uneven token counts, the text spli
     "chronoedit": Case("chronoedit", (2, 3, 3), text=7),  # diffusers' plan, as shipped
     "minimax-h3-tags-uneven": Case("minimax-h3", (2, 3, 3), text=6, audio=10),  # 34 rows: 9, 9, 8, 8
     "minimax-h3-text-shorter-than-the-ranks": Case("minimax-h3", (3, 2, 3), text=3, batch=2, audio=6),
+    "cosmos3-omni": Case("cosmos3", (2, 3, 3), text=7, audio=9),  # text whole; 30 video, sound, action rows
 }
 NEWEST_LAYOUTS = ["ulysses-U4R1", "torus-U2R2", "usp-U2R2", "ring-U1R4"]
 

@@ -17,6 +17,7 @@ from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, Fl
                        LTXVideoTransformer3DModel, QwenImageTransformer2DModel, WanTransformer3DModel,
                        ZImageTransformer2DModel)
 from diffusers import MiniMaxH3Transformer3DModel
+from diffusers import Cosmos3OmniTransformer
 
 from .build import _default_dtype_and_device
 from .configs import JOINT
@@ -28,6 +29,7 @@ FAMILIES: dict[str, type] = {"flux": FluxTransformer2DModel, "flux2": Flux2Trans
                              "longcat-image": LongCatImageTransformer2DModel, "krea2": Krea2Transformer2DModel,
                              "z-image": ZImageTransformer2DModel,
                              "minimax-h3": MiniMaxH3Transformer3DModel,
+                             "cosmos3": Cosmos3OmniTransformer,
                              "hunyuan-video-1.5": HunyuanVideo15Transformer3DModel}
 
 
@@ -102,6 +104,8 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
                 "cap_feats": [randn(t - (padded_text if i == b - 1 else 0), config["cap_feat_dim"])
                               for i in range(b)]}
     frames, rows, cols = grid
+    if family == "cosmos3":  # one packed sequence, no batch: text, then video, sound (0: 4 a frame and one more)
+        return _cosmos3(config, grid, t, audio or 4 * frames + 1, randn, g, device)
     if family == "minimax-h3":  # stereo: two channels of audio // 2 tokens each (0: 4 a video frame and one more)
         if audio % 2:
             raise ValueError(f"MiniMax-H3's audio is stereo, one channel after the other: pass an even number of "
@@ -164,6 +168,44 @@ def _minimax_h3(config: dict[str, Any], grid: tuple[int, ...], text: int, per_ch
             "timestep_indices": timestep_indices, "token_tags": tags, "position_ids": ids,
             "video_indices": video_rows, "audio_indices": audio_rows,
             "text_indices": torch.arange(text, device=device)}
+
+
+def _cosmos3(config: dict[str, Any], grid: tuple[int, ...], text: int, sound: int,
+             randn: Callable[..., torch.Tensor], g: torch.Generator, device: torch.device | str) -> dict[str, Any]:
+    """Cosmos3's packed sequence as its omni pipeline lays it: [text ; video ; sound ; action], the video's first
+    frame a condition (image-to-video: its tokens are no output), the action's first step too; mRoPE position ids
+    (t, h, w) with every medium's time after the text's."""
+    frames, rows, cols = grid
+    video, actions = frames * rows * cols, frames + 1
+    start = (text, text + video, text + video + sound, text + video + sound + actions)  # where each begins, the end
+    first = min(1, frames - 1)  # the noisy frames: all but the first, where there are two
+
+    def arange(begin: int, stop: int) -> torch.Tensor:
+        return torch.arange(begin, stop, device=device)
+
+    def timesteps(n: int) -> torch.Tensor:
+        return torch.full((n,), float(torch.rand(1, generator=g, device=device)) * 1000, device=device)
+
+    ids = torch.zeros(3, start[3], device=device)
+    ids[:, :text] = arange(0, text)
+    ids[:, start[0]:start[1]] = torch.cartesian_prod(arange(0, frames) + text, arange(0, rows), arange(0, cols)).T
+    ids[0, start[1]:start[2]] = arange(0, sound) + text
+    ids[0, start[2]:start[3]] = arange(1, actions + 1) + text
+    vision_rows, action_rows = arange(start[0], start[1]), arange(start[2], start[3])
+    return {"input_ids": torch.randint(config["vocab_size"], (text,), generator=g, device=device),
+            "text_indexes": arange(0, text), "position_ids": ids, "und_len": text, "sequence_length": start[3],
+            "vision_tokens": [randn(1, config["latent_channel"], frames, 2 * rows, 2 * cols)],
+            "vision_token_shapes": [(frames, rows, cols)], "vision_sequence_indexes": vision_rows,
+            "vision_mse_loss_indexes": vision_rows[first * rows * cols:],
+            "vision_timesteps": timesteps((frames - first) * rows * cols),
+            "vision_noisy_frame_indexes": [arange(first, frames)],
+            "sound_tokens": [randn(config["sound_dim"], sound)], "sound_token_shapes": [(sound, 1, 1)],
+            "sound_sequence_indexes": arange(start[1], start[2]), "sound_mse_loss_indexes": arange(start[1], start[2]),
+            "sound_timesteps": timesteps(sound), "sound_noisy_frame_indexes": [arange(0, sound)],
+            "action_tokens": [randn(actions, config["action_dim"])], "action_token_shapes": [(actions, 1, 1)],
+            "action_sequence_indexes": action_rows, "action_mse_loss_indexes": action_rows[1:],
+            "action_timesteps": timesteps(actions - 1), "action_noisy_frame_indexes": [arange(1, actions)],
+            "action_domain_ids": [torch.ones((), dtype=torch.long, device=device)]}
 
 
 def _grid_ids(rows: int, cols: int, first: float, device: torch.device | str) -> torch.Tensor:
