@@ -42,6 +42,10 @@ TINY_Z_IMAGE = {"in_channels": 4, "dim": 128, "n_layers": 2, "n_refiner_layers":
 TINY_HUNYUAN_15 = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "attention_head_dim": 16,
                    "num_layers": 2, "num_refiner_layers": 1, "patch_size": 2, "text_embed_dim": 32,
                    "text_embed_2_dim": 16, "image_embed_dim": 16, "rope_axes_dim": (4, 6, 6)}
+TINY_LTX2 = {**TINY_LTX, "audio_in_channels": 8, "audio_out_channels": 8, "audio_num_attention_heads": 8,
+             "audio_attention_head_dim": 8, "audio_cross_attention_dim": 64, "rope_type": "split",  # [B, H, N, D/2]
+             "gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True, "audio_cross_attn_mod": True,
+             "perturbed_attn": True, "use_prompt_embeddings": False}  # LTX-2.3's blocks
 TINY_MINIMAX_H3 = {"num_attention_heads": 8, "attention_head_dim": 16, "hidden_size": 64, "num_layers": 2,
                    "num_refiner_layers": 1, "ffn_dim": 128, "in_channels": 4, "audio_in_channels": 8,
                    "patch_size": (1, 2, 2), "text_dim": 32, "freq_dim": 32, "time_embed_hidden_dim": 64,
@@ -53,6 +57,7 @@ TINY_COSMOS3 = {"hidden_size": 64, "head_dim": 16, "num_attention_heads": 8, "nu
                 "qk_norm_for_text": False, "use_und_k_norm_for_gen": True}  # the text keys normed apart for gen
 CONFIGS = {"flux": TINY_FLUX, "flux2": TINY_FLUX2, "wan": TINY_WAN, "qwen-image": TINY_QWEN_IMAGE, "ltx": TINY_LTX,
            "hunyuan-video": TINY_HUNYUAN, "chronoedit": TINY_WAN, "helios": TINY_HELIOS,
+           "ltx2": TINY_LTX2,
            "minimax-h3": TINY_MINIMAX_H3,
            "cosmos3": TINY_COSMOS3,
            "longcat-image": TINY_LONGCAT_IMAGE, "krea2": TINY_KREA2, "z-image": TINY_Z_IMAGE,
@@ -77,7 +82,7 @@ class Case:
     padded_text: int = 0  # trailing text tokens masked out in the last batch row (key-mask cases)
     token_timesteps: bool = False  # one timestep per latent token (Wan 2.2 TI2V)
     references: tuple[tuple[int, int], ...] = ()  # input images' token grids, after the image's tokens
-    audio: int = 0  # audio tokens: MiniMax-H3's, in its split sequence (0: inputs')
+    audio: int = 0  # audio tokens: LTX-2's, whole on every rank; MiniMax-H3's, in its split sequence (0: inputs')
 
     def rows(self, world: int) -> tuple[list[int], int]:
         """Every rank's rows of the split self-attention, and the joint rows each holds in full."""

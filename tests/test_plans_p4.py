@@ -62,6 +62,9 @@ NEWEST = {  # diffusers' newest transformers; uneven token counts, the text spli
     "z-image-one-stream": Case("z-image", (3, 5), text=7),
     "hunyuan-video-1.5-padding-dropped": Case("hunyuan-video-1.5", (2, 3, 3), text=6),
     "chronoedit": Case("chronoedit", (2, 3, 3), text=7),  # diffusers' plan, as shipped
+    "ltx2-audio-whole": Case("ltx2", (2, 3, 3), text=7, audio=9),  # the audio over the split video, merged
+    "ltx2-padded-text-token-timesteps": Case("ltx2", (2, 3, 3), text=7, batch=2, padded_text=3, audio=11,
+                                             token_timesteps=True),
     "minimax-h3-tags-uneven": Case("minimax-h3", (2, 3, 3), text=6, audio=10),  # 34 rows: 9, 9, 8, 8
     "minimax-h3-text-shorter-than-the-ranks": Case("minimax-h3", (3, 2, 3), text=3, batch=2, audio=6),
     "cosmos3-omni": Case("cosmos3", (2, 3, 3), text=7, audio=9),  # text whole; 30 video, sound, action rows

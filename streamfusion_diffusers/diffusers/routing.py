@@ -1,5 +1,6 @@
 """Per attention module, who attends: `sp_attention` for self-attention over the split sequence, the stock
-processor (locally, exactly, no transfer) for attention to tokens that are not split.
+processor (locally, exactly, no transfer) for attention to tokens that are not split, `split_key_attention` for
+whole queries over the split tokens.
 
 diffusers' processors all end in `dispatch_attention_fn(..., backend=self._attention_backend,
 parallel_config=self._parallel_config)`. Each routed module gets a copy of its processor naming our "streamfusion"
@@ -37,12 +38,17 @@ def _is_local(name: str, module: torch.nn.Module, plan: ModelPlan) -> bool:
         fnmatch.fnmatchcase(name, pattern) for pattern in plan.local_attention)
 
 
+def _splits_keys(name: str, plan: ModelPlan) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in plan.split_key_attention)
+
+
 def _routed(name: str, module: torch.nn.Module, processor: Any, plan: ModelPlan, route: Route) -> Any:
     """The processor module `name` runs under parallelize: ours, or the stock one refused with the fix."""
     stock = getattr(module, "_default_processor_cls", None)
     if type(processor) in plan.adapters:
         return plan.adapters[type(processor)](route.ctx, route.state)
-    if processor is None or (stock is not None and type(processor) is not stock) or plan.adapters:
+    if processor is None or plan.adapters or (stock is not None and type(processor) is not stock
+                                              and type(processor) not in plan.stock_processors):
         raise ValueError(f"{name} runs attention processor {type(processor).__name__}, which sequence parallelism "
                          f"would replace and lose; unload them (e.g. pipe.unload_ip_adapter()) before parallelize")
     if not hasattr(processor, "_attention_backend"):
@@ -75,7 +81,8 @@ def route_attention(transformer: torch.nn.Module, plan: ModelPlan, ctx: Parallel
         name = key.removesuffix(".processor")
         module = transformer.get_submodule(name)
         chosen[key] = (processor if _is_local(name, module, plan)
-                       else _routed(name, module, processor, plan, Route(ctx, state, name)))
+                       else _routed(name, module, processor, plan,
+                                    Route(ctx, state, name, split_keys=_splits_keys(name, plan))))
     set_processors(transformer, chosen)
     return original
 

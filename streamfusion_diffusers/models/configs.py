@@ -422,6 +422,7 @@ register_model(ModelFamily("longcat-image", "LongCatImageTransformer2DModel", pl
 register_model(ModelFamily("krea2", "Krea2Transformer2DModel", plan="krea2"))
 register_model(ModelFamily("cosmos3", "Cosmos3OmniTransformer", plan="cosmos3"))
 register_model(ModelFamily("minimax-h3", "MiniMaxH3Transformer3DModel", plan="minimax_h3"))
+register_model(ModelFamily("ltx2", "LTX2VideoTransformer3DModel", plan="ltx2"))
 # Z-Image-Turbo: distilled (guidance 0), 9 scheduler steps (8 transformer calls), latents unpacked (in_channels
 # the VAE's) and patched 2 x 2 by the transformer
 register_model(ModelFamily(

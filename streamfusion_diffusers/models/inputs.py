@@ -16,6 +16,7 @@ from diffusers import (ChronoEditTransformer3DModel, Flux2Transformer2DModel, Fl
                        HunyuanVideo15Transformer3DModel, HunyuanVideoTransformer3DModel, Krea2Transformer2DModel, LongCatImageTransformer2DModel,
                        LTXVideoTransformer3DModel, QwenImageTransformer2DModel, WanTransformer3DModel,
                        ZImageTransformer2DModel)
+from diffusers import LTX2VideoTransformer3DModel
 from diffusers import MiniMaxH3Transformer3DModel
 from diffusers import Cosmos3OmniTransformer
 
@@ -29,6 +30,7 @@ FAMILIES: dict[str, type] = {"flux": FluxTransformer2DModel, "flux2": Flux2Trans
                              "longcat-image": LongCatImageTransformer2DModel, "krea2": Krea2Transformer2DModel,
                              "z-image": ZImageTransformer2DModel,
                              "minimax-h3": MiniMaxH3Transformer3DModel,
+                             "ltx2": LTX2VideoTransformer3DModel,
                              "cosmos3": Cosmos3OmniTransformer,
                              "hunyuan-video-1.5": HunyuanVideo15Transformer3DModel}
 
@@ -46,9 +48,10 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
            audio: int = 0, seed: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
            ) -> dict[str, Any]:
     """Forward keyword arguments; `padded_text` trailing text tokens of the last batch row are masked out;
-    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps), Wan only; `audio`: the
-    audio tokens, MiniMax-H3's (both stereo channels; 0: 4 a video frame and one more, a channel); `references`:
-    input images' (rows, cols) token grids after the image's tokens (Flux.1, Flux.2, Qwen-Image)."""
+    `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps; LTX-2's conditioning
+    pipelines'), Wan and LTX-2; `audio`: the audio tokens, LTX-2's or MiniMax-H3's (both stereo channels; 0: 4 a
+    video frame and one more, a channel); `references`: input images' (rows, cols) token grids after the image's
+    tokens (Flux.1, Flux.2, Qwen-Image)."""
     g = torch.Generator(device=device).manual_seed(seed)
     b, t = batch, text
 
@@ -115,6 +118,19 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
         return {"hidden_states": randn(b, frames * rows * cols, config["in_channels"]),
                 "encoder_hidden_states": randn(b, t, config["caption_channels"]), "timestep": timestep,
                 "encoder_attention_mask": mask, "num_frames": frames, "height": rows, "width": cols}
+    if family == "ltx2":  # LTX2Pipeline's: video and audio latents, a prompt for each stream with one mask
+        video, audio = frames * rows * cols, audio or 4 * frames + 1
+        projected = config.get("use_prompt_embeddings", True)  # LTX-2.3's connectors project the prompt already
+        widths = [config["caption_channels"]] * 2 if projected else [config["cross_attention_dim"],
+                                                                     config["audio_cross_attention_dim"]]
+        return {"hidden_states": randn(b, video, config["in_channels"]),
+                "audio_hidden_states": randn(b, audio, config["audio_in_channels"]),
+                "encoder_hidden_states": randn(b, t, widths[0]),
+                "audio_encoder_hidden_states": randn(b, t, widths[1]),
+                "timestep": torch.rand(b, video, generator=g, device=device, dtype=dtype) * 1000
+                if token_timesteps else timestep, "audio_timestep": timestep, "sigma": timestep,
+                "encoder_attention_mask": mask, "audio_encoder_attention_mask": mask,
+                "num_frames": frames, "height": rows, "width": cols, "audio_num_frames": audio}
     latents = randn(b, config["in_channels"], frames, 2 * rows, 2 * cols)  # 2x2 patches
     if family == "hunyuan-video-1.5":  # text-to-video: zero image embeddings (their tokens masked), a ByT5 prompt
         glyphs = torch.ones(b, 3, dtype=torch.long, device=device)

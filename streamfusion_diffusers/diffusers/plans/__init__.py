@@ -19,9 +19,7 @@ from .plan import ModelPlan
 
 
 # diffusers plans whose attention the split cannot serve exactly, and why
-REFUSED = {
-    "LTX2VideoTransformer3DModel": "its audio stream (whole on every rank) cross-attends the split video tokens",
-}
+REFUSED: dict[str, str] = {}
 
 
 def plan_for(transformer: torch.nn.Module) -> ModelPlan:

@@ -25,10 +25,14 @@ class ModelPlan:
     cp_plan: ContextParallelModelPlan
     source: str
     local_attention: tuple[str, ...] = ()  # fnmatch patterns of attention modules over unsplit keys (cross-attn)
+    split_key_attention: tuple[str, ...] = ()  # fnmatch patterns of attention modules whose queries are whole
+    # on every rank and whose keys are the split tokens (LTX-2's audio attending the video)
     key_masks: tuple[str, ...] = ()  # forward inputs that mask keys of the split self-attention
     drop_full_masks: bool = False  # the model runs as without a key mask that keeps every key, so it is dropped
     # (its forward then reads nothing of it back to the host, which a CUDA-graph capture could not)
     adapters: dict[type, type] = field(default_factory=dict)  # stock processor -> ours (no dispatch_attention_fn)
+    stock_processors: tuple[type, ...] = ()  # processors besides the modules' default that the model builds them
+    # with (LTX-2.3's perturbed attention): they call dispatch_attention_fn, so they are routed as the default is
     text_last: bool = False  # the self-attention takes [image ; text] rows (else [text ; image])
     text_whole: bool = False  # the text stays whole on every rank, attended as joint tokens, at any length
     image_input: str = "hidden_states"  # the split input whose tokens the gathered output holds

@@ -18,6 +18,7 @@ import torch
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
 from torch import Tensor
 
+from ...attention.split_keys import split_key_attention
 from ...context import ParallelContext
 from .base import ShardState, attend
 
@@ -27,11 +28,13 @@ BACKEND = "streamfusion"
 @dataclass(frozen=True)
 class Route:
     """What the backend needs of one processor: the context, the shard state the split hooks keep (or the
-    caller's) and the module's name for messages."""
+    caller's) and the module's name for messages. split_keys: its queries are whole on every rank and its keys
+    the split image/video tokens (`split_key_attention`), not rows of the split sequence."""
 
     ctx: ParallelContext
     state: ShardState
     module: str
+    split_keys: bool = False
 
 
 def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
@@ -46,6 +49,8 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
     if dropout_p or is_causal or enable_gqa:
         raise ValueError(f"{route.module}: sequence-parallel attention is non-causal, without dropout or GQA")
     layout = route.state.layout
+    if route.split_keys:
+        return _split_keys(query, key, value, route, attn_mask, scale)
     key_mask = None
     if attn_mask is not None and (getattr(route.state, "key_padding", False) or not (
             getattr(route.state, "masks_checked", False) or _keeps_all(attn_mask))):
@@ -57,6 +62,20 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
                              f"rank holds {rows} rows of the split sequence: list the module in its plan's "
                              f"local_attention (attention to tokens that are not split)")
     return attend(query, key, value, route.ctx, route.state, scale, key_mask)
+
+
+def _split_keys(query: Tensor, key: Tensor, value: Tensor, route: Route, attn_mask: Tensor | None,
+                scale: float | None) -> Tensor:
+    """Whole queries over this rank's split image/video keys, merged over the ranks."""
+    layout = route.state.layout
+    if attn_mask is not None and not _keeps_all(attn_mask):
+        raise ValueError(f"{route.module} got an attention mask: its keys are split over the ranks, so it attends "
+                         f"them unmasked; call the transformer without one")
+    if layout is not None and key.shape[1] != layout.image_lens[layout.rank]:
+        raise ValueError(f"{route.module} attends {key.shape[1]} keys, but this rank holds "
+                         f"{layout.image_lens[layout.rank]} split image/video tokens: list only attention over the "
+                         f"split tokens in its plan's split_key_attention")
+    return split_key_attention(query, key, value, route.ctx, scale)
 
 
 def _keeps_all(mask: Tensor) -> bool:
