@@ -136,6 +136,14 @@ class CfgSplitHook(ModelHook):
         self.warned = True
 
 
+def check_cfg(transformer: torch.nn.Module) -> None:
+    """Refuse, before parallelize changes anything, a transformer whose forward takes no `hidden_states` batch to
+    split over the guidance branches (Z-Image's per-row lists, Cosmos3's packed sequence of one prompt)."""
+    if "hidden_states" not in inspect.signature(transformer.forward).parameters:
+        raise ValueError(f"cfg parallelism splits the guidance batch of hidden_states, which "
+                         f"{type(transformer).__name__}'s forward does not take: pass cfg=1")
+
+
 def cfg_hook(target: Any, ctx: ParallelContext) -> CfgSplitHook:
     """The CFG hook for `parallelize(target, ctx)`; for a pipeline of PAIRED, pairing its two guidance calls per
     step (others, such as CogVideoX's one call of batch 2, are split as they come)."""
@@ -169,4 +177,4 @@ def _output(bound: inspect.BoundArguments, sample: Tensor) -> Any:
     return Transformer2DModelOutput(sample=sample) if bound.arguments.get("return_dict", True) else (sample,)
 
 
-__all__ = ["CFG_HOOK", "CfgSplitHook", "cfg_hook"]
+__all__ = ["CFG_HOOK", "CfgSplitHook", "cfg_hook", "check_cfg"]

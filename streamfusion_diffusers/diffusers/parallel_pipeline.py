@@ -17,7 +17,7 @@ import torch
 
 from ..context import ParallelContext
 from ..core.logs import say_once
-from .cfg import CFG_HOOK, cfg_hook
+from .cfg import CFG_HOOK, cfg_hook, check_cfg
 from .graphs import GRAPH_HOOK, GraphedForward, check_graphable
 from .plans import ModelPlan, plan_for
 from .overlap_mlp import overlap_mlp_hooks
@@ -81,6 +81,9 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
         ctx.layout(transformers[0].config.get("num_attention_heads"))
     if cuda_graph:
         check_graphable(ctx)
+    if ctx.config.cfg != 1:
+        for transformer in transformers:
+            check_cfg(transformer)
     for transformer, plan in zip(transformers, plans):
         transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph)
     transformer = transformers[0]
