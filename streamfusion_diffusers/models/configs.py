@@ -222,6 +222,32 @@ TINY_HUNYUAN_VIDEO_15: dict[str, Any] = {"attention_head_dim": 16, "image_embed_
                                          "num_attention_heads": 8, "num_layers": 1, "num_refiner_layers": 1,
                                          "out_channels": 4, "rope_axes_dim": (4, 6, 6), "task_type": "t2v",
                                          "text_embed_2_dim": 16, "text_embed_dim": 32}
+# MiniMaxAI/MiniMax-H3 transformer/config.json: the class defaults (33B), one packed [text ; audio ; video] sequence
+MINIMAX_H3: dict[str, Any] = {
+    "attention_head_dim": 128,
+    "audio_in_channels": 32,
+    "ffn_dim": 14336,
+    "final_norm_eps": 1e-05,
+    "freq_dim": 256,
+    "hidden_size": 5376,
+    "in_channels": 24,
+    "norm_eps": 1e-05,
+    "num_attention_heads": 56,
+    "num_layers": 50,
+    "num_refiner_layers": 2,
+    "patch_size": (1, 2, 2),
+    "qk_norm_eps": 1e-05,
+    "rope_freq_dim": 16,
+    "rope_theta": 10000.0,
+    "text_dim": 5120,
+    "time_embed_dim": 2688,
+    "time_embed_hidden_dim": 5376,
+}
+# rope_freq_dim 2: the three axes rotate 2 x 3 x 2 of a head's 16 channels
+TINY_MINIMAX_H3: dict[str, Any] = {"attention_head_dim": 16, "audio_in_channels": 4, "ffn_dim": 128, "freq_dim": 32,
+                                   "hidden_size": 64, "in_channels": 4, "num_attention_heads": 8, "num_layers": 1,
+                                   "num_refiner_layers": 1, "rope_freq_dim": 2, "text_dim": 32, "time_embed_dim": 32,
+                                   "time_embed_hidden_dim": 64}
 
 JOINT = ("flux", "flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
 EDIT = ("qwen-image-edit", "flux-kontext")  # pipeline families whose every call edits an input image
@@ -276,11 +302,16 @@ class ModelSpec:
     extras: dict[str, Any] = field(default_factory=dict)  # the family's own settings (Wan: boundary_ratio, ...)
     images: int = 0  # input images a call takes (`generate --image`): edits' references, Flux.2's, Wan TI2V's first
     # frame; 0: none
+    # a video VAE that decodes overlapping chunks (MiniMax-H3's: 17 frames from 5 latent frames, the last 3 shared
+    # with the next chunk): (frames, latent frames) of a chunk; frames are chunk[0] x n + chunk[1], from
+    # chunk[1] x n + 2 latent frames. None: `temporal` frames per latent frame after the first
+    chunk: tuple[int, int] | None = None
 
     def image_tokens(self, height: int, width: int, frames: int = 1) -> int:
         """Image/video tokens the transformer sees at this size (the one formula): latent frames, over
         CogVideoX 1.5's temporal patch, times latent pixels over the patch size, each side."""
-        latent_frames = (frames - 1) // self.temporal + 1
+        latent_frames = (frames - 1) // self.temporal + 1 if self.chunk is None else \
+            (frames - self.chunk[1]) // self.chunk[0] * self.chunk[1] + 2
         p_t = self.transformer.get("patch_size_t") or 1
         side = self.vae_scale * self.patch
         return (latent_frames // p_t) * (height // side) * (width // side)
@@ -298,6 +329,13 @@ class ModelSpec:
         heads = cfg.get("num_attention_heads") or cfg["n_heads"]
         blocks = cfg.get("num_layers", cfg.get("n_layers", 1)) + cfg.get("num_single_layers", 0)
         return heads, cfg.get("attention_head_dim") or cfg["dim"] // heads, blocks
+
+    def frames_refusal(self, frames: int) -> str | None:
+        """Why the video VAE would not make `frames` frames as given (the pipeline would round them), else None."""
+        per, rest = self.chunk or (self.temporal, 1)
+        if frames >= rest and (frames - rest) % per == 0:
+            return None
+        return f"must be {per}k + {rest} (e.g. {max(rest, (frames - rest) // per * per + rest)})"
 
     @property
     def video(self) -> bool:
@@ -421,7 +459,15 @@ register_model(ModelFamily("ltx", "LTXVideoTransformer3DModel", plan="ltx"))
 register_model(ModelFamily("longcat-image", "LongCatImageTransformer2DModel", plan="longcat_image"))
 register_model(ModelFamily("krea2", "Krea2Transformer2DModel", plan="krea2"))
 register_model(ModelFamily("cosmos3", "Cosmos3OmniTransformer", plan="cosmos3"))
-register_model(ModelFamily("minimax-h3", "MiniMaxH3Transformer3DModel", plan="minimax_h3"))
+# MiniMax-H3: guidance-distilled, video with stereo sound at 24 fps, 5 to 15 seconds (17n + 5 frames); 768 x 1344 its
+# 16:9 canvas, 1 x 2 x 2 patches of a 16x VAE
+register_model(ModelFamily(
+    "minimax-h3", "MiniMaxH3Transformer3DModel", pipeline="minimax_h3", plan="minimax_h3",
+    models={"tiny-minimax-h3": ModelSpec("minimax-h3", TINY_MINIMAX_H3, 64, 64, 124, 4, 1024, None, vae_scale=16,
+                                         temporal=4, chunk=(17, 5)),
+            "minimax-h3": ModelSpec("minimax-h3", MINIMAX_H3, 768, 1344, 124, 50, 1024, None, vae_scale=16,
+                                    temporal=4, chunk=(17, 5))},
+    tiny={"minimax-h3": "tiny-minimax-h3"}))
 register_model(ModelFamily("ltx2", "LTX2VideoTransformer3DModel", plan="ltx2"))
 # Z-Image-Turbo: distilled (guidance 0), 9 scheduler steps (8 transformer calls), latents unpacked (in_channels
 # the VAE's) and patched 2 x 2 by the transformer

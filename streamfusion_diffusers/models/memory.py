@@ -32,10 +32,10 @@ ATTENTION_BUFFERS = 6.0  # Q, K, V of the local tokens, sent and received by the
 # (BENCHMARKS.md, "VAE decode of the newer models"): Flux.2's VAE 9.7 GiB at 2048^2 (Flux.1's is the same
 # architecture), Qwen-Image's 7.2 GiB at 1328^2, Wan 2.1's 10.2 GiB at 49 x 720 x 1280 (Wan 2.2's 11.5 GiB at
 # 49 x 704 x 1280); CogVideoX's is not measured: Wan's figure stands in. The edit models decode with their base's VAE,
-# Z-Image with Flux.1's; HunyuanVideo 1.5's is not measured: Wan's figure stands in.
+# Z-Image with Flux.1's; HunyuanVideo 1.5's and MiniMax-H3's are not measured: Wan's figure stands in.
 VAE_BYTES_PER_PIXEL = {"flux": 2.5e3, "flux-kontext": 2.5e3, "flux2": 2.5e3, "z-image": 2.5e3, "qwen-image": 4.4e3,
                        "qwen-image-edit": 4.4e3, "wan": 12e3, "cogvideox": 12e3,
-                       "hunyuan-video-1.5": 12e3}
+                       "hunyuan-video-1.5": 12e3, "minimax-h3": 12e3}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordLevel
-from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
+from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor, Qwen3VLProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 # Enough words for demo prompts; anything else becomes <unk>.
@@ -84,6 +84,20 @@ def qwen_vl_processor(tokenizer: PreTrainedTokenizerFast, max_pixels: int | None
     return ImageOnlyQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(**limits), tokenizer=tokenizer)
 
 
+class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
+    """Qwen3-VL's processor without a video processor (as ImageOnlyQwen2VLProcessor): MiniMax-H3 reads its token
+    types only, which the vision tokens of `qwen_vl_tokenizer` mark."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any):
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+def qwen3_vl_processor(tokenizer: PreTrainedTokenizerFast) -> ImageOnlyQwen3VLProcessor:
+    """Qwen3-VL's processor over images: 16-pixel patches, merged 2 x 2."""
+    return ImageOnlyQwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, merge_size=2),
+                                     tokenizer=tokenizer)
+
+
 # Qwen's chat turns as text (Z-Image's Qwen3 asks enable_thinking=True: no thinking block added; HunyuanVideo 1.5's
 # Qwen2.5-VL a system turn, then the prompt's)
 QWEN_CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -102,5 +116,5 @@ def mistral_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
                           "<s> $A", max_length, chat_template=CHAT_TEMPLATE)
 
 
-__all__ = ["WORDS", "ImageOnlyQwen2VLProcessor", "clip_tokenizer", "mistral_tokenizer", "qwen_chat_tokenizer", "qwen_tokenizer", "qwen_vl_processor",
+__all__ = ["WORDS", "ImageOnlyQwen2VLProcessor", "ImageOnlyQwen3VLProcessor", "clip_tokenizer", "mistral_tokenizer", "qwen_chat_tokenizer", "qwen_tokenizer", "qwen3_vl_processor", "qwen_vl_processor",
            "qwen_vl_tokenizer", "t5_tokenizer", "word_tokenizer"]

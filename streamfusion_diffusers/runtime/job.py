@@ -125,9 +125,9 @@ def check_size(spec: ModelSpec, height: int, width: int, frames: int | None) -> 
         return
     if not spec.video:
         raise ValueError("--frames is for video models (CogVideoX, Wan); drop it")
-    ratio = spec.temporal
-    if (frames - 1) % ratio:
-        raise ValueError(f"--frames {frames}: must be {ratio}k + 1 (e.g. {(frames - 1) // ratio * ratio + 1})")
+    refusal = spec.frames_refusal(frames)
+    if refusal:
+        raise ValueError(f"--frames {frames}: {refusal}")
 
 
 def check_guidance(model: str, guidance_scale: float | None, true_cfg_scale: float | None) -> None:

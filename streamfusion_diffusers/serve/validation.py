@@ -264,9 +264,9 @@ class Checker:
         elif request.num_frames is not None:
             _within("num_frames", request.num_frames, *self.ranges["num_frames"])
             frames = request.num_frames
-        ratio = self.job.spec.temporal
-        if (frames - 1) % ratio:
-            raise bad("num_frames", f"num_frames {frames}: must be {ratio}k + 1 (e.g. {(frames - 1) // ratio * ratio + 1})")
+        refusal = self.job.spec.frames_refusal(frames)
+        if refusal:
+            raise bad("num_frames", f"num_frames {frames}: {refusal}")
         self._tokens(common["height"], common["width"], frames)
         return Request(**common, frames=frames, images=() if reference is None else (reference,))
 
