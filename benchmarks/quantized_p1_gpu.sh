@@ -5,14 +5,15 @@
 # image against the default bf16 one (same seed); plain diffusers eager and compiled beside them, in bf16 and
 # with torchao fp8-dynamic (benchmarks/p1_overhead.py). The GPU tests of the paths first. Logs and quantized_p1.json under $OUT.
 # Run from the project root on one GPU: bash benchmarks/quantized_p1_gpu.sh ["MODEL SIZE STEPS" ...]
-# (default: flux-dev 1024 and qwen-image 1328); QUANTIZED_TESTS=0 skips the tests, QUANTIZED_RUNS names the runs.
+# (default: flux-dev 1024 and qwen-image 1328); QUANTIZED_TESTS=0 skips the tests, QUANTIZED_RUNS names the runs,
+# QUANTIZED_WORK keeps their outputs (a temporary folder otherwise).
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-outputs}; mkdir -p "$OUT"
 [ "${QUANTIZED_TESTS:-1}" = 1 ] && { timeout 200 python -m pytest -m gpu -x -q tests/test_kernels_gpu.py -k quantized 2>&1 | tail -5
   timeout 300 python -m pytest -m gpu -x -q tests/test_compiled.py -k captured 2>&1 | tail -10; } \
   > "$OUT/quantized_tests.log"
-work=$(mktemp -d)
+work=${QUANTIZED_WORK:-$(mktemp -d)}; mkdir -p "$work"
 specs=("$@"); [ ${#specs[@]} -gt 0 ] || specs=("flux-dev 1024 8" "qwen-image 1328 6")
 runs=${QUANTIZED_RUNS:-bf16 compile fp8-dynamic int8-attention fp8-attention fastest}
 declare -A FLAGS=([bf16]="" [compile]="--compile" [fp8-dynamic]="--quantize fp8-dynamic"
