@@ -47,7 +47,8 @@ EXAMPLES = [
     wire.Build(1, 1, JOB), wire.WarmUp(1, 2), wire.Run(1, 3, [REQUEST, REQUEST], 12.5),
     wire.Cancel(1, 3), wire.Stop(1, True), wire.Spawned(1, 999), wire.Exited(1, -9),
     wire.Result(1, {"build_s": 1.5, "startup_s": {"join": 0.2}, "pid": 7, "record": None}),
-    wire.Images(1, [PREVIEW, PREVIEW[..., 0]], False, [{"request_id": "req-1", "steps": [0.1, 0.2]}]),
+    wire.Images(1, [PREVIEW, PREVIEW[..., 0]], False, [{"request_id": "req-1", "steps": [0.1, 0.2]}],
+                [b"RIFF....WAVE", None]),
     wire.Failed(1, "Traceback (most recent call last):\nValueError: boom"),
     wire.Note(1, StepNote(["req-1", "req-2"], 1, 2, 0.25, {"req-1": PREVIEW})),
 ]
@@ -92,17 +93,19 @@ def test_a_run_answer_carries_its_pixels_as_arrays_and_comes_back_as_pil_images(
     image = Image.fromarray(np.full((8, 6, 3), 200, np.uint8))
     frames = [Image.fromarray(np.full((4, 4, 3), v, np.uint8)) for v in (1, 2, 3)]
     sender, receiver = pair()
-    for pixels, video in (([image, image], False), ([frames], True)):
-        message = wire.answer(5, True, {"pixels": pixels, "records": [{"seconds": 1.0}]})
+    for pixels, video, audio in (([image, image], False, [None, None]), ([frames], True, [b"RIFF....WAVE"])):
+        message = wire.answer(5, True, {"pixels": pixels, "audio": audio, "records": [{"seconds": 1.0}]})
         assert isinstance(message, wire.Images) and message.video is video
         sender.send(message)
         ok, value = wire.received(receiver.receive())
         back = value["pixels"]
-        assert ok and value["records"] == [{"seconds": 1.0}]
+        assert ok and value["records"] == [{"seconds": 1.0}] and value["audio"] == audio
         flat = [f for p in back for f in p] if video else back
         want = [f for p in pixels for f in p] if video else pixels
         assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(flat, want))
     assert wire.received(wire.answer(5, False, "Traceback ...\nKeyError: 'x'")) == (False, "Traceback ...\nKeyError: 'x'")
+    with pytest.raises(wire.WireError, match="0 sounds for 1 generations"):  # one sound (or None) per generation
+        wire.Images(5, [PREVIEW], False, [{}], [])
     with pytest.raises(wire.WireError, match="JSON"):  # a value the wire does not declare is refused at the sender
         wire.frame(wire.answer(5, True, {"thing": object()}))
 

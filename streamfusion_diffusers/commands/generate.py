@@ -37,9 +37,12 @@ logger = logging.getLogger(__name__)
 
 
 def write_outputs(job: Job, answer: dict) -> dict:
-    """The output files and run.json of the job's one generation; its record, with the files it wrote."""
-    record = answer["records"][0]
-    record["outputs"] = output.write(answer["pixels"][0], job.spec.video, job.output)
+    """The output files and run.json of the job's one generation; its record, with the files it wrote (and, from a
+    model that makes sound, what the sound is and whether the mp4 holds it)."""
+    record, audio = answer["records"][0], answer["audio"][0]
+    record["outputs"] = output.write(answer["pixels"][0], job.spec.video, job.output, job.spec.fps, audio)
+    if audio is not None:
+        record["audio"] = {**output.sound(audio), "muxed": any(p.endswith(".mp4") for p in record["outputs"])}
     (Path(job.output) / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 

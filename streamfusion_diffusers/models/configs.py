@@ -249,6 +249,7 @@ TINY_MINIMAX_H3: dict[str, Any] = {"attention_head_dim": 16, "audio_in_channels"
                                    "num_refiner_layers": 1, "rope_freq_dim": 2, "text_dim": 32, "time_embed_dim": 32,
                                    "time_embed_hidden_dim": 64}
 
+FPS = 8  # frames a second of a video model's mp4s unless its ModelSpec says otherwise
 JOINT = ("flux", "flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
 EDIT = ("qwen-image-edit", "flux-kontext")  # pipeline families whose every call edits an input image
 
@@ -302,6 +303,8 @@ class ModelSpec:
     extras: dict[str, Any] = field(default_factory=dict)  # the family's own settings (Wan: boundary_ratio, ...)
     images: int = 0  # input images a call takes (`generate --image`): edits' references, Flux.2's, Wan TI2V's first
     # frame; 0: none
+    fps: int = FPS  # frames a second of its videos (the mp4's rate, `seconds` of serve's requests); a model that
+    # makes sound makes it for frames / fps seconds
     # a video VAE that decodes overlapping chunks (MiniMax-H3's: 17 frames from 5 latent frames, the last 3 shared
     # with the next chunk): (frames, latent frames) of a chunk; frames are chunk[0] x n + chunk[1], from
     # chunk[1] x n + 2 latent frames. None: `temporal` frames per latent frame after the first

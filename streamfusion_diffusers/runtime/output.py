@@ -1,20 +1,25 @@
-"""What a generation's pixels become: PNG or mp4 bytes (what `serve` answers) and files (what `generate` writes),
-encoded off the ranks, so a group's GPUs go on to the next request while its last result is encoded."""
+"""What a generation's pixels and sound become: PNG or mp4 bytes (what `serve` answers) and files (what `generate`
+writes), encoded off the ranks, so a group's GPUs go on to the next request while its last result is encoded. A
+model that makes sound (LTX-2) gives WAV bytes beside its frames (`wav`, made on rank 0: a copy to 16-bit PCM),
+written as audio.wav and muxed into the mp4 as its sound track."""
 from __future__ import annotations
 
 import importlib.util
 import io
 import logging
 import os
+import subprocess
 import tempfile
+import wave
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..core.extras import install_hint
+from ..models.configs import FPS
 
 logger = logging.getLogger(__name__)
-
-FPS = 8  # frames per second of every mp4 written or served: `seconds` s of video is FPS x seconds + 1 frames
 
 
 def to_pil(images: Any) -> list:
@@ -47,40 +52,83 @@ def image_bytes(image: Any, fmt: str = "png", quality: int = 100) -> bytes:
     return buffer.getvalue()
 
 
-def mp4(frames: list) -> bytes:
-    """PIL frames as mp4 bytes (what `generate`'s video.mp4 holds)."""
+def wav(waveform: np.ndarray, rate: int) -> bytes:
+    """A waveform (channels x samples, or samples; floats in [-1, 1], clipped) as 16-bit PCM WAV bytes at `rate`
+    samples a second: the stdlib's writer, so sound needs no dependency."""
+    samples = np.clip(np.atleast_2d(np.asarray(waveform, dtype=np.float32)), -1.0, 1.0)
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(samples.shape[0])
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(np.round(samples.T * 32767).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+def sound(audio: bytes) -> dict[str, Any]:
+    """What WAV bytes hold: sample rate, channels and seconds (run.json's "audio")."""
+    with wave.open(io.BytesIO(audio)) as read:
+        rate = read.getframerate()
+        return {"sample_rate": rate, "channels": read.getnchannels(), "seconds": read.getnframes() / rate}
+
+
+def mp4(frames: list, fps: int = FPS, audio: bytes | None = None) -> bytes:
+    """PIL frames as mp4 bytes at `fps` frames a second (what `generate`'s video.mp4 holds); `audio` (WAV bytes)
+    muxed in as its AAC sound track by imageio-ffmpeg's ffmpeg, the video stream copied as it was encoded."""
     from diffusers.utils import export_to_video
 
     with tempfile.TemporaryDirectory() as folder:
-        path = export_to_video(frames, os.path.join(folder, "video.mp4"), fps=FPS)
+        path = export_to_video(frames, os.path.join(folder, "video.mp4"), fps=fps)
+        if audio is not None:
+            path = _muxed(folder, path, audio)
         return Path(path).read_bytes()
 
 
-def encode(pixels: Any, video: bool, fmt: str = "png", quality: int = 100) -> bytes:
+def _muxed(folder: str, video: str, audio: bytes) -> str:
+    """The mp4 at `video` with `audio` as its sound track, written beside it in `folder`."""
+    import imageio_ffmpeg
+
+    sound_path, muxed = os.path.join(folder, "audio.wav"), os.path.join(folder, "muxed.mp4")
+    Path(sound_path).write_bytes(audio)
+    done = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-i", video, "-i", sound_path,
+                           "-map", "0:v", "-map", "1:a", "-c:v", "copy", "-c:a", "aac", muxed],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"ffmpeg could not mux the sound into the mp4: {done.stderr.strip()[-300:]}")
+    return muxed
+
+
+def encode(pixels: Any, video: bool, fmt: str = "png", quality: int = 100, fps: int = FPS,
+           audio: bytes | None = None) -> bytes:
     """One generation's pixels (a PIL image, or a video's PIL frames) as the bytes `serve` answers: an image in
-    `fmt` (image_bytes), a video as mp4."""
-    return mp4(pixels) if video else image_bytes(pixels, fmt, quality)
+    `fmt` (image_bytes), a video as mp4 at `fps`, its `audio` (WAV bytes) muxed in."""
+    return mp4(pixels, fps, audio) if video else image_bytes(pixels, fmt, quality)
 
 
-def write(pixels: Any, video: bool, folder: str) -> list[str]:
-    """One generation's pixels as files in `folder`: image.png, else video.mp4 (PNG frames without an encoder)."""
+def write(pixels: Any, video: bool, folder: str, fps: int = FPS, audio: bytes | None = None) -> list[str]:
+    """One generation's pixels as files in `folder`: image.png, else video.mp4 at `fps` (PNG frames without an
+    encoder); its `audio` (WAV bytes) as audio.wav beside them, muxed into video.mp4 too."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     if not video:
         path = out / "image.png"
         pixels.save(path)
         return [str(path)]
+    sounds: list[Path] = []
+    if audio is not None:
+        sounds.append(out / "audio.wav")
+        sounds[0].write_bytes(audio)
     if importlib.util.find_spec("imageio_ffmpeg") is not None:
         path = out / "video.mp4"
-        path.write_bytes(mp4(pixels))
-        return [str(path)]
+        path.write_bytes(mp4(pixels, fps, audio))
+        return [str(p) for p in (path, *sounds)]
     logger.warning("no video encoder installed: writing the frames as PNGs (for video.mp4: %s)",
                    install_hint("diffusers"))
     (out / "frames").mkdir(exist_ok=True)
     paths = [out / "frames" / f"{i:03d}.png" for i in range(len(pixels))]
     for frame, path in zip(pixels, paths):
         frame.save(path)
-    return [str(p) for p in paths]
+    return [str(p) for p in (*paths, *sounds)]
 
 
-__all__ = ["FPS", "IMAGE_FORMATS", "PNG", "encode", "image_bytes", "mp4", "png", "to_pil", "write"]
+__all__ = ["IMAGE_FORMATS", "PNG", "encode", "image_bytes", "mp4", "png", "sound", "to_pil", "wav", "write"]

@@ -246,17 +246,20 @@ class Result(Message):
 
 @dataclass(frozen=True)
 class Images(Message):
-    """Rank 0's answer to a run: each generation's pixels (an image H x W [x C], a video F x H x W [x C], uint8)
-    and the records."""
+    """Rank 0's answer to a run: each generation's pixels (an image H x W [x C], a video F x H x W [x C], uint8),
+    the records, and each generation's sound (WAV bytes, None from a silent model)."""
 
     pool: int
     pixels: list[np.ndarray]
     video: bool
     records: Json
+    audio: list[bytes | None]
     limits = POOL
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if len(self.audio) != len(self.pixels):
+            raise WireError(f"{len(self.audio)} sounds for {len(self.pixels)} generations: one each (None: silent)")
         dims = (3, 4) if self.video else (2, 3)
         for p in self.pixels:
             if p.dtype != np.uint8 or p.ndim not in dims or 0 in p.shape or (p.ndim == dims[1] and p.shape[-1] > 4):
@@ -304,7 +307,7 @@ def answer(pool: int, ok: bool | None, value: Any) -> Message:
     if isinstance(value, dict) and "pixels" in value:
         video = any(not isinstance(p, Image.Image) for p in value["pixels"])
         pixels = [np.stack([np.asarray(f) for f in p]) if video else np.asarray(p) for p in value["pixels"]]
-        return Images(pool, pixels, video, value["records"])
+        return Images(pool, pixels, video, value["records"], value["audio"])
     return Result(pool, value)
 
 
@@ -316,7 +319,7 @@ def received(message: Message) -> tuple[bool | None, Any]:
         return False, message.error
     if isinstance(message, Images):
         pixels = [[Image.fromarray(f) for f in p] if message.video else Image.fromarray(p) for p in message.pixels]
-        return True, {"pixels": pixels, "records": message.records}
+        return True, {"pixels": pixels, "audio": message.audio, "records": message.records}
     assert isinstance(message, Result), message
     return True, message.value
 

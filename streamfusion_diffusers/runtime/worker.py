@@ -26,7 +26,7 @@ import torch.distributed as dist
 from . import images
 from .build import Prepared, call_kwargs, no_autograd, prepare
 from .record import crossed, crossed_since, run_record
-from .output import to_pil
+from .output import to_pil, wav
 from ..attention.faults import EXACT, OutOfMemoryAt
 from ..core.one_time import spent, spent_since
 from ..models.pipelines import family_of
@@ -129,7 +129,7 @@ def warm_up() -> dict | None:
         warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width,
                        frames=job.frames, steps=min(job.steps, WARMUP_STEPS), seed=job.seed,
                        guidance_scale=job.guidance_scale, n=n, images=job.images or _warm_images(job))
-        records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and _SERVED.serving and n == 1)[1]
+        records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and _SERVED.serving and n == 1)[2]
         first = first or records
     if dist.get_rank() != 0:
         return None
@@ -211,9 +211,10 @@ def _warm_images(job: Job) -> tuple[bytes, ...]:
 
 
 def _generate(served: Served, batch: list[Request], deadline: float, build_s: float = 0.0,
-              fit_map: bool = False) -> tuple[list | None, list[dict] | None]:
-    """The batch's images in one pipeline call: (each image's pixels, each image's record) in request order on
-    rank 0, else (None, None); `build_s`: the build's share of the records' total (a one-request job).
+              fit_map: bool = False) -> tuple[list | None, list | None, list[dict] | None]:
+    """The batch's images in one pipeline call: (each image's pixels, each one's sound as WAV bytes or None,
+    each one's record) in request order on rank 0, else (None, None, None); `build_s`: the build's share of the
+    records' total (a one-request job).
     `fit_map`: rank 0 fits the previews' latent-to-RGB map on this call's first image (the warm-up)."""
     job = batch[0].job(served.job)  # the call's shape: every request of a batch shares it
     plan = call_plan(batch)
@@ -232,8 +233,6 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
     started = time.perf_counter()
     pipe = served.prepared.pipe
     if batch[0].images:  # every request of the batch has the same (runtime/request.py's shape)
-        from ..models.pipelines import family_of
-
         family = family_of(job.model)
         pipe = family.image_pipeline(job.spec, pipe)
         kwargs.update(family.image_kwargs(job.spec, [images.decode(data) for data in batch[0].images]))
@@ -256,11 +255,14 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
         raise
     moved, once = crossed_since(served.prepared.ctx, before), spent_since(first)
     if dist.get_rank() != 0:
-        return None, None
+        return None, None, None
     if not served.job.spec.video:
         result.images = to_pil(result.images)
     seconds = phases.now() - started
     pixels = plan.unshuffle(list(result.frames if served.job.spec.video else result.images))
+    sound = family_of(job.model).audio(pipe, result)
+    audio = [None] * len(pixels) if sound is None else \
+        plan.unshuffle([wav(w, sound[1]) for w in sound[0].float().cpu().numpy()])
     if fit_map and agreement.latents is not None:
         grid = latent_grid(pipe, agreement.latents[:1], job.height, job.width)[0]
         served.to_rgb = LatentToRgb(grid, np.asarray(result.images[0].convert("RGB")))
@@ -273,22 +275,23 @@ def _generate(served: Served, batch: list[Request], deadline: float, build_s: fl
                 record["lora"] = {"adapters": [{"name": n, "scale": w} for n, w in request.lora],
                                   "switch_s": switch_s}
             records.append({**record, "request_id": request.id, "batch": len(plan.seeds)})
-    return pixels, records
+    return pixels, audio, records
 
 
 def run(batch: list[Request], deadline_s: float = float("inf"), build_s: float = 0.0) -> dict | None:
     """One batch of requests (same call shape) on every rank, as one pipeline call: request i's n images have
-    seeds seed, seed + 1, ... Rank 0 answers {"pixels": [a PIL image, or a video's PIL frames, each], "records":
-    [...]} in request order, or {"stopped": "late", "cancelled" or "out_of_memory", "step": step, "steps": steps}
-    when every rank stopped the call together (a rank out of memory frees its cache: the group serves on)."""
+    seeds seed, seed + 1, ... Rank 0 answers {"pixels": [a PIL image, or a video's PIL frames, each], "audio": [its
+    sound as WAV bytes, or None, each], "records": [...]} in request order, or {"stopped": "late", "cancelled" or
+    "out_of_memory", "step": step, "steps": steps} when every rank stopped the call together (a rank out of memory
+    frees its cache: the group serves on)."""
     assert _SERVED is not None, "run before build"
     deadline = time.monotonic() + deadline_s
     try:
-        pixels, records = _generate(_SERVED, batch, deadline, build_s)
+        pixels, audio, records = _generate(_SERVED, batch, deadline, build_s)
     except Stopped as stopped:
         return {"stopped": stopped.why, "step": stopped.step, "steps": batch[0].steps} \
             if dist.get_rank() == 0 else None
-    return {"pixels": pixels, "records": records} if dist.get_rank() == 0 else None
+    return {"pixels": pixels, "audio": audio, "records": records} if dist.get_rank() == 0 else None
 
 
 def generate(job: Job) -> dict | None:

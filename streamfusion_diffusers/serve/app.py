@@ -20,7 +20,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from ..runtime.output import FPS
 from .edge import Edge, V1Gate, error_response
 from .errors import ApiError
 from .image_routes import image_routes
@@ -74,7 +73,7 @@ def make_app(service: Service, api_key: str | None, max_body_bytes: int, loopbac
         spec = service.job.spec
         config = {"model": service.job.model, "video": spec.video, "width": service.job.width,
                   "height": service.job.height, "steps": service.job.steps, "frames": service.job.frames,
-                  "fps": FPS, "size_step": spec.size_step, "max_steps": service.checker.limits.max_steps,
+                  "fps": spec.fps, "size_step": spec.size_step, "max_steps": service.checker.limits.max_steps,
                   "auth": api_key is not None, "images": spec.images,
                   "edits_only": service.checker.family.needs_image}
         html = files(__package__).joinpath("page.html").read_text()

@@ -206,7 +206,7 @@ class Service:
         error = job.work.done.exception()
         if error is None:
             result = job.work.done.result()
-            await self.videos.complete(job, result["outputs"][0], what_ran(job.work, result))
+            await self.videos.complete(job, result["outputs"][0], what_ran(job.work, result), result["audio"][0])
         elif isinstance(error, ApiError):
             self.videos.fail(job, error.code or "failed", error.message)
         else:

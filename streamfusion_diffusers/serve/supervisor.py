@@ -222,7 +222,7 @@ class Supervisor:
         for work in batch:
             work.ran = ran
             n = work.params.n
-            answer = {"pixels": result["pixels"][at:at + n], "records": result["records"][at:at + n]}
+            answer = {key: result[key][at:at + n] for key in ("pixels", "audio", "records")}
             at += n
             if work.done.done():  # cancelled while it ran: its images are dropped
                 continue
@@ -243,13 +243,14 @@ class Supervisor:
         return result
 
     async def _answer(self, work: Work, result: dict[str, Any]) -> None:
-        """Encode a finished request's pixels (its image format, or mp4) off the event loop and answer it."""
-        video = self.job.spec.video
+        """Encode a finished request's pixels (its image format, or mp4 with its sound muxed in) off the event loop
+        and answer it: the encoded outputs, each one's sound (WAV bytes, None from a silent model) and records."""
+        video, fps = self.job.spec.video, self.job.spec.fps
         try:
-            outputs = await asyncio.to_thread(lambda: [encode(pixels, video, *work.image_format)
-                                                       for pixels in result["pixels"]])
+            outputs = await asyncio.to_thread(lambda: [encode(pixels, video, *work.image_format, fps, audio)
+                                                       for pixels, audio in zip(result["pixels"], result["audio"])])
             work.encoded = time.monotonic()
-            work.finish({"outputs": outputs, "records": result["records"]})
+            work.finish({"outputs": outputs, "audio": result["audio"], "records": result["records"]})
         except Exception as err:  # noqa: BLE001 - an encoder failure fails this request only
             logger.exception("encoding the answer failed")
             work.fail(ApiError(500, f"encoding the answer failed: {type(err).__name__}", code="encode_failed"))

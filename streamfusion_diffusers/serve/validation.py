@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.job import Job
-from ..runtime.output import FPS
 from ..runtime.progress import PREVIEW_FAMILIES
 from ..runtime.request import Request
 from ..models.pipelines import adapter
@@ -68,7 +67,8 @@ class Checker:
         self.ranges: dict[str, tuple[float, float]] = {
             "n": (1, limits.max_n), "num_inference_steps": (1, limits.max_steps), "seed": (0, MAX_SEED),
             "guidance_scale": (0, 100), "num_frames": (1, limits.max_frames),
-            "seconds": (1, (limits.max_frames - 1) // FPS), "output_compression": (0, 100), "partial_images": (0, 3)}
+            "seconds": (1, (limits.max_frames - 1) // job.spec.fps), "output_compression": (0, 100),
+            "partial_images": (0, 3)}
 
     def refusal(self, errors: Sequence[dict[str, Any]], fields: tuple[str, ...]) -> ApiError:
         """pydantic's first error (FastAPI's RequestValidationError, or a form's) as a 400 naming the field and the
@@ -240,7 +240,7 @@ class Checker:
         return Request(**common, frames=1, n=request.n or 1, partial_images=partial)
 
     def video(self, request: VideoRequest) -> Request:
-        """POST /v1/videos: `seconds` (FPS x seconds + 1 frames) or `num_frames` (the model's 4k + 1)."""
+        """POST /v1/videos: `seconds` (the model's fps x seconds + 1 frames) or `num_frames` (the model's 4k + 1)."""
         if not self.job.spec.video:
             raise bad("model", f"{self.job.model} makes images: POST /v1/images/generations", "wrong_endpoint")
         reference = request.input_reference
@@ -260,7 +260,7 @@ class Checker:
         frames = self.job.frames
         if request.seconds is not None:
             _within("seconds", request.seconds, *self.ranges["seconds"])
-            frames = FPS * request.seconds + 1
+            frames = self.job.spec.fps * request.seconds + 1
         elif request.num_frames is not None:
             _within("num_frames", request.num_frames, *self.ranges["num_frames"])
             frames = request.num_frames

@@ -1,6 +1,7 @@
 """The video routes: OpenAI's /v1/videos (create, JSON or a multipart form with the first frame; list; get;
 content; delete). A video is a job (videos.py): created at once and queued, polled until it is completed, its mp4
-served from disk; deleting one stops it where it is.
+served from disk (and its sound as WAV, `variant=audio`, from a model that makes sound); deleting one stops it where
+it is.
 """
 from __future__ import annotations
 
@@ -66,12 +67,18 @@ def video_routes(service: Service) -> APIRouter:
     @router.get("/v1/videos/{video_id}/content")
     async def video_content(video_id: str, variant: str = "video") -> FileResponse:
         job = video_job(video_id)
-        if variant != "video":
-            raise ApiError(400, f"variant {variant[:40]!r}: only \"video\" is served", param="variant")
+        if variant not in ("video", "audio"):
+            raise ApiError(400, f"variant {variant[:40]!r}: \"video\" (the mp4) and \"audio\" (its sound as WAV) "
+                                f"are served", param="variant")
         if job.path is None:
             raise ApiError(409, f"video {video_id} is {job.status}: GET /v1/videos/{video_id} until its status is "
                                 f"completed", param="video_id", code="video_not_ready")
-        return FileResponse(job.path, media_type="video/mp4", filename=f"{video_id}.mp4")
+        if variant == "video":
+            return FileResponse(job.path, media_type="video/mp4", filename=f"{video_id}.mp4")
+        if job.audio is None:
+            raise ApiError(404, f"video {video_id} has no sound: {job.model} makes silent videos; ask for "
+                                f"variant=video", param="variant", code="no_audio")
+        return FileResponse(job.audio, media_type="audio/wav", filename=f"{video_id}.wav")
 
     @router.delete("/v1/videos/{video_id}")
     async def delete_video(video_id: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Video jobs as OpenAI's video API shapes them: POST gives a job id at once, GET says how it is getting on
-(status queued / in_progress / completed / failed, progress 0-100), GET .../content gives the mp4.
+(status queued / in_progress / completed / failed, progress 0-100), GET .../content gives the mp4 (with its sound
+track, from a model that makes sound), GET .../content?variant=audio that sound as WAV.
 
 Finished videos are files in a folder of the server's own (removed when it stops). A finished job is forgotten,
 its file removed, once it is older than the time to live, or when the finished jobs outnumber `--keep-videos` or
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime.output import FPS
+from ..models.configs import MODELS
 from .work import Work
 
 
@@ -50,8 +51,9 @@ class VideoJob:
     completed_at: int | None = None
     error: dict[str, str] | None = None
     path: Path | None = None
+    audio: Path | None = None  # its sound as WAV (None from a silent model)
     record: dict[str, Any] | None = None
-    size: int = 0  # bytes of its file
+    size: int = 0  # bytes of its files
     finished: float | None = None  # time.monotonic() when it completed or failed
     expires_at: int | None = None
 
@@ -76,7 +78,7 @@ class VideoJob:
         found = {"id": self.id, "object": "video", "model": self.model, "status": self.status,
                  "progress": self.progress(), "created_at": self.created_at, "completed_at": self.completed_at,
                  "expires_at": self.expires_at, "prompt": params.prompt, "size": params.size,
-                 "seconds": f"{(params.frames - 1) / FPS:g}", "error": self.error, "remixed_from_video_id": None}
+                 "seconds": f"{(params.frames - 1) / MODELS[self.model].fps:g}", "error": self.error, "remixed_from_video_id": None}
         if self.record is not None:
             found["streamfusion"] = self.record
         return found
@@ -105,15 +107,19 @@ class VideoStore:
         self.evict()
         return list(reversed(self.jobs.values()))
 
-    async def complete(self, job: VideoJob, mp4: bytes, record: dict[str, Any]) -> None:
-        """Keep a finished video: its file written in a thread (a large mp4 would hold the event loop); one
-        deleted meanwhile leaves no file."""
-        path = self.folder / f"{job.id}.mp4"
-        await asyncio.to_thread(path.write_bytes, mp4)
+    async def complete(self, job: VideoJob, mp4: bytes, record: dict[str, Any], audio: bytes | None = None) -> None:
+        """Keep a finished video and its sound (WAV bytes, None from a silent model): its files written in a thread
+        (a large mp4 would hold the event loop); one deleted meanwhile leaves no file."""
+        files = {self.folder / f"{job.id}.mp4": mp4, **({self.folder / f"{job.id}.wav": audio} if audio else {})}
+        for path, data in files.items():
+            await asyncio.to_thread(path.write_bytes, data)
         if job.id not in self.jobs:
-            path.unlink(missing_ok=True)
+            for path in files:
+                path.unlink(missing_ok=True)
             return
-        job.path, job.record, job.size = path, record, len(mp4)
+        paths = list(files)
+        job.path, job.audio = paths[0], paths[1] if audio else None
+        job.record, job.size = record, sum(map(len, files.values()))
         self._finished(job)
 
     def fail(self, job: VideoJob, code: str, message: str) -> None:
@@ -144,8 +150,9 @@ class VideoStore:
 
     def forget(self, video_id: str) -> None:
         job = self.jobs.pop(video_id, None)
-        if job is not None and job.path is not None:
-            job.path.unlink(missing_ok=True)
+        for path in (job.path, job.audio) if job is not None else ():
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

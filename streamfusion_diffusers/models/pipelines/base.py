@@ -97,6 +97,11 @@ class PipelineFamily(ABC):
         None where it is the prompt's own length."""
         return max_sequence_length
 
+    def audio(self, pipe: Any, result: Any) -> tuple[Any, int] | None:
+        """The call's sound where the model makes it: its waveforms (a tensor, outputs x channels x samples, in
+        [-1, 1]) and their sample rate, from rank 0's output; None for a silent model."""
+        return None
+
     def postprocess(self, spec: ModelSpec, pipe: Any, sample: Any) -> Any:
         """A VAE decode's sample as the pipeline's output_type "pt" makes it (what bench compares outputs by)."""
         if spec.video:
