@@ -1,12 +1,16 @@
 """`streamfusion generate --model` for the newer pipelines on 4 gloo processes: tiny Wan 2.2 (TI2V-style and
 A14B-style two experts), Qwen-Image, Flux.2, Z-Image and HunyuanVideo 1.5 each write their image or frames and a run.json that says what
-ran (size, layout, CFG split, how the VAE decoded); options a model's pipeline does not take fail before any
-process starts; Flux.2's encode-first path gives the image the whole pipeline gives; the offline tokenizers
+ran (size, layout, CFG split, how the VAE decoded); LTX-2 writes its sound beside its frames, as long as they last,
+and muxed into the mp4; options a model's pipeline does not take fail before any process starts; Flux.2's encode-first path gives the image the whole pipeline gives; the offline tokenizers
 answer the calls the pipelines make."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import re
+import subprocess
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +60,32 @@ def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, mod
     assert all(p.is_file() and p.stat().st_size > 0 for p in outputs)
     assert [p.name for p in outputs][:1] == (["video.mp4"] if len(outputs) == 1 else ["000.png"]) if video else \
         ["image.png"]
+
+
+def test_ltx2_writes_its_sound_beside_the_frames_as_long_as_they_last(pool, tmp_path):
+    """tiny-ltx2's 25 frames at 24 fps and the vocoder's 24 kHz stereo: audio.wav lasts the frames' 25 / 24 s within
+    a frame (the pipeline rounds the sound's latents to 25 a second), and video.mp4 holds it as its sound track where
+    imageio-ffmpeg is installed; run.json says what was written."""
+    job = generate.make_job(_args("--model", "tiny-ltx2", "--steps", "2", "--output", str(tmp_path)))
+    answers = pool.run(worker.generate, job)
+    run = generate.write_outputs(job, answers[0])
+    assert run["world_size"] == WORLD and run["frames"] == 25 and answers[1:] == [None] * (WORLD - 1)
+    muxed = importlib.util.find_spec("imageio_ffmpeg") is not None
+    names = [Path(p).name for p in run["outputs"]]
+    assert names[0] == ("video.mp4" if muxed else "000.png") and names[-1] == "audio.wav", names
+    with wave.open(str(tmp_path / "audio.wav")) as sound:
+        rate, channels, samples = sound.getframerate(), sound.getnchannels(), sound.getnframes()
+    assert (rate, channels) == (24000, 2) and abs(samples / rate - 25 / 24) < 1 / 24, samples
+    assert run["audio"] == {"sample_rate": rate, "channels": 2, "seconds": samples / rate, "muxed": muxed}
+    assert json.loads((tmp_path / "run.json").read_text())["audio"] == run["audio"]
+    if muxed:
+        import imageio.v3 as iio
+        import imageio_ffmpeg
+
+        assert iio.imread(tmp_path / "video.mp4", index=None, extension=".mp4").shape[:3] == (25, 64, 64)
+        said = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(tmp_path / "video.mp4")],
+                              capture_output=True, text=True).stderr
+        assert re.findall(r"Stream #\S+: (\w+): (\w+)", said) == [("Video", "h264"), ("Audio", "aac")], said
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -249,6 +249,39 @@ TINY_MINIMAX_H3: dict[str, Any] = {"attention_head_dim": 16, "audio_in_channels"
                                    "num_refiner_layers": 1, "rope_freq_dim": 2, "text_dim": 32, "time_embed_dim": 32,
                                    "time_embed_hidden_dim": 64}
 
+# Lightricks/LTX-2 transformer/config.json (19B: a video stream of 32 x 128 and an audio stream of 32 x 64)
+LTX2: dict[str, Any] = {
+    "activation_fn": "gelu-approximate",
+    "attention_bias": True,
+    "attention_head_dim": 128,
+    "attention_out_bias": True,
+    "audio_attention_head_dim": 64,
+    "audio_cross_attention_dim": 2048,
+    "audio_hop_length": 160,
+    "audio_in_channels": 128,
+    "audio_num_attention_heads": 32,
+    "audio_out_channels": 128,
+    "audio_sampling_rate": 16000,
+    "caption_channels": 3840,
+    "causal_offset": 1,
+    "cross_attention_dim": 4096,
+    "in_channels": 128,
+    "norm_elementwise_affine": False,
+    "norm_eps": 1e-06,
+    "num_attention_heads": 32,
+    "num_layers": 48,
+    "out_channels": 128,
+    "qk_norm": "rms_norm_across_heads",
+    "rope_double_precision": True,
+    "rope_theta": 10000.0,
+    "rope_type": "split",
+    "vae_scale_factors": (8, 32, 32),
+}
+TINY_LTX2: dict[str, Any] = {**LTX2, "attention_head_dim": 16, "audio_attention_head_dim": 8,
+                             "audio_cross_attention_dim": 64, "audio_in_channels": 8, "audio_num_attention_heads": 8,
+                             "audio_out_channels": 8, "caption_channels": 32, "cross_attention_dim": 128,
+                             "in_channels": 8, "num_attention_heads": 8, "num_layers": 1, "out_channels": 8}
+
 FPS = 8  # frames a second of a video model's mp4s unless its ModelSpec says otherwise
 JOINT = ("flux", "flux2", "qwen-image", "hunyuan-video")  # families whose self-attention takes the text too
 EDIT = ("qwen-image-edit", "flux-kontext")  # pipeline families whose every call edits an input image
@@ -471,7 +504,14 @@ register_model(ModelFamily(
             "minimax-h3": ModelSpec("minimax-h3", MINIMAX_H3, 768, 1344, 124, 50, 1024, None, vae_scale=16,
                                     temporal=4, chunk=(17, 5))},
     tiny={"minimax-h3": "tiny-minimax-h3"}))
-register_model(ModelFamily("ltx2", "LTX2VideoTransformer3DModel", plan="ltx2"))
+# LTX-2: 32x spatial, 8x temporal VAE, 1 x 1 patches, 24 fps (its sound spans the frames); the diffusers example's
+# 512 x 768, 121 frames, 30 steps, guidance 3
+register_model(ModelFamily(
+    "ltx2", "LTX2VideoTransformer3DModel", pipeline="ltx2", plan="ltx2",
+    models={"tiny-ltx2": ModelSpec("ltx2", TINY_LTX2, 64, 64, 25, 4, 16, 3.0, vae_scale=32, patch=1, temporal=8,
+                                   fps=24),
+            "ltx2": ModelSpec("ltx2", LTX2, 512, 768, 121, 30, 1024, 3.0, vae_scale=32, patch=1, temporal=8, fps=24)},
+    tiny={"ltx2": "tiny-ltx2"}))
 # Z-Image-Turbo: distilled (guidance 0), 9 scheduler steps (8 transformer calls), latents unpacked (in_channels
 # the VAE's) and patched 2 x 2 by the transformer
 register_model(ModelFamily(

@@ -35,7 +35,7 @@ ATTENTION_BUFFERS = 6.0  # Q, K, V of the local tokens, sent and received by the
 # Z-Image with Flux.1's; HunyuanVideo 1.5's and MiniMax-H3's are not measured: Wan's figure stands in.
 VAE_BYTES_PER_PIXEL = {"flux": 2.5e3, "flux-kontext": 2.5e3, "flux2": 2.5e3, "z-image": 2.5e3, "qwen-image": 4.4e3,
                        "qwen-image-edit": 4.4e3, "wan": 12e3, "cogvideox": 12e3,
-                       "hunyuan-video-1.5": 12e3, "minimax-h3": 12e3}
+                       "hunyuan-video-1.5": 12e3, "minimax-h3": 12e3, "ltx2": 12e3}
 
 
 @dataclass(frozen=True)

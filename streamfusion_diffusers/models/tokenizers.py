@@ -1,4 +1,5 @@
-"""Offline word-level tokenizers standing in for each pipeline's own (CLIP, T5 / UMT5, Qwen2, Qwen3, Mistral / Pixtral).
+"""Offline word-level tokenizers standing in for each pipeline's own (CLIP, T5 / UMT5, Gemma, Qwen2, Qwen3, Mistral /
+Pixtral).
 
 No model hub is needed: the vocabulary is WORDS plus each tokenizer's special tokens, lower-cased and split on
 whitespace and punctuation. They answer the calls diffusers' pipelines make: padding, truncation, attention
@@ -53,6 +54,12 @@ def clip_tokenizer() -> PreTrainedTokenizerFast:
 def t5_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
     """T5's (Flux.1, CogVideoX) and UMT5's (Wan) layout: the text, then </s>."""
     return word_tokenizer({"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}, "$A </s>", max_length)
+
+
+def gemma_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
+    """Gemma's layout (LTX-2's Gemma 3): <bos>, then the text; padded with <pad>."""
+    return word_tokenizer({"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"},
+                          "<bos> $A", max_length)
 
 
 def qwen_tokenizer() -> PreTrainedTokenizerFast:
