@@ -248,7 +248,6 @@ TINY_MINIMAX_H3: dict[str, Any] = {"attention_head_dim": 16, "audio_in_channels"
                                    "hidden_size": 64, "in_channels": 4, "num_attention_heads": 8, "num_layers": 1,
                                    "num_refiner_layers": 1, "rope_freq_dim": 2, "text_dim": 32, "time_embed_dim": 32,
                                    "time_embed_hidden_dim": 64}
-
 # Lightricks/LTX-2 transformer/config.json (19B: a video stream of 32 x 128 and an audio stream of 32 x 64)
 LTX2: dict[str, Any] = {
     "activation_fn": "gelu-approximate",
@@ -372,6 +371,11 @@ class ModelSpec:
         if frames >= rest and (frames - rest) % per == 0:
             return None
         return f"must be {per}k + {rest} (e.g. {max(rest, (frames - rest) // per * per + rest)})"
+
+    def frames_for(self, seconds: int) -> int:
+        """The fewest frames the video VAE makes that last `seconds` (fps x seconds + 1 where it makes any 4k + 1)."""
+        per, rest = self.chunk or (self.temporal, 1)
+        return rest - (rest - self.fps * seconds - 1) // per * per
 
     @property
     def video(self) -> bool:
@@ -500,9 +504,9 @@ register_model(ModelFamily("cosmos3", "Cosmos3OmniTransformer", plan="cosmos3"))
 register_model(ModelFamily(
     "minimax-h3", "MiniMaxH3Transformer3DModel", pipeline="minimax_h3", plan="minimax_h3",
     models={"tiny-minimax-h3": ModelSpec("minimax-h3", TINY_MINIMAX_H3, 64, 64, 124, 4, 1024, None, vae_scale=16,
-                                         temporal=4, chunk=(17, 5)),
+                                         temporal=4, fps=24, chunk=(17, 5)),
             "minimax-h3": ModelSpec("minimax-h3", MINIMAX_H3, 768, 1344, 124, 50, 1024, None, vae_scale=16,
-                                    temporal=4, chunk=(17, 5))},
+                                    temporal=4, fps=24, chunk=(17, 5))},
     tiny={"minimax-h3": "tiny-minimax-h3"}))
 # LTX-2: 32x spatial, 8x temporal VAE, 1 x 1 patches, 24 fps (its sound spans the frames); the diffusers example's
 # 512 x 768, 121 frames, 30 steps, guidance 3

@@ -260,7 +260,7 @@ class Checker:
         frames = self.job.frames
         if request.seconds is not None:
             _within("seconds", request.seconds, *self.ranges["seconds"])
-            frames = self.job.spec.fps * request.seconds + 1
+            frames = self.job.spec.frames_for(request.seconds)
         elif request.num_frames is not None:
             _within("num_frames", request.num_frames, *self.ranges["num_frames"])
             frames = request.num_frames
