@@ -1,11 +1,14 @@
 """`streamfusion generate --model tiny-minimax-h3`: MiniMax-H3's modular blocks behind the pipeline call the runtime
-makes on 4 ranks, writing video.mp4; its frame rule
+makes on 4 ranks, writing video.mp4 with its stereo sound muxed in and audio.wav beside it; its frame rule
 (17n + 5) checked before any process starts; the real-size path that encodes the prompt first gives the video and
 sound the whole pipeline gives; the real-size spec counted on the meta device."""
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
+import wave
 from pathlib import Path
 
 import pytest
@@ -36,14 +39,26 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_generate_writes_the_video_its_sound_and_run_json(pool, tmp_path):
+    """124 frames at 24 fps and the audio VAE's 32 kHz stereo: audio.wav lasts the frames' 124 / 24 s within a frame,
+    video.mp4 holds it as its AAC sound track, run.json says what was written."""
+    import imageio.v3 as iio
+    import imageio_ffmpeg
+
     job = generate.make_job(_args("--model", "tiny-minimax-h3", "--steps", "2", "--width", "96", "--machines", "1",
                                   "--gpus-per-machine", str(WORLD), "--output", str(tmp_path)))
     answers = pool.run(worker.generate, job)
     run = generate.write_outputs(job, answers[0])
     assert json.loads((tmp_path / "run.json").read_text()) == run and run["world_size"] == WORLD
     assert run["output_size"] == {"height": 64, "width": 96, "frames": 124} and len(run["step_latency_s"]) == 2
-    assert [Path(p).name for p in run["outputs"]] == ["video.mp4"], run["outputs"]
-    assert Path(run["outputs"][0]).stat().st_size > 0
+    assert [Path(p).name for p in run["outputs"]] == ["video.mp4", "audio.wav"], run["outputs"]
+    with wave.open(str(tmp_path / "audio.wav")) as sound:
+        rate, channels, samples = sound.getframerate(), sound.getnchannels(), sound.getnframes()
+    assert (rate, channels) == (32000, 2) and abs(samples / rate - 124 / 24) < 1 / 24, samples
+    assert run["audio"] == {"sample_rate": rate, "channels": 2, "seconds": samples / rate, "muxed": True}
+    assert iio.imread(tmp_path / "video.mp4", index=None, extension=".mp4").shape[:3] == (124, 64, 96)
+    said = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(tmp_path / "video.mp4")],
+                          capture_output=True, text=True).stderr
+    assert re.findall(r"Stream #\S+: (\w+): (\w+)", said) == [("Video", "h264"), ("Audio", "aac")], said
 
 
 @pytest.mark.parametrize(("argv", "message"), [
