@@ -38,7 +38,7 @@ TINY_KREA2 = {"in_channels": 8, "num_layers": 2, "attention_head_dim": 16, "num_
               "text_intermediate_size": 64, "num_layerwise_text_blocks": 1, "num_refiner_text_blocks": 1,
               "axes_dims_rope": (4, 6, 6)}
 TINY_Z_IMAGE = {"in_channels": 4, "dim": 128, "n_layers": 2, "n_refiner_layers": 1, "n_heads": 8, "n_kv_heads": 8,
-                "cap_feat_dim": 32, "axes_dims": [4, 6, 6], "axes_lens": [256, 32, 32]}
+                "cap_feat_dim": 32, "axes_dims": [4, 6, 6], "axes_lens": [256, 32, 32], "siglip_feat_dim": 16}
 TINY_HUNYUAN_15 = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 8, "attention_head_dim": 16,
                    "num_layers": 2, "num_refiner_layers": 1, "patch_size": 2, "text_embed_dim": 32,
                    "text_embed_2_dim": 16, "image_embed_dim": 16, "rope_axes_dim": (4, 6, 6)}
@@ -90,9 +90,12 @@ class Case:
             return split_sizes(len(self.inputs(0)["position_ids"]), world), 0
         if self.family in OMNI:  # every row after the text, as the inputs lay them
             return split_sizes(self.inputs(0)["sequence_length"] - self.text, world), self.text
-        if self.family in ONE_STREAM:
+        if self.family in ONE_STREAM:  # each piece padded; omni mode's: captions, latents, SigLIP (none: padding)
             multiple = ONE_STREAM[self.family]
-            return split_sizes(sum(-(-n // multiple) * multiple for n in (self.image_tokens, self.text)), world), 0
+            refs = [rows * cols for rows, cols in self.references]
+            pieces = ([self.text] * (len(refs) + 2) + refs + [self.image_tokens - sum(refs)] + refs + [multiple]
+                      if refs else [self.image_tokens, self.text])
+            return split_sizes(sum(-(-n // multiple) * multiple for n in pieces), world), 0
         joint = self.family in WHOLE_TEXT or (self.family in SPLIT_TEXT and self.text < world)
         text = split_sizes(self.text + GLYPHS.get(self.family, 0) if self.family in SPLIT_TEXT and not joint else 0,
                            world)
@@ -154,8 +157,10 @@ def _outputs(result: tuple) -> list[torch.Tensor]:
     return [torch.stack(x) if isinstance(x, list) else x for x in result]
 
 
-def check(pool, config: ParallelConfig, case: Case, seed: int = 0) -> list[dict[str, Any]]:
-    results = pool.run(run_case, config, case, seed)
+def check(pool, config: ParallelConfig, case: Case, seed: int = 0, wait_s: float | None = None
+          ) -> list[dict[str, Any]]:
+    """Every rank's result, asserted; `wait_s`: given up on (RankFailure) past it rather than the pool's wait."""
+    results = pool.run_within(pool.wait_s if wait_s is None else wait_s, run_case, config, case, seed)
     for res in results:
         split, joint = case.rows(res["world"])  # a text shorter than the ranks stays whole
         expected = (split[res["rank"]], split, joint)

@@ -1,15 +1,17 @@
 """Every plan family through `parallelize` on 4 gloo processes matches the unparallelized model (float32).
 
 Flux.2, Wan and Qwen-Image on every layout the issue names (torus U4R1 and U2R2, usp U2R2, ring U1R4,
-ulysses U4R1, auto), and so the input images of edits (Qwen-Image-Edit, Flux.1 Kontext, Flux.2's references,
-Wan 2.2 TI2V's first frame); LTX, HunyuanVideo, ChronoEdit and Helios once each; LongCat-Image, Krea-2, Z-Image,
-HunyuanVideo 1.5, ChronoEdit and MiniMax-H3 (its video and audio outputs both) under Ulysses, Torus, USP and Ring;
+ulysses U4R1, auto) and tas U2R2, and so the input images of edits (Qwen-Image-Edit, Flux.1 Kontext, Flux.2's
+references, Wan 2.2 TI2V's first frame); LTX, HunyuanVideo, ChronoEdit and Helios once each; LongCat-Image, Krea-2, Z-Image,
+HunyuanVideo 1.5, ChronoEdit and MiniMax-H3 (its video and audio outputs both) under Ulysses, Torus, USP, Ring,
+TAS and auto, Z-Image's omni mode (input images) too;
 every case with token counts that do not divide the 4 ranks (uneven slices); a text shorter than the ranks stays
 whole and is attended as joint tokens where the split self-attention holds it (cross-attended, as Wan's, or
 packed into the split sequence, as MiniMax-H3's, it adds none).
 Key masks: kept exactly where the attention they mask stays local (LTX's cross-attention); where they mask the
-split self-attention (padded prompts), taken under Ulysses (Qwen-Image: every rank attends all keys at once) and
-refused naming the fix elsewhere (ring stages, HunyuanVideo's per-query mask).
+split self-attention (padded prompts), taken under Ulysses (Qwen-Image, Krea-2, Z-Image: every rank attends all
+keys at once) and refused naming the fix elsewhere (ring stages, HunyuanVideo's and HunyuanVideo 1.5's per-query
+masks), on every rank together and within a bound, also where a rank's own slice of the mask drops no key.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ LAYOUTS = {
     "ring-U1R4": dict(method="ring"),
     "ulysses-U4R1": dict(method="ulysses"),
     "auto": dict(method="auto"),
+    "tas-U2R2": dict(method="tas", ulysses=2, ring=2),
 }
 NEW = {  # image and text token counts that 4 does not divide
     "flux2": Case("flux2", (3, 5), text=6),
@@ -60,6 +63,7 @@ NEWEST = {  # diffusers' newest transformers; uneven token counts, the text spli
     "longcat-image-text-shorter-than-the-ranks": Case("longcat-image", (3, 5), text=3),
     "krea2-text-whole": Case("krea2", (3, 5), text=6),
     "z-image-one-stream": Case("z-image", (3, 5), text=7),
+    "z-image-omni": Case("z-image", (3, 5), text=7, references=((2, 3),)),  # captions, latents, SigLIP; noise tags
     "hunyuan-video-1.5-padding-dropped": Case("hunyuan-video-1.5", (2, 3, 3), text=6),
     "chronoedit": Case("chronoedit", (2, 3, 3), text=7),  # diffusers' plan, as shipped
     "ltx2-audio-whole": Case("ltx2", (2, 3, 3), text=7, audio=9),  # the audio over the split video, merged
@@ -69,7 +73,13 @@ NEWEST = {  # diffusers' newest transformers; uneven token counts, the text spli
     "minimax-h3-text-shorter-than-the-ranks": Case("minimax-h3", (3, 2, 3), text=3, batch=2, audio=6),
     "cosmos3-omni": Case("cosmos3", (2, 3, 3), text=7, audio=9),  # text whole; 30 video, sound, action rows
 }
-NEWEST_LAYOUTS = ["ulysses-U4R1", "torus-U2R2", "usp-U2R2", "ring-U1R4"]
+NEWEST_LAYOUTS = ["ulysses-U4R1", "torus-U2R2", "usp-U2R2", "ring-U1R4", "tas-U2R2", "auto"]
+PADDED_NEWEST = {  # the last prompt shorter: Krea-2's text mask; Z-Image's captions of 34 and 30 tokens pad to 64
+    # and 32, so the mask its forward builds drops the shorter row's tail, on the last ranks' slices only
+    "krea2": Case("krea2", (3, 5), text=6, batch=2, padded_text=2),
+    "z-image": Case("z-image", (3, 5), text=34, batch=2, padded_text=4),
+}
+BOUND_S = 60  # past this a call that waits in a collective is reported, long before the process group's timeout
 
 
 def config(layout: str) -> ParallelConfig:
@@ -125,13 +135,26 @@ def test_padded_prompts_match_under_ulysses(pool, text):
     check(pool, config("ulysses-U4R1"), Case("qwen-image", (3, 5), text=text, batch=2, padded_text=2))
 
 
+@pytest.mark.parametrize("case", PADDED_NEWEST)
+def test_padded_prompts_of_the_newest_models_match_under_ulysses_in_bounded_time(pool, case):
+    """Every rank takes the mask together, also where its own slice keeps every key (Z-Image's first ranks): ranks
+    that decided apart would wait for each other in different collectives until the group's timeout."""
+    check(pool, config("ulysses-U4R1"), PADDED_NEWEST[case], wait_s=BOUND_S)
+
+
 @pytest.mark.parametrize("case, said", [(PADDED_QWEN, "need every key at once on each rank, after one all-to-all: "
                                                       "method='ulysses'"),
                                         (Case("hunyuan-video", (2, 3, 3), text=6, batch=2, padded_text=2),
+                                         "takes one that masks keys alike for every query and head"),
+                                        (PADDED_NEWEST["krea2"], "method='ulysses'"),
+                                        (PADDED_NEWEST["z-image"], "method='ulysses'"),
+                                        (Case("hunyuan-video-1.5", (2, 3, 3), text=6, batch=2, padded_text=2),
                                          "takes one that masks keys alike for every query and head")],
-                         ids=["qwen-image", "hunyuan-video"])
+                         ids=["qwen-image", "hunyuan-video", "krea2", "z-image", "hunyuan-video-1.5"])
 def test_key_masks_of_the_split_attention_elsewhere_are_refused_naming_the_fix(pool, case, said):
-    errors = pool.run(expect_error, config("torus-U2R2"), case)
+    """On every rank, also where its own slice of the mask keeps every key (Z-Image's, HunyuanVideo 1.5's first
+    ranks): a rank that went on alone would wait in the attention's collectives for peers that had refused."""
+    errors = pool.run_within(BOUND_S, expect_error, config("torus-U2R2"), case)
     assert all(said in e for e in errors), errors
 
 

@@ -51,7 +51,7 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
     `token_timesteps`: one timestep per latent token (Wan 2.2 TI2V's expand_timesteps; LTX-2's conditioning
     pipelines'), Wan and LTX-2; `audio`: the audio tokens, LTX-2's or MiniMax-H3's (both stereo channels; 0: 4 a
     video frame and one more, a channel); `references`: input images' (rows, cols) token grids after the image's
-    tokens (Flux.1, Flux.2, Qwen-Image)."""
+    tokens (Flux.1, Flux.2, Qwen-Image), before them (Z-Image's omni mode)."""
     g = torch.Generator(device=device).manual_seed(seed)
     b, t = batch, text
 
@@ -101,6 +101,15 @@ def inputs(family: str, config: dict[str, Any], grid: tuple[int, ...], text: int
         return {"hidden_states": randn(b, rows * cols, config["in_channels"]),
                 "encoder_hidden_states": randn(b, t, config["num_text_layers"], config["text_hidden_dim"]),
                 "timestep": timestep / 1000, "position_ids": ids, "encoder_attention_mask": mask.bool()}
+    if family == "z-image" and references:  # omni mode (ZImageOmniPipeline): per batch row the input images'
+        # latents then the target's, a caption piece before each and one after, the input images' SigLIP features
+        latents = [*references, grid]
+        return {"x": [[randn(config["in_channels"], 1, 2 * r, 2 * c) for r, c in latents] for _ in range(b)],
+                "t": timestep / 1000,
+                "cap_feats": [[randn(t, config["cap_feat_dim"]) for _ in range(len(references) + 2)] for _ in range(b)],
+                "siglip_feats": [[*(randn(r, c, config["siglip_feat_dim"]) for r, c in references), None]
+                                 for _ in range(b)],
+                "image_noise_mask": [[0] * len(references) + [1] for _ in range(b)]}
     if family == "z-image":  # one latent [C, 1, H, W] (2x2 patches) and one caption [T, D] per batch row
         rows, cols = grid
         return {"x": list(randn(b, config["in_channels"], 1, 2 * rows, 2 * cols).unbind(0)), "t": timestep / 1000,

@@ -15,6 +15,7 @@ from typing import Any
 
 import diffusers
 import torch
+import torch.distributed as dist
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
 from torch import Tensor
 
@@ -53,7 +54,7 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
         return _split_keys(query, key, value, route, attn_mask, scale)
     key_mask = None
     if attn_mask is not None and (getattr(route.state, "key_padding", False) or not (
-            getattr(route.state, "masks_checked", False) or _keeps_all(attn_mask))):
+            getattr(route.state, "masks_checked", False) or _keeps_all_everywhere(attn_mask, route.ctx))):
         key_mask = _key_mask(attn_mask, query.shape[0], key.shape[1], route.module)
     if layout is not None:
         rows = layout.joint + layout.seq_lens[layout.rank]
@@ -68,7 +69,7 @@ def _split_keys(query: Tensor, key: Tensor, value: Tensor, route: Route, attn_ma
                 scale: float | None) -> Tensor:
     """Whole queries over this rank's split image/video keys, merged over the ranks."""
     layout = route.state.layout
-    if attn_mask is not None and not _keeps_all(attn_mask):
+    if attn_mask is not None and not _keeps_all_everywhere(attn_mask, route.ctx):
         raise ValueError(f"{route.module} got an attention mask: its keys are split over the ranks, so it attends "
                          f"them unmasked; call the transformer without one")
     if layout is not None and key.shape[1] != layout.image_lens[layout.rank]:
@@ -81,6 +82,19 @@ def _split_keys(query: Tensor, key: Tensor, value: Tensor, route: Route, attn_ma
 def _keeps_all(mask: Tensor) -> bool:
     """A boolean mask of all True, or an additive one of all zeros, changes no softmax."""
     return bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())
+
+
+def _keeps_all_everywhere(mask: Tensor, ctx: ParallelContext) -> bool:
+    """Whether every rank's slice of a mask no hook checked keeps all its keys. One rank's slice may while a peer's
+    does not (Z-Image's padded batch: the padding lies on the last ranks); ranks deciding apart would run different
+    collectives (the mask's gather, or a refusal, on some) and wait for each other until the group's timeout."""
+    kept = _keeps_all(mask)
+    group = ctx.cfg.sp
+    if group.size == 1:
+        return kept
+    everywhere = torch.tensor([int(kept)], device=mask.device)
+    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN, group=group.pg)
+    return bool(everywhere)
 
 
 def _key_mask(mask: Tensor, batch: int, keys: int, module: str) -> Tensor:
