@@ -1,7 +1,8 @@
 """`streamfusion generate --model tiny-minimax-h3`: MiniMax-H3's modular blocks behind the pipeline call the runtime
 makes on 4 ranks, writing video.mp4 with its stereo sound muxed in and audio.wav beside it; its frame rule
-(17n + 5) checked before any process starts; the real-size path that encodes the prompt first gives the video and
-sound the whole pipeline gives; the real-size spec counted on the meta device."""
+(17n + 5), its clip lengths (5 to 15 s) and its lack of guidance checked before any process starts; the real-size
+path that encodes the prompt first gives the video and sound the whole pipeline gives; the real-size spec counted
+on the meta device."""
 from __future__ import annotations
 
 import argparse
@@ -62,10 +63,16 @@ def test_generate_writes_the_video_its_sound_and_run_json(pool, tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (("--frames", "125"), "--frames 125: must be 17k \\+ 5 \\(e.g. 124\\)"),
+    (("--frames", "125"), "--frames 125: must be 17k \\+ 5 \\(e.g. 124\\)$"),
+    (("--frames", "107"), "--frames 107: must be from 124 to 345 \\(5 to 15 s at 24 fps\\)$"),
+    (("--frames", "362"), "--frames 362: must be from 124 to 345 \\(5 to 15 s at 24 fps\\)$"),
     (("--height", "48"), "--height 48: must be a multiple of 32"),
+    (("--guidance-scale", "4"), "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --guidance-scale$"),
+    (("--true-cfg-scale", "4"), "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --true-cfg-scale$"),
 ])
-def test_generate_refuses_a_size_the_vae_would_round(argv, message):
+def test_generate_refuses_what_the_pipeline_would_round_or_refuse(argv, message):
+    """Frames its VAE would round, a clip shorter or longer than diffusers' blocks make, a guidance option of a
+    guidance-distilled model: one line each before any process starts."""
     with pytest.raises(ValueError, match=message):
         generate.make_job(_args("--model", "tiny-minimax-h3", *argv))
 

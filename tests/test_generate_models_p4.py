@@ -119,10 +119,10 @@ def test_generate_refuses_a_flux2_reference_under_64_pixels_before_any_rank(tmp_
 def test_encoding_first_gives_the_same_image():
     """Flux.2-dev's real-size path (its encoder freed before the transformer is built), on tiny Flux.2: the same
     image as the pipeline holding both."""
-    pipe, embeds = encode_first("tiny-flux2", "a red cat", 16, dtype=torch.float32)
+    pipe, encoded = encode_first("tiny-flux2", "a red cat", 16, dtype=torch.float32)
     assert pipe.text_encoder is None and pipe.transformer.device.type == "cpu"
     call = dict(height=64, width=64, num_inference_steps=2, output_type="np")
-    got = pipe(prompt_embeds=embeds, generator=torch.Generator().manual_seed(0), **call).images
+    got = pipe(**encoded, generator=torch.Generator().manual_seed(0), **call).images
     want = build_pipeline("tiny-flux2")(prompt="a red cat", max_sequence_length=16,
                                         generator=torch.Generator().manual_seed(0), **call).images
     assert np.array_equal(got, want)

@@ -1,7 +1,7 @@
 """The serve front's outer layer on its own (no server, no ranks): an unexpected error inside a route is answered
 500 in OpenAI's shape with the request id and nothing of the error, and the traceback goes to the log under that
 id; the Host check of a loopback server; the request checks that need no ranks (magcache's steps, an edit model
-on /v1/images/generations, Flux.2's smallest references)."""
+on /v1/images/generations, Flux.2's smallest references, MiniMax-H3's clip lengths)."""
 from __future__ import annotations
 
 import asyncio
@@ -131,6 +131,25 @@ def test_flux2_refuses_references_its_pipeline_cannot_take_before_any_rank(sizes
         checker.edit(EditRequest(prompt="a red cat"), {"image": [_png(*size) for size in sizes]})
     assert refused.value.status == 400 and refused.value.param == "image"
     assert refused.value.message.startswith(words), refused.value.message
+
+
+def test_minimax_h3_takes_the_seconds_its_pipeline_makes_and_no_guidance_before_any_rank():
+    """MiniMax-H3 makes 5 to 15 s clips of 17k + 5 frames at 24 fps: `seconds` become the fewest such frames that
+    last them, up to the server's 248 frames; a shorter or longer clip, or a guidance scale, is one line."""
+    from streamfusion_diffusers.serve.errors import ApiError
+    from streamfusion_diffusers.serve.protocol import VideoRequest
+
+    checker = _checker("--model", "tiny-minimax-h3")
+    assert [checker.video(VideoRequest(prompt="a", seconds=s)).frames for s in (5, 10)] == [124, 243]
+    for fields, param, words in [
+        ({"seconds": 4}, "seconds", "seconds 4: must be from 5 to 10"),
+        ({"seconds": 11}, "seconds", "seconds 11: must be from 5 to 10"),
+        ({"num_frames": 107}, "num_frames", "num_frames 107: must be from 124 to 345 (5 to 15 s at 24 fps)"),
+        ({"guidance_scale": 4}, "guidance_scale",
+         "guidance_scale: tiny-minimax-h3 has none (guidance-distilled); drop the field")]:
+        with pytest.raises(ApiError) as refused:
+            checker.video(VideoRequest(prompt="a", **fields))
+        assert (refused.value.status, refused.value.param, refused.value.message) == (400, param, words)
 
 
 def test_requests_wait_for_the_limits_found_beside_the_start():

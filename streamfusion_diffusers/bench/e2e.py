@@ -91,11 +91,11 @@ class E2ESetup:
     iters: int = 3
     warmup: int = 1
     timeout_s: float = 300.0
-    prompt_embeds: Tensor | None = None  # the prompt encoded before the transformer was built (Flux.2-dev)
+    encoded: dict[str, Tensor] | None = None  # the prompt's call arguments, encoded before the transformer was built
 
     def call(self, output_type: str) -> dict[str, Any]:
         spec = MODELS[self.model]
-        prompt = {"prompt": self.prompt} if self.prompt_embeds is None else {"prompt_embeds": self.prompt_embeds}
+        prompt = {"prompt": self.prompt} if self.encoded is None else self.encoded
         return dict(**prompt, height=self.height, width=self.width, num_inference_steps=self.steps,
                     generator=torch.Generator("cpu").manual_seed(self.seed), output_type=output_type,
                     **family_of(self.model).call_kwargs(spec, self.frames, self.guidance_scale, self.true_cfg_scale,
@@ -118,9 +118,9 @@ def build(setup: E2ESetup, device: torch.device) -> tuple[Any, E2ESetup]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     if family_of(setup.model).encode_first:
-        pipe, embeds = encode_first(setup.model, setup.prompt, setup.max_sequence_length, seed=setup.seed,
-                                    dtype=setup.dtype, device=device)
-        setup = replace(setup, prompt_embeds=embeds)
+        pipe, encoded = encode_first(setup.model, setup.prompt, setup.max_sequence_length, seed=setup.seed,
+                                     dtype=setup.dtype, device=device)
+        setup = replace(setup, encoded=encoded)
     else:
         build = build_full_pipeline if setup.full else build_pipeline
         pipe = build(setup.model, seed=setup.seed, dtype=setup.dtype, device=device)

@@ -10,6 +10,7 @@ names its adapter and plan by module, so the CLI and the layout choice read the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -341,6 +342,8 @@ class ModelSpec:
     # with the next chunk): (frames, latent frames) of a chunk; frames are chunk[0] x n + chunk[1], from
     # chunk[1] x n + 2 latent frames. None: `temporal` frames per latent frame after the first
     chunk: tuple[int, int] | None = None
+    # the clip lengths its pipeline makes, frames / fps seconds, both ends taken (MiniMax-H3's 5 to 15 s); None: any
+    clip_seconds: tuple[float, float] | None = None
 
     def image_tokens(self, height: int, width: int, frames: int = 1) -> int:
         """Image/video tokens the transformer sees at this size (the one formula): latent frames, over
@@ -366,16 +369,43 @@ class ModelSpec:
         return heads, cfg.get("attention_head_dim") or cfg["dim"] // heads, blocks
 
     def frames_refusal(self, frames: int) -> str | None:
-        """Why the video VAE would not make `frames` frames as given (the pipeline would round them), else None."""
+        """Why the pipeline would not make `frames` frames as given (its video VAE would round them, or the clip
+        would be shorter or longer than clip_seconds), else None."""
         per, rest = self.chunk or (self.temporal, 1)
-        if frames >= rest and (frames - rest) % per == 0:
-            return None
-        return f"must be {per}k + {rest} (e.g. {max(rest, (frames - rest) // per * per + rest)})"
+        low, high = self.clip_frames
+        if frames < rest or (frames - rest) % per:
+            return f"must be {per}k + {rest} (e.g. {min(max(low, (frames - rest) // per * per + rest), high)})"
+        if self.clip_seconds is not None and not low <= frames <= high:
+            shortest, longest = self.clip_seconds
+            return f"must be from {low} to {high} ({shortest:g} to {longest:g} s at {self.fps} fps)"
+        return None
+
+    @property
+    def clip_frames(self) -> tuple[int, float]:
+        """The fewest and most frames the video VAE makes within clip_seconds (no most: inf)."""
+        per, rest = self.chunk or (self.temporal, 1)
+        if self.clip_seconds is None:
+            return rest, math.inf
+        shortest, longest = (self.fps * seconds for seconds in self.clip_seconds)
+        return rest + max(0, math.ceil((shortest - rest) / per)) * per, rest + math.floor((longest - rest) / per) * per
 
     def frames_for(self, seconds: int) -> int:
         """The fewest frames the video VAE makes that last `seconds` (fps x seconds + 1 where it makes any 4k + 1)."""
         per, rest = self.chunk or (self.temporal, 1)
         return rest - (rest - self.fps * seconds - 1) // per * per
+
+    def seconds_of(self, frames: int) -> float:
+        """How long `frames` last as serve's `seconds` count them: the whole seconds frames_for makes them for,
+        else (frames - 1) / fps."""
+        whole = (frames - 1) // self.fps
+        return whole if whole and self.frames_for(whole) == frames else (frames - 1) / self.fps
+
+    def seconds_range(self, max_frames: int) -> tuple[int, int]:
+        """The whole seconds a request may ask for (serve's `seconds`): those whose frames_for the pipeline makes,
+        at most max_frames of them ((1, 0) where none)."""
+        fits = [seconds for seconds in range(1, max_frames // self.fps + 1)
+                if self.frames_for(seconds) <= max_frames and self.frames_refusal(self.frames_for(seconds)) is None]
+        return (fits[0], fits[-1]) if fits else (1, 0)
 
     @property
     def video(self) -> bool:
@@ -504,9 +534,9 @@ register_model(ModelFamily("cosmos3", "Cosmos3OmniTransformer", plan="cosmos3"))
 register_model(ModelFamily(
     "minimax-h3", "MiniMaxH3Transformer3DModel", pipeline="minimax_h3", plan="minimax_h3",
     models={"tiny-minimax-h3": ModelSpec("minimax-h3", TINY_MINIMAX_H3, 64, 64, 124, 4, 1024, None, vae_scale=16,
-                                         temporal=4, fps=24, chunk=(17, 5)),
+                                         temporal=4, fps=24, chunk=(17, 5), clip_seconds=(5.0, 15.0)),
             "minimax-h3": ModelSpec("minimax-h3", MINIMAX_H3, 768, 1344, 124, 50, 1024, None, vae_scale=16,
-                                    temporal=4, fps=24, chunk=(17, 5))},
+                                    temporal=4, fps=24, chunk=(17, 5), clip_seconds=(5.0, 15.0))},
     tiny={"minimax-h3": "tiny-minimax-h3"}))
 # LTX-2: 32x spatial, 8x temporal VAE, 1 x 1 patches, 24 fps (its sound spans the frames); the diffusers example's
 # 512 x 768, 121 frames, 30 steps, guidance 3

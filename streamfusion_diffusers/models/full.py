@@ -40,22 +40,24 @@ def build_full_pipeline(name: str, *, seed: int = 0, dtype: torch.dtype = torch.
 
 def encode_first(name: str, prompt: str, max_sequence_length: int, *, seed: int = 0,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> tuple[DiffusionPipeline,
-                                                                                            torch.Tensor]:
+                                                                                            dict[str, torch.Tensor]]:
     """The real-size pipeline of a family whose text encoder and transformer do not fit one GPU together
     (`PipelineFamily.encode_first`, Flux.2-dev): the prompt encoded, the encoder freed, then the transformer built
     (the same weights as `build_full_pipeline`'s; a tiny model's as `build_pipeline`'s). Returns the pipeline,
-    without its text encoder, and the prompt embeddings to call it with (`prompt_embeds=`)."""
+    without its text encoder, and the call arguments that stand for the prompt (`PipelineFamily.encoded`: the
+    embeddings, and where the call takes them, their mask and the negative prompt's)."""
     build = build_pipeline if name.startswith("tiny-") else build_full_pipeline
     pipe = build(name, seed=seed, dtype=dtype, device=device, transformer_device="meta")
     with torch.inference_mode():
-        embeds = pipe.encode_prompt(prompt=prompt, device=torch.device(device),
-                                    max_sequence_length=max_sequence_length)[0]
+        outputs = pipe.encode_prompt(prompt=prompt, device=torch.device(device),
+                                     max_sequence_length=max_sequence_length)
+    encoded = dict(zip(family_of(name).encoded, outputs))
     pipe.register_modules(text_encoder=None)
     gc.collect()
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     pipe.register_modules(**build_transformers(name, seed=seed, dtype=dtype, device=device))
-    return pipe, embeds
+    return pipe, encoded
 
 
 __all__ = ["build_full_pipeline", "encode_first"]

@@ -94,9 +94,16 @@ def shardable(parts: dict[str, PartSizes]) -> dict[str, PartSizes]:
     return {n: p for n, p in parts.items() if n.startswith(("transformer", "text_encoder"))}
 
 
+def unsharded(parts: dict[str, PartSizes]) -> int:
+    """Bytes of the parts every rank holds whole beside the shardable ones: the VAE, and where the pipeline has
+    them its audio VAE, vocoder and text connectors (LTX-2's)."""
+    return sum(p.total for n, p in parts.items() if n not in shardable(parts))
+
+
 def weight_budget(max_memory_gib: float, activations_gib: float, vae: int, vae_decode_gib: float) -> int:
     """Bytes per rank the sharded parts' weights may hold within `max_memory_gib`: what is left beside the
-    runtime's RUNTIME_GIB, the VAE, and the larger of a step's activations and the VAE decode's peak."""
+    runtime's RUNTIME_GIB, the parts held whole (`vae`: `unsharded`), and the larger of a step's activations and the
+    VAE decode's peak."""
     return int((max_memory_gib - RUNTIME_GIB - max(activations_gib, vae_decode_gib)) * GIB) - vae
 
 
@@ -125,7 +132,7 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
     rows = math.ceil(height / ranks) if ranks > 1 else height
     vae = rows * width * VAE_BYTES_PER_PIXEL[family.name] * bytes_per_value / 2
     size = f"{frames}x{height}x{width}" if spec.video else f"{height}x{width}"
-    vae_weights = parts["vae"].total
+    held_whole = unsharded(parts)
     tensor_ranks = ranks // cfg  # one forward's ranks: a guidance branch's
     tensor = [n for n in experts if parts[n].sliced and len(experts) == 1] \
         if streamed == "tensor" and sharded and tensor_ranks > 1 else []
@@ -135,20 +142,20 @@ def estimate(model: str, height: int, width: int, frames: int, ranks: int, *, cf
     if sharded and ranks > 1:
         sizes = shardable(parts)
         budget = None if max_memory is None else weight_budget(max_memory, (activations + attention) / GIB,
-                                                               vae_weights, vae / GIB)
+                                                               held_whole, vae / GIB)
         split = choose_split(sizes, ranks, budget, tensor, tensor_ranks)
-        held = split.held - split.slots + vae_weights
+        held = split.held - split.slots + held_whole
         rows = sum(image_sets * image + text_sets * text for n in split.tensor
                    for image_sets, text_sets in (sizes[n].summed[i]
                                                  for i in streamed_blocks(len(sizes[n].blocks), split.keep[n])))
         moved = rows * batch * hidden * bytes_per_value * 2 * (tensor_ranks - 1) / tensor_ranks  # ring all-reduces
         return Estimate(model, size, ranks, cfg, True, held / GIB, split.slots / GIB, activations / GIB,
-                        attention / GIB, vae / GIB, (split.held + vae_weights) / GIB, split.describe(sizes),
+                        attention / GIB, vae / GIB, (split.held + held_whole) / GIB, split.describe(sizes),
                         split.received / GIB, moved / GIB, bool(split.keep))
     total = lambda names: sum(parts[n].total for n in names)  # noqa: E731
     encode_first = family.encode_first and not model.startswith("tiny-")
-    weights = total(experts) + vae_weights + (0 if encode_first else total(encoders))
-    encoder_peak = (total(encoders) + vae_weights + (0 if encode_first else total(experts))) if encoders else 0.0
+    weights = total(experts) + held_whole + (0 if encode_first else total(encoders))
+    encoder_peak = (total(encoders) + held_whole + (0 if encode_first else total(experts))) if encoders else 0.0
     return Estimate(model, size, ranks, cfg, False, weights / GIB, 0.0, activations / GIB, attention / GIB,
                     vae / GIB, encoder_peak / GIB)
 
@@ -207,4 +214,4 @@ def largest_size(model: str, ranks: int, gpu_gib: float, *, frames: int | None =
 
 
 __all__ = ["GPUS_GB", "Estimate", "RUNTIME_GIB", "estimate", "largest_size", "parked_gib", "pipeline_parts",
-           "shardable", "streamed_choice", "weight_budget"]
+           "shardable", "streamed_choice", "unsharded", "weight_budget"]

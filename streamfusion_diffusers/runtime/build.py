@@ -102,9 +102,8 @@ def prepare(job: Job) -> Prepared:
         pipe = load_pipeline(job.model, job.weights, dtype=dtype, device=home)
     elif real_size(job.model) and family.encode_first and not shards:  # encoder and transformer do
         # not fit one GPU together
-        pipe, embeds = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.weights_seed,
+        pipe, prompt = encode_first(job.model, job.prompt, job.max_sequence_length, seed=job.weights_seed,
                                     dtype=dtype, device=device)
-        prompt = {"prompt_embeds": embeds}
     else:
         # real-size models get real-size text encoders and VAE too, so the phases are the ones a user waits for
         build = build_full_pipeline if real_size(job.model) else build_pipeline
@@ -222,7 +221,7 @@ def weight_budget(job: Job, pipe: Any, device: torch.device, streamed: str = "ga
     activations (those of tensor-parallel blocks, which hold every token, with `streamed` "tensor"), the VAE and a
     margin (models/memory.py's `weight_budget`), the least over the ranks (they must agree on the split); None on
     the CPU without --max-memory: every block sharded."""
-    from ..models.memory import GIB, estimate
+    from ..models.memory import GIB, estimate, unsharded
     from ..models.memory import weight_budget as budget_of
 
     total = job.max_memory
@@ -233,7 +232,7 @@ def weight_budget(job: Job, pipe: Any, device: torch.device, streamed: str = "ga
     parts = _parts(pipe)
     e = estimate(job.model, job.height, job.width, job.frames, job.world_size, cfg=_cfg(job), sharded=True,
                  parts=parts, streamed=streamed)
-    budget = torch.tensor([budget_of(total, e.activations + e.attention, parts["vae"].total, e.vae_decode)],
+    budget = torch.tensor([budget_of(total, e.activations + e.attention, unsharded(parts), e.vae_decode)],
                           dtype=torch.int64, device=device if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(budget, op=dist.ReduceOp.MIN)
     return int(budget.item())

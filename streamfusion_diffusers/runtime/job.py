@@ -133,9 +133,13 @@ def check_size(spec: ModelSpec, height: int, width: int, frames: int | None) -> 
 def check_guidance(model: str, guidance_scale: float | None, true_cfg_scale: float | None) -> None:
     """Guidance options the model's pipeline takes (it would fail on the others, or ignore them)."""
     spec = MODELS[model]
+    by_true_cfg = adapter(spec.family).cfg_by == "true_cfg_scale"
+    if spec.guidance_scale is None and not by_true_cfg and (guidance_scale, true_cfg_scale) != (None, None):
+        option = "--guidance-scale" if guidance_scale is not None else "--true-cfg-scale"
+        raise ValueError(f"{model} takes no guidance (guidance-distilled): drop {option}")
     if guidance_scale is not None and spec.guidance_scale is None:
         raise ValueError(f"{model} has no --guidance-scale (it guides by true CFG): use --true-cfg-scale")
-    if true_cfg_scale is not None and adapter(spec.family).cfg_by != "true_cfg_scale":
+    if true_cfg_scale is not None and not by_true_cfg:
         raise ValueError(f"--true-cfg-scale is for Flux.1 and Qwen-Image; {model} guides by --guidance-scale, "
                          f"drop --true-cfg-scale")
 

@@ -67,7 +67,7 @@ class Checker:
         self.ranges: dict[str, tuple[float, float]] = {
             "n": (1, limits.max_n), "num_inference_steps": (1, limits.max_steps), "seed": (0, MAX_SEED),
             "guidance_scale": (0, 100), "num_frames": (1, limits.max_frames),
-            "seconds": (1, (limits.max_frames - 1) // job.spec.fps), "output_compression": (0, 100),
+            "seconds": job.spec.seconds_range(limits.max_frames), "output_compression": (0, 100),
             "partial_images": (0, 3)}
 
     def refusal(self, errors: Sequence[dict[str, Any]], fields: tuple[str, ...]) -> ApiError:
@@ -153,7 +153,8 @@ class Checker:
         guidance = request.guidance_scale
         if guidance is not None:
             if self.job.guidance_scale is None:
-                raise bad("guidance_scale", f"guidance_scale: {self.job.model} has none (it guides by true CFG)")
+                guides = "it guides by true CFG" if self.family.cfg_by == "true_cfg_scale" else "guidance-distilled"
+                raise bad("guidance_scale", f"guidance_scale: {self.job.model} has none ({guides}); drop the field")
             if self.family.cfg_by == "guidance_scale" and (guidance > 1) != self.guided:
                 allowed = "above 1" if self.guided else "from 0 to 1"
                 raise bad("guidance_scale", f"guidance_scale {guidance:g}: must be {allowed} on this server (its "
@@ -240,7 +241,8 @@ class Checker:
         return Request(**common, frames=1, n=request.n or 1, partial_images=partial)
 
     def video(self, request: VideoRequest) -> Request:
-        """POST /v1/videos: `seconds` (the model's fps x seconds + 1 frames) or `num_frames` (the model's 4k + 1)."""
+        """POST /v1/videos: `seconds` (the fewest frames the model makes that last them) or `num_frames` (the
+        model's 4k + 1, or its video VAE's own rule), within the clip lengths its pipeline makes."""
         if not self.job.spec.video:
             raise bad("model", f"{self.job.model} makes images: POST /v1/images/generations", "wrong_endpoint")
         reference = request.input_reference

@@ -78,7 +78,7 @@ class VideoJob:
         found = {"id": self.id, "object": "video", "model": self.model, "status": self.status,
                  "progress": self.progress(), "created_at": self.created_at, "completed_at": self.completed_at,
                  "expires_at": self.expires_at, "prompt": params.prompt, "size": params.size,
-                 "seconds": f"{(params.frames - 1) / MODELS[self.model].fps:g}", "error": self.error,
+                 "seconds": f"{MODELS[self.model].seconds_of(params.frames):g}", "error": self.error,
                  "remixed_from_video_id": None}
         if self.record is not None:
             found["streamfusion"] = self.record

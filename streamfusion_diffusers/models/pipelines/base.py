@@ -29,6 +29,9 @@ class PipelineFamily(ABC):
     # real size: the text encoder and the transformer do not fit one GPU together, so the prompt is encoded
     # first, the encoder freed, and only then the transformer built
     encode_first: bool = False
+    # the call arguments that `encode_prompt`'s outputs stand for, in its order, once the encoder is freed (outputs
+    # past these the call makes again itself: Flux.2's text ids, MiniMax-H3's tags)
+    encoded: tuple[str, ...] = ("prompt_embeds",)
     diffusers_cp: bool = True  # its transformer has diffusers' own `_cp_plan` (bench's diffusers-cp baseline)
     needs_image: bool = False  # every call edits an input image (models/configs.py ModelSpec.images: how many)
 

@@ -5,6 +5,11 @@ spatial, 8x temporal video VAE; an audio VAE of mel spectrograms and a vocoder t
 The call keeps classifier-free guidance only (the video and the audio at the same scale): spatio-temporal and
 modality-isolation guidance are off, each a third transformer call per step that the CFG split does not take.
 The sound spans frames / fps seconds at the model's 24 fps (`frame_rate`), what the mp4 is written at.
+
+Real size, the Gemma 3 12B (23 GiB in bfloat16) beside the 18.9B transformer (35 GiB), its connectors and VAEs
+leave too little of an 80 GB GPU for a 720p video's VAE decode: `encode_first`. The connectors run in the call, on
+the transformer's side; the encoding gives the call the prompt's embeddings and mask and, for classifier-free
+guidance, the empty negative prompt's.
 """
 from __future__ import annotations
 
@@ -64,6 +69,8 @@ def _gemma3_text(tokenizer: Any, **config: Any) -> nn.Module:
 class LTX2(PipelineFamily):
     name, pipeline_class, transformer_class = "ltx2", "LTX2Pipeline", "LTX2VideoTransformer3DModel"
     diffusers_cp = False
+    encode_first = True
+    encoded = ("prompt_embeds", "prompt_attention_mask", "negative_prompt_embeds", "negative_prompt_attention_mask")
 
     def tiny(self, spec: ModelSpec, transformers: dict[str, nn.Module]) -> Any:
         from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler
