@@ -80,10 +80,10 @@ def test_generate_refuses_what_the_pipeline_would_round_or_refuse(argv, message)
 def test_encoding_first_gives_the_same_video_and_sound():
     """The real-size path (the Qwen3-VL freed before the transformer is built), on the tiny model: the same video
     and sound as the pipeline holding both."""
-    pipe, embeds = encode_first("tiny-minimax-h3", "a red cat", 1024, dtype=torch.float32)
+    pipe, encoded = encode_first("tiny-minimax-h3", "a red cat", 1024, dtype=torch.float32)
     assert pipe.text_encoder is None and pipe.transformer.device.type == "cpu"
     call = dict(height=64, width=64, num_inference_steps=2, output_type="pt")
-    got = pipe(prompt_embeds=embeds, generator=torch.Generator().manual_seed(0), **call)
+    got = pipe(**encoded, generator=torch.Generator().manual_seed(0), **call)
     want = build_pipeline("tiny-minimax-h3")(prompt="a red cat", generator=torch.Generator().manual_seed(0), **call)
     assert got.frames.shape == (1, 124, 3, 64, 64) and got.audio.shape == (1, 2, 207 * 800)
     assert torch.equal(got.frames, want.frames) and torch.equal(got.audio, want.audio)
