@@ -272,21 +272,26 @@ def test_rotary_qk_is_diffusers_bit_for_bit(dtype: torch.dtype) -> None:
         assert all(torch.equal(o, w) for o, w in zip(out, want))
 
 
-@pytest.mark.parametrize(("kernel", "tol"), [("int8", 2.5e-2), ("fp8", 8e-2)])
-def test_quantized_attention_on_the_gpu(kernel: str, tol: float) -> None:
-    """Q K^T on 8-bit tensor cores in bfloat16 (which the interpreter cannot read), at fresh uneven lengths and
-    Flux's head dim, its log-sum-exp merging two key chunks as a ring pass does; against float32 attention."""
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize(("kernel", "tol"), [("int8", 2.5e-2), ("fp8", 5e-2)])
+def test_quantized_attention_on_the_gpu(kernel: str, tol: float, dim: int) -> None:
+    """The 8-bit kernels (fp8: P V on float8 tensor cores too) in bfloat16 (which the interpreter cannot read), at
+    fresh uneven lengths: the output and the log-sum-exp against float32 attention, fp8's log-sum-exp int8's (P is
+    quantized after the softmax's sums), two key chunks merged as a ring pass merges them."""
     from streamfusion_diffusers.kernels.choice import quantized_supported
 
     if not quantized_supported(kernel):
         pytest.skip(f"no {kernel} tensor cores on this GPU")
     lq, lk, cut = _lengths(3, 300, 2000)
     cut = cut % (lk - 1) + 1
-    q, k, v = (torch.randn(1, n, 8, 128, device="cuda", dtype=torch.bfloat16) for n in (lq, lk, lk))
+    q, k, v = (torch.randn(1, n, 8, dim, device="cuda", dtype=torch.bfloat16) for n in (lq, lk, lk))
     k = k + 2  # keys away from a zero mean: the smoothing's case
-    want = reference_attention(q, k, v)
-    out, _ = attention_with_lse(q, k, v, kernel=kernel)
+    want, want_lse = attention_with_lse_reference(q.float(), k.float(), v.float(), dim ** -0.5)
+    out, lse = attention_with_lse(q, k, v, kernel=kernel)
     assert out.dtype == torch.bfloat16 and _rel(out, want) <= tol
+    assert (lse - want_lse).abs().max() <= 2e-2
+    if kernel == "fp8":
+        assert (lse - attention_with_lse(q, k, v, kernel="int8")[1]).abs().max() <= 1e-4
     partial = Partial()
     attend_chunks([partial], [q], [(k[:, :cut], v[:, :cut]), (k[:, cut:], v[:, cut:])], kernel=kernel, finalize=True)
     assert _rel(partial.result(torch.float32), want) <= tol

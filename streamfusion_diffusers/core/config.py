@@ -41,10 +41,10 @@ class ParallelConfig:
     torch.distributed's NCCL or gloo; "symm-pull": the same, its even all-to-alls on GPUs one kernel of peer loads
     from symmetric memory; "nvshmem": one-sided puts into symmetric memory; both fall back to "torch" with one
     warning where they cannot run). kernel: local attention ("auto", "reference", "sdpa", "fused"; "int8" or "fp8":
-    Q K^T on 8-bit tensor cores, its log-sum-exp kept, so ring and Torus merges stay exact:
-    kernels/quantized_attention.py). native_steps: with a quantized kernel, the (first, last) steps of a
-    generation whose attention still runs in the inputs' precision, where quantization errors cost the most
-    (ParallelContext.attention_step). timeout_s: the
+    Q K^T on int8 tensor cores, P V in half precision or (fp8) float8, its log-sum-exp kept, so ring and Torus
+    merges stay exact: kernels/quantized_attention.py). native_steps: with a quantized kernel, the (first, last)
+    steps of a generation whose attention still runs in the inputs' precision, where quantization errors cost the
+    most (ParallelContext.attention_step). timeout_s: the
     longest any collective may wait before it fails instead of hanging. strict: raise instead of falling back when
     the asked-for backend cannot run. emulate_link: make transfers between machines as slow as this link (a preset:
     dgx, p4de, p5, or 'GBPS:LATENCY_US'), so that one host's GPUs, split into `machines` groups, stand in for a

@@ -84,7 +84,8 @@ def check_fused(q: Tensor) -> None:
                          f"(got {q.dtype}, head dim {q.shape[-1]}); use kernel='auto'")
 
 
-QUANTIZED = {"int8": (8, 0), "fp8": (8, 9)}  # kernel -> the compute capability whose tensor cores run its Q K^T
+# kernel -> the compute capability whose tensor cores run its 8-bit products (fp8: P V in float8)
+QUANTIZED = {"int8": (8, 0), "fp8": (8, 9)}
 
 
 def quantized_needs(kernel: str) -> str:

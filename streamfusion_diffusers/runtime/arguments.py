@@ -95,10 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "passes) as 1-byte values with per-token-and-head scales: int8 (about 0.65 %% rms per "
                              "value) or fp8 (float8_e4m3fn, about 2.6 %%); intra-machine traffic is untouched")
     parser.add_argument("--attention", choices=("native", "int8", "fp8"), default="native",
-                        help="native (default): attention in the inputs' precision; int8 or fp8: Q K^T on 8-bit "
-                             "tensor cores (per-row scales, keys smoothed, log-sum-exp kept for ring and Torus "
-                             "merges; int8 the more accurate, GPUs of compute capability 8.0+, fp8 8.9+; triton), "
-                             "except the --attention-native-steps")
+                        help="native (default): attention in the inputs' precision; int8: Q K^T on int8 tensor "
+                             "cores, P V in half precision (GPUs of compute capability 8.0+); fp8: P V on float8 "
+                             "ones too, SageAttention 2's recipe (8.9+, the less accurate); per-row scales, keys "
+                             "smoothed, log-sum-exp kept for ring and Torus merges; triton; except the "
+                             "--attention-native-steps")
     parser.add_argument("--attention-native-steps", type=native_steps, default=(1, 1), metavar="FIRST,LAST",
                         help="with --attention int8|fp8: the first and last steps that still attend natively, where "
                              "quantization errors cost the most (default 1,1; 0,0: every step quantized)")
