@@ -70,6 +70,7 @@ def test_ltx2_writes_its_sound_beside_the_frames_as_long_as_they_last(pool, tmp_
     answers = pool.run(worker.generate, job)
     run = generate.write_outputs(job, answers[0])
     assert run["world_size"] == WORLD and run["frames"] == 25 and answers[1:] == [None] * (WORLD - 1)
+    assert run["vae_decode"] == "patch-parallel"  # its video VAE's bands (tests/test_vae_parallel_p3.py)
     muxed = importlib.util.find_spec("imageio_ffmpeg") is not None
     names = [Path(p).name for p in run["outputs"]]
     assert names[0] == ("video.mp4" if muxed else "000.png") and names[-1] == "audio.wav", names

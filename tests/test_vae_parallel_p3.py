@@ -2,14 +2,15 @@
 with uneven bands, for tiny random-weight VAEs of the real architectures (AutoencoderKL as Flux's, with its
 mid-block attention; Flux.2's; AutoencoderKLCogVideoX with its causal convolutions and frame batches; Wan 2.1's
 and Qwen-Image's causal 3D VAE, decoded frame by frame through its temporal cache, with its per-frame attention;
-Wan 2.2's residual, patchified one); a VAE neither split takes is decoded on one rank, its group's first."""
+Wan 2.2's residual, patchified one; LTX-2's, reflection padded, 32x spatial and 8x temporal); a VAE neither split
+takes is decoded on one rank, its group's first."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
-from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLLTXVideo,
-                       AutoencoderKLQwenImage, AutoencoderKLWan, AutoencoderTiny)
+from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLLTX2Video,
+                       AutoencoderKLLTXVideo, AutoencoderKLQwenImage, AutoencoderKLWan, AutoencoderTiny)
 
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
@@ -17,6 +18,7 @@ from streamfusion_diffusers.diffusers.vae import decode_over_ranks
 from streamfusion_diffusers.diffusers.vae.band_split import Bands
 from streamfusion_diffusers.diffusers.vae.bands import banded, parallel_decode, unsupported
 from streamfusion_diffusers.diffusers.vae.tiles import is_split, split_vae_decode, unsplit_vae_decode
+from streamfusion_diffusers.models.pipelines.ltx2 import VIDEO_VAE
 
 WORLD = 3
 TOL = 1e-5  # relative: float32 rounding (GroupNorm statistics and halo convolutions sum in another order)
@@ -30,7 +32,8 @@ def pool():
 
 WAN = {"base_dim": 8, "dim_mult": [1, 2, 2], "num_res_blocks": 1, "temperal_downsample": [False, True]}
 LATENT = {"flux": (2, 4), "flux2": (2, 4), "cogvideox": (1, 4, 5), "wan2.1": (1, 4, 3), "wan2.2": (1, 6, 3),
-          "qwenimage": (1, 4, 1)}  # batch, channels and latent frames; wan: 3 frames go through the causal cache
+          "qwenimage": (1, 4, 1), "ltx2": (1, 4, 2)}  # batch, channels and latent frames; wan: 3 frames go through
+# the causal cache
 
 
 def _vae(family: str) -> torch.nn.Module:
@@ -50,6 +53,10 @@ def _vae(family: str) -> torch.nn.Module:
     elif family == "wan2.2":  # residual up blocks, 12 = 3 x 2 x 2 channels unpatchified at the end
         vae = AutoencoderKLWan(z_dim=6, decoder_base_dim=12, in_channels=12, out_channels=12, is_residual=True,
                                patch_size=2, latents_mean=[0.0] * 6, latents_std=[1.0] * 6, **WAN)
+    elif family == "ltx2":  # the real decoder's layout (reflection padded), narrow
+        vae = AutoencoderKLLTX2Video(**{**VIDEO_VAE, "latent_channels": 4, "block_out_channels": (8, 16, 32, 64),
+                                        "decoder_block_out_channels": (8, 16, 32), "layers_per_block": (1,) * 5,
+                                        "decoder_layers_per_block": (1,) * 4})
     else:
         vae = AutoencoderKLQwenImage(z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4, **WAN)
     vae.enable_tiling()  # ignored by the patch-parallel decode: it equals the untiled one
@@ -89,7 +96,7 @@ def _decode_both(family: str, height: int, width: int) -> dict:
 
 @pytest.mark.parametrize(("family", "height", "width"),
                          [("flux", 11, 9), ("flux", 3, 5), ("flux", 2, 4), ("cogvideox", 8, 6), ("flux2", 7, 5),
-                          ("wan2.1", 7, 5), ("wan2.2", 5, 4), ("qwenimage", 8, 6)])
+                          ("wan2.1", 7, 5), ("wan2.2", 5, 4), ("qwenimage", 8, 6), ("ltx2", 7, 5), ("ltx2", 3, 4)])
 def test_patch_parallel_decode_is_the_untiled_decode(pool, family, height, width):
     results = pool.run(_decode_both, family, height, width)
     rows = Bands.even(height, WORLD, 0).rows if height >= WORLD else (height,) * WORLD  # too few: whole
@@ -185,7 +192,7 @@ def test_unsupported_vaes_are_named_and_fall_back_to_the_tile_split():
     vae = _vae("flux")
     assert [unsupported(_vae(f)) for f in LATENT] == [None] * len(LATENT)
     assert "Linear is none of AutoencoderKL" in unsupported(torch.nn.Linear(2, 2))
-    vae.decoder.conv_in.padding_mode = "reflect"
+    vae.decoder.conv_in.padding_mode = "circular"  # the image's top edge padded from its bottom: no band holds both
     assert "conv_in" in unsupported(vae)
     assert decode_over_ranks(vae, 0, 1) == "whole" and not is_split(vae)  # a group of one rank: nothing to share
     split_vae_decode(vae, 0, 1)  # a single rank: no collective is called by installing

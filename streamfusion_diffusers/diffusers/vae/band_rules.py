@@ -7,7 +7,8 @@ kinds, recognized by structure rather than by model:
 
 - a convolution wider than one row (Conv2d, Conv3d; CogVideoX's pads the height inside its Conv3d; Wan's and
   Qwen-Image's causal Conv3d pads inside its forward from `_padding` and is handed the last frames before this
-  one as a temporal cache) gets its halo rows from the neighbouring bands, of the cache frames too;
+  one as a temporal cache; LTX-2's pads by reflection) gets its halo rows from the neighbouring bands, of the
+  cache frames too, and pads as it does only at the image's top and bottom edges;
 - a GroupNorm normalizes with the whole image's moments;
 - a spatial self-attention attends from its band's queries to the whole image's keys and values: diffusers'
   `Attention` (AutoencoderKL's and Flux.2's mid block) and the per-frame single-head block of Wan and Qwen-Image.
@@ -29,6 +30,8 @@ from torch import Tensor, nn
 from .band_split import Bands, stacked
 
 FRAME_ATTENTION = (WanAttentionBlock, QwenImageAttentionBlock)  # the same block: norm, to_qkv, one head, proj
+# padding modes whose rows at the image's edge come from the image itself (the edge band holds them): not circular
+EDGE_PADDING = {"zeros": "constant", "reflect": "reflect", "replicate": "replicate"}
 
 
 def _pads_in_forward(conv: nn.Module) -> bool:
@@ -50,11 +53,14 @@ def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Callable[..., Te
     temporal cache (the frames before x) travels with x, stacked before it in time, and is cut to the strip too.
     """
     forward, pad, inside = conv.forward, _height_pad(conv), _pads_in_forward(conv)
+    # where the height padding is read: Wan's forward pads from `_padding`, a reflect-padded conv from the F.pad
+    # amounts torch keeps (both (w, w, h, h, ...)), a zero-padded one from `padding`
+    attr = "_padding" if inside else "padding" if conv.padding_mode == "zeros" else "_reversed_padding_repeated_twice"
 
     def unpadded(x: Tensor, *cache: Tensor) -> Tensor:
-        attr = "_padding" if inside else "padding"
         padding = getattr(conv, attr)
-        setattr(conv, attr, (*padding[:2], 0, 0, *padding[4:]) if inside else (*padding[:-2], 0, padding[-1]))
+        setattr(conv, attr, (*padding[:-2], 0, padding[-1]) if attr == "padding" else (*padding[:2], 0, 0,
+                                                                                        *padding[4:]))
         try:
             return forward(x, *cache)
         finally:
@@ -68,12 +74,12 @@ def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Callable[..., Te
             return unpadded(rows) if cache is None else unpadded(rows[:, :, frames:], rows[:, :, :frames])
 
         arrived = bands.neighbours(x, pad, cache)
-        if x.shape[-2] < 2 * pad:  # too thin for strips: the whole band with its halos
+        if x.shape[-2] < 2 * pad:  # too thin for strips: the whole band with its halos, padded at the image's edge
             above, below = arrived()
-            band = stacked(x, cache, slice(None))
-            zeros = torch.zeros_like(band[..., :pad, :])
-            return convolved(torch.cat([zeros if above is None else above, band,
-                                        zeros if below is None else below], dim=-2))
+            rows = torch.cat([part for part in (above, stacked(x, cache, slice(None)), below) if part is not None],
+                             dim=-2)
+            edges = (0, 0, pad if above is None else 0, pad if below is None else 0) + (0, 0) * (rows.dim() - 4)
+            return convolved(F.pad(rows, edges, mode=EDGE_PADDING[conv.padding_mode]))
         out = forward(x) if cache is None else forward(x, cache)
         above, below = arrived()
         if above is not None:
@@ -176,9 +182,9 @@ def no_band_rule(name: str, m: nn.Module) -> str | None:
     """Why this layer would be wrong on a band (an edge no halo rule covers), or None when a rule covers it."""
     if isinstance(m, (nn.Conv2d, nn.Conv3d)) and m.kernel_size[-2] > 1:
         pad = _height_pad(m)
-        if (isinstance(m.padding, str) or m.padding_mode != "zeros" or m.stride[-2] != 1
+        if (isinstance(m.padding, str) or m.padding_mode not in EDGE_PADDING or m.stride[-2] != 1
                 or m.dilation[-2] != 1 or 2 * pad + 1 != m.kernel_size[-2]):
-            return f"its convolution {name} is not a stride-1, zero-padded, centred one"
+            return f"its convolution {name} is not a stride-1, centred one padded by zeros, reflection or replication"
     if isinstance(m, nn.ConvTranspose2d) or (isinstance(m, Attention) and m.is_cross_attention):
         return f"its layer {name} ({type(m).__name__}) has no band rule"
     return None

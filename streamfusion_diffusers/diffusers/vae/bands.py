@@ -6,7 +6,8 @@ the height into one contiguous band per rank, and while the decoder runs on a ba
 across rows is patched by the rule for its kind (`band_rules.py`: halo rows for convolutions, the temporal
 cache of causal ones included; the whole image's GroupNorm moments; whole-image keys and values for spatial
 attention), so the band behaves as part of the whole image. That covers AutoencoderKL (Flux.1), Flux.2's,
-CogVideoX's, Wan 2.1 / 2.2's (3D causal, frame by frame; 2.2 patchified) and Qwen-Image's VAEs.
+CogVideoX's, Wan 2.1 / 2.2's (3D causal, frame by frame; 2.2 patchified), Qwen-Image's and LTX-2's (reflection
+padded, no attention, per-position norms) VAEs.
 
 Nearest-neighbour and pixel-shuffle upsampling keep bands aligned by themselves. Decoded bands are gathered once
 at the end, so the result is the untiled `vae.decode` on every rank, within float rounding, at about 1/P of its
@@ -20,8 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
-from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLQwenImage,
-                       AutoencoderKLWan)
+from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLLTX2Video,
+                       AutoencoderKLQwenImage, AutoencoderKLWan)
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor, nn
 
@@ -33,7 +34,8 @@ from .tiles import is_split
 logger = logging.getLogger(__name__)
 
 # VAEs whose every decoder layer is known: per position, or of a kind band_rules covers
-SUPPORTED = (AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLCogVideoX, AutoencoderKLWan, AutoencoderKLQwenImage)
+SUPPORTED = (AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLCogVideoX, AutoencoderKLWan, AutoencoderKLQwenImage,
+             AutoencoderKLLTX2Video)
 
 
 def unsupported(vae: Any) -> str | None:
@@ -70,10 +72,11 @@ def banded(decoder: nn.Module, bands: Bands) -> Iterator[None]:
                 m.forward = before
 
 
-def parallel_decode(vae: nn.Module, z: Tensor, rank: int, world: int,
-                    group: dist.ProcessGroup | None = None) -> Tensor:
+def parallel_decode(vae: nn.Module, z: Tensor, rank: int, world: int, group: dist.ProcessGroup | None = None,
+                    *args: Any, **kwargs: Any) -> Tensor:
     """Decode z over the `world` ranks of `group` (None: the default group), one band of latent rows each, this
-    rank taking band `rank` (its place in the group); every rank of the group calls it with the same z.
+    rank taking band `rank` (its place in the group); every rank of the group calls it with the same z. `args` /
+    `kwargs` go to the class's `_decode` (LTX-2's temb and causal: per sample, not per row).
 
     Equals the untiled `type(vae)._decode(z)` (diffusers' tiling settings are ignored: a band needs no tiles).
     """
@@ -83,7 +86,7 @@ def parallel_decode(vae: nn.Module, z: Tensor, rank: int, world: int,
     tiling, vae.use_tiling = vae.use_tiling, False
     try:
         with banded(vae.decoder, bands):
-            band = type(vae)._decode(vae, z[..., top:top + bands.rows[rank], :]).sample
+            band = type(vae)._decode(vae, z[..., top:top + bands.rows[rank], :], *args, **kwargs).sample
     finally:
         vae.use_tiling = tiling
     return bands.gather_rows(band)
@@ -99,13 +102,13 @@ def parallel_vae_decode(vae: nn.Module, rank: int, world: int, group: dist.Proce
     if is_split(vae):
         raise ValueError("this VAE's decode is already split; call unsplit_vae_decode(vae) first")
 
-    def _decode(z: Tensor, return_dict: bool = True) -> DecoderOutput | tuple[Tensor]:
+    def _decode(z: Tensor, *args: Any, return_dict: bool = True, **kwargs: Any) -> DecoderOutput | tuple[Tensor]:
         if z.shape[-2] < world:  # fewer latent rows than ranks: each rank decodes all of them, as diffusers does
             say_once(logger, logging.INFO, "VAE decode: %d latent rows for %d ranks; every rank decodes them all",
                      z.shape[-2], world)
-            sample = type(vae)._decode(vae, z).sample
+            sample = type(vae)._decode(vae, z, *args, **kwargs).sample
         else:
-            sample = parallel_decode(vae, z, rank, world, group)
+            sample = parallel_decode(vae, z, rank, world, group, *args, **kwargs)
         return DecoderOutput(sample=sample) if return_dict else (sample,)
 
     vae._decode = _decode

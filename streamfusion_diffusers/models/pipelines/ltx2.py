@@ -9,7 +9,8 @@ The sound spans frames / fps seconds at the model's 24 fps (`frame_rate`), what 
 Real size, the Gemma 3 12B (23 GiB in bfloat16) beside the 18.9B transformer (35 GiB), its connectors and VAEs
 leave too little of an 80 GB GPU for a 720p video's VAE decode: `encode_first`. The connectors run in the call, on
 the transformer's side; the encoding gives the call the prompt's embeddings and mask and, for classifier-free
-guidance, the empty negative prompt's.
+guidance, the empty negative prompt's. The video VAE decodes patch-parallel (its reflection padding kept at the
+frame's edges); the audio VAE and vocoder, a small share of the decode, run whole on every rank.
 """
 from __future__ import annotations
 
