@@ -89,14 +89,21 @@ def test_on_the_cpu_nothing_compiles_unless_asked():
     assert not job.compile and "no GPU" in job.compile_why
 
 
-def test_a_compiled_server_warms_up_every_batch_it_may_run():
-    """serve --compile makes one image and then two in one call before it says ready: the second compiles the
-    blocks with the batch size symbolic, so a batch of concurrent requests never waits for a compile."""
-    from streamfusion_diffusers.runtime.worker import warm_batches
+def test_a_compiled_server_warms_up_every_size_at_every_batch_kind_it_may_run():
+    """serve --compile makes each warm size with one image and with the planner's largest batch before it says
+    ready: dynamo compiles a batch of one apart from larger ones, the larger with the batch size symbolic."""
+    from streamfusion_diffusers.serve.warm import check_sizes, warm_shapes
 
     compiled = make_job(_args("--compile"), GPU, serving=True)
-    assert warm_batches(compiled, serving=True) == (1, 2)
-    assert warm_batches(compiled, serving=False) == (1,)  # generate: its one call
-    assert warm_batches(make_job(_args(), GPU, serving=True), serving=True) == (1,)  # eager blocks recompile nothing
-    cached = make_job(_args("--compile", "--cache", "first-block:0.2", "--no-cuda-graph"), GPU, serving=True)
-    assert warm_batches(cached, serving=True) == (1,)  # a cache runs every request alone: no batch to warm
+    sizes = check_sizes(compiled, None)
+    assert sizes == ((1024, 1024),)  # the model's own size by default
+    assert warm_shapes(compiled, sizes, 8) == ((1024, 1024, 1), (1024, 1024, 8))
+    assert warm_shapes(compiled, ((1024, 1024), (768, 1344)), 4) == \
+        ((1024, 1024, 1), (1024, 1024, 4), (768, 1344, 1), (768, 1344, 4))
+    assert warm_shapes(compiled, sizes, 1) == ((1024, 1024, 1),)  # every request alone: no batch to warm
+    assert warm_shapes(make_job(_args(), GPU, serving=True), sizes, 8) == ((1024, 1024, 1),)  # eager blocks
+    assert compiled.compile_cache and compiled.compile_cache.endswith("inductor")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        check_sizes(compiled, ((1000, 1024),))
+    with pytest.raises(ValueError, match="add --compile or drop --compile-cache"):
+        make_job(_args("--no-compile", "--compile-cache", "/tmp/x"), GPU, serving=True)

@@ -44,7 +44,7 @@ EXAMPLES = [
     wire.Challenge("ab" * 32), wire.Response("cd" * 32, "ef" * 32), wire.Proof("01" * 32),
     wire.Hello(3, 1, 4242), wire.Beat(), wire.Bye(),
     wire.Start(1, 2, 4, 29501, "streamfusion/pool1/", False, 300.0),
-    wire.Build(1, 1, JOB), wire.WarmUp(1, 2), wire.Run(1, 3, [REQUEST, REQUEST], 12.5),
+    wire.Build(1, 1, JOB), wire.WarmUp(1, 2, ((64, 64, 1), (48, 64, 4))), wire.Run(1, 3, [REQUEST, REQUEST], 12.5),
     wire.Cancel(1, 3), wire.Stop(1, True), wire.Spawned(1, 999), wire.Exited(1, -9),
     wire.Result(1, {"build_s": 1.5, "startup_s": {"join": 0.2}, "pid": 7, "record": None}),
     wire.Images(1, [PREVIEW, PREVIEW[..., 0]], False, [{"request_id": "req-1", "steps": [0.1, 0.2]}],

@@ -1,6 +1,7 @@
 """Seconds this process spent on work a shape does once, at its first call, by kind: the layout's choice, the
-attention kernels timed, the layout's process groups made. A run record reports what its call added (`spent`
-before and after), so that a first step's time is split by cause instead of read as a slow step."""
+attention kernels timed, the layout's process groups made, the compiled blocks' compile. A run record reports what
+its call added (`spent` before and after), so that a first step's time is split by cause instead of read as a slow
+step."""
 from __future__ import annotations
 
 import time
@@ -20,6 +21,11 @@ def one_time(kind: str) -> Iterator[None]:
         _SPENT[kind] = _SPENT.get(kind, 0.0) + time.perf_counter() - started
 
 
+def count(kind: str, seconds: float) -> None:
+    """Count `seconds` under `kind`, for work timed by someone else's callbacks (dynamo's compile)."""
+    _SPENT[kind] = _SPENT.get(kind, 0.0) + seconds
+
+
 def spent() -> dict[str, float]:
     """The seconds counted so far, by kind."""
     return dict(_SPENT)
@@ -31,4 +37,4 @@ def spent_since(before: dict[str, float]) -> dict[str, float]:
             if seconds > before.get(kind, 0.0)}
 
 
-__all__ = ["one_time", "spent", "spent_since"]
+__all__ = ["count", "one_time", "spent", "spent_since"]

@@ -117,6 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compile_repeated_blocks), replayed from the CUDA graph where graphs are on (default "
                              "on GPUs: where a measured compiled step pays for the compile over generate's steps; "
                              "serve compiles only when asked; run.json says why; --no-compile never)")
+    parser.add_argument("--compile-cache", default=None, metavar="DIR",
+                        help="with --compile: the folder inductor keeps its compiled graphs and kernels in, so that a "
+                             "restart on it compiles from them (default: ~/.cache/streamfusion/inductor, under "
+                             "$XDG_CACHE_HOME where set; run.json and serve's /health say which)")
     parser.add_argument("--shard-weights", action="store_true",
                         help="every rank holds 1/P of as many of the transformer's blocks (and text encoders) as "
                              "--max-memory needs, each gathered in place just before it runs, the others gathered "

@@ -129,7 +129,7 @@ def prepare(job: Job) -> Prepared:
             if isinstance(part, torch.nn.Module) and name not in transformer._streamfusion.sharded:
                 part.to(device)
     if job.compile:
-        compile_transformers(pipe)
+        compile_transformers(pipe, job.compile_cache)
     pipe.set_progress_bar_config(disable=rank != 0, desc=f"{job.model} {job.parallel.label}")
     startup.mark("built")
     return Prepared(pipe, ctx, transformer, device, prompt, stack, time.perf_counter() - started, startup.split())

@@ -38,10 +38,12 @@ class BuildTimeout(ValueError):
 
 
 class Group:
-    """One parallel group: `job.world_size` ranks on `devices` (GPU indices; None on the CPU)."""
+    """One parallel group: `job.world_size` ranks on `devices` (GPU indices; None on the CPU), warmed up with
+    `warm`'s calls (width, height, images) before it is ready."""
 
-    def __init__(self, index: int, job: Job, devices: list[str] | None, hosts: Hosts | None = None):
-        self.index, self.job, self.devices, self.hosts = index, job, devices, hosts
+    def __init__(self, index: int, job: Job, devices: list[str] | None, warm: tuple[tuple[int, int, int], ...],
+                 hosts: Hosts | None = None):
+        self.index, self.job, self.devices, self.hosts, self.warm = index, job, devices, hosts, warm
         self.pool: Pool | None = None
         self._stops = 0  # how many times `stop` was called (a start waiting for nodes gives up on the next)
         self.info: dict[str, Any] = {}  # rank 0's answer to `build`: build and warm-up times, the warm-up's record
@@ -74,7 +76,7 @@ class Group:
             self.info = pool.run_within(timeout_s - (time.monotonic() - started), worker.build, self.job)[0]
             say(f"group {self.index}: pipeline built (rank 0's start-up: {startup.describe(self.info['startup_s'])})")
             stage = "warming up"
-            self.info.update(pool.run_within(timeout_s - (time.monotonic() - started), worker.warm_up)[0])
+            self.info.update(pool.run_within(timeout_s - (time.monotonic() - started), worker.warm_up, self.warm)[0])
         except RankFailure as err:
             if time.monotonic() - started >= timeout_s and not err.died:
                 raise BuildTimeout(f"group {self.index}: its start took longer than --build-timeout {timeout_s:g} s "

@@ -11,6 +11,7 @@ import importlib.util
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from ..core.config import cfg_shape, resolve_layout
 from ..core.extras import missing
 from ..core.join import launched
 from ..core.links import parse_link
+from ..diffusers.compiled import default_cache
 from ..diffusers.stack.spec import Stack, parse_stack
 from ..models import MODELS, TINY, ModelSpec
 from ..models.pipelines import adapter
@@ -53,6 +55,7 @@ class Job:
     graph_why: str = "not asked for"  # why graphs are on or off (run.json says it)
     compile: bool = False  # the repeated blocks compiled (resolved: where measured to pay, on GPUs)
     compile_why: str = "not asked for"  # why they are or are not (run.json says it)
+    compile_cache: str | None = None  # the folder inductor keeps its compiles in (None: nothing compiles)
     shard_weights: bool = False
     max_memory: float | None = None  # GiB per GPU with sharded weights (None: the GPU's free memory; CPU: no limit)
     streamed_blocks: str = "auto"  # how a sharded block that streams runs: gathered, tensor-parallel or fewer bytes
@@ -258,7 +261,11 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
               weights_seed=args.weights_seed, deterministic=args.deterministic, images=images)
     check_memory(job)
     compiled, why = compile_choice(args, job, serving)
-    return dataclasses.replace(job, compile=compiled, compile_why=why)
+    if args.compile_cache is not None and not compiled:
+        raise ValueError(f"--compile-cache is where compiled blocks are kept, and nothing compiles here ({why}): "
+                         f"add --compile or drop --compile-cache")
+    cache = str(Path(args.compile_cache or default_cache()).expanduser().resolve()) if compiled else None
+    return dataclasses.replace(job, compile=compiled, compile_why=why, compile_cache=cache)
 
 
 def available_host_gib() -> float | None:

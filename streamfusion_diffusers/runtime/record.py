@@ -50,7 +50,7 @@ def run_record(job: Job, prepared: Prepared, result: Any, phases: PhaseTimer, ge
         "vae_decode": prepared.transformer._streamfusion.vae_decode or "rank 0",  # how the VAE decoded
         "encoded_first": "prompt_embeds" in prepared.prompt,  # encoder freed before the transformer was built
         "cuda_graph": {"on": job.cuda_graph, "why": job.graph_why, **graph_record(prepared.pipe)},
-        "compile": {"on": job.compile, "why": job.compile_why},
+        "compile": {"on": job.compile, "why": job.compile_why, "cache": job.compile_cache},
         "shard_weights": job.shard_weights,
         "streamed_blocks": job.streamed_blocks,  # asked for; weight_split.tensor_parallel: the parts that ran so
         "sharded": list(prepared.transformer._streamfusion.sharded),  # what was sharded (none on one rank)

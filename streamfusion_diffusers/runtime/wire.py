@@ -180,10 +180,11 @@ class Build(Message):
 
 @dataclass(frozen=True)
 class WarmUp(Message):
-    """Call worker.warm_up() on the rank."""
+    """Call worker.warm_up(shapes) on the rank: each (width, height, images in the call)."""
 
     pool: int
     call: int
+    shapes: tuple[tuple[int, int, int], ...]
     limits = CALL
 
 

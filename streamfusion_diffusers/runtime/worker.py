@@ -32,13 +32,13 @@ from ..core.one_time import spent, spent_since
 from ..models.pipelines import family_of
 from .job import Job
 from .phases import PhaseTimer
-from .batch import call_plan, unbatched_why
+from .batch import call_plan
 from .rank import cancelled, note
 from .progress import PREVIEW_FAMILIES, LatentToRgb, StepNote, latent_grid, preview_steps
 from .request import Request
 
 WARMUP_STEPS = 2  # the warm-up generation's steps: the layout chosen and every lazy first call made at the first,
-# the default size's CUDA graph captured at the second
+# each size's CUDA graph captured at the second
 
 
 @dataclass
@@ -110,26 +110,21 @@ def build(job: Job, serving: bool = True) -> dict | None:
         if dist.get_rank() == 0 else None
 
 
-def warm_batches(job: Job, serving: bool) -> tuple[int, ...]:
-    """The images of each warm-up call: one; a server of compiled blocks also makes two in one call, which dynamo
-    compiles with the batch size symbolic (1 stays specialized), so no later batch waits for a compile."""
-    return (1, 2) if serving and job.compile and unbatched_why(job) is None else (1,)
-
-
-def warm_up() -> dict | None:
-    """Short generations before the first request (warm_batches), so that the layout is chosen, every lazy first
-    call made, the blocks compiled for every batch and the default size's CUDA graph captured. Rank 0 says how
-    long, and what the first ran."""
+def warm_up(shapes: tuple[tuple[int, int, int], ...]) -> dict | None:
+    """Short generations before the first request, one per shape (width, height, images in the call: serve's
+    warm-up plan, serve/warm.py), so that the layout is chosen, every lazy first call made, the blocks compiled
+    for the shapes requests bring and each size's CUDA graph captured. Rank 0 says how long, and what the first
+    ran."""
     assert _SERVED is not None, "warm_up before build"
     job = _SERVED.job
     started = time.perf_counter()
     previews = family_of(job.model).name in PREVIEW_FAMILIES
     first = None
-    for n in warm_batches(job, _SERVED.serving):
-        warm = Request(prompt=job.prompt, negative_prompt=None, height=job.height, width=job.width,
+    for width, height, n in shapes:
+        warm = Request(prompt=job.prompt, negative_prompt=None, height=height, width=width,
                        frames=job.frames, steps=min(job.steps, WARMUP_STEPS), seed=job.seed,
-                       guidance_scale=job.guidance_scale, n=n, images=job.images or _warm_images(job))
-        records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and _SERVED.serving and n == 1)[2]
+                       guidance_scale=job.guidance_scale, n=n, images=job.images or _warm_images(job, width, height))
+        records = _generate(_SERVED, [warm], deadline=float("inf"), fit_map=previews and first is None)[2]
         first = first or records
     if dist.get_rank() != 0:
         return None
@@ -205,9 +200,9 @@ class Agreement:
             raise Stopped(WHY[OUT_OF_MEMORY], self.step)
 
 
-def _warm_images(job: Job) -> tuple[bytes, ...]:
-    """A blank input image of the job's size where every call edits one, else none."""
-    return (images.blank(job.width, job.height),) if family_of(job.model).needs_image else ()
+def _warm_images(job: Job, width: int, height: int) -> tuple[bytes, ...]:
+    """A blank input image of the warm-up's size where every call edits one, else none."""
+    return (images.blank(width, height),) if family_of(job.model).needs_image else ()
 
 
 def _generate(served: Served, batch: list[Request], deadline: float, build_s: float = 0.0,
@@ -301,4 +296,4 @@ def generate(job: Job) -> dict | None:
     return run([Request.of(job)], build_s=_SERVED.prepared.build_s)
 
 
-__all__ = ["Stopped", "build", "generate", "run", "warm_batches", "warm_up"]
+__all__ = ["Stopped", "build", "generate", "run", "warm_up"]

@@ -36,6 +36,7 @@ from ..runtime.wire import JOIN_KEY_ENV, join_secret
 from ..models.pipelines import family_of
 from .limits import planned_limits
 from .videos import Keep
+from .warm import check_sizes, parse_sizes
 
 API_KEY_ENV = "STREAMFUSION_API_KEY"
 # generate's options that mean something else here (what a request does not give, and the warm-up)
@@ -86,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long a free group waits for more requests of a shape after the last that came "
                              "(default 15; at most 4 x that after the first, or a twentieth of the group's last "
                              "call while fewer than its last batch have come)")
+    parser.add_argument("--warm-sizes", type=parse_sizes, default=None, metavar="WxH[,WxH...]",
+                        help="sizes made before the server says ready, each at one image and, with --compile, at "
+                             "--max-batch images, so that no request of them waits for a compile; with two or more "
+                             "sizes the blocks compile with the token count symbolic and no size compiles after "
+                             "ready (default: the model's own size)")
     parser.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt (default 4000)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--keep-videos", type=int, default=Keep.count,
@@ -144,6 +150,7 @@ def serve_job(args: argparse.Namespace) -> tuple[Job, list[list[str] | None]]:
         raise ValueError(f"{job.model} with random weights encodes its one prompt before the transformer is built "
                          f"(the two do not fit one GPU together), so it cannot take a prompt per request: serve it "
                          f"with --weights, or serve another model")
+    args.warm_sizes = check_sizes(job, args.warm_sizes)
     if job.spec.video and importlib.util.find_spec("imageio_ffmpeg") is None:
         raise ValueError(f"serving video needs an mp4 encoder: {install_hint('diffusers')}")
     if launched():  # each launched process's GPU is its LOCAL_RANK's
@@ -262,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
     service = Service(job, planned_limits(args, job), devices, args.max_queue, args.request_timeout, ready, stop, keep,
                       max_batch=args.max_batch or max_batch(job), batch_wait_s=args.batch_wait_ms / 1000,
                       build_timeout_s=args.build_timeout or math.inf, drain_timeout_s=args.drain_timeout,
-                      hosts=hosts)
+                      hosts=hosts, warm_sizes=args.warm_sizes)
     app = make_app(service, api_key, args.max_body_bytes, loopback(args.host), tuple(args.allow_origin))
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=5,
                             access_log=False)

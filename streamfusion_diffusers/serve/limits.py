@@ -12,6 +12,7 @@ import torch
 
 from ..runtime.job import Job
 from .validation import Limits
+from .warm import check_pixels
 
 # on the CPU, requests up to 16 x the model's own pixels (4 x each side: 256x256 for the tiny models): a tiny model
 # at 512x512 (Open WebUI's default) takes minutes on a few cores, with every request queued behind it
@@ -42,6 +43,7 @@ def limits(args: argparse.Namespace, job: Job) -> Limits:
         logger.info("on the CPU a request may ask for at most %d pixels (%dx%d): larger ones would take minutes "
                     "each, every request waiting behind them; --max-pixels raises the limit", pixels,
                     side * job.spec.width, side * job.spec.height)
+    check_pixels(args.warm_sizes, args.max_pixels or pixels)
     return Limits(max_n=args.max_n, max_steps=args.max_steps, max_pixels=args.max_pixels or pixels,
                   max_frames=args.max_frames or frames or 2 * job.spec.frames, max_prompt_chars=args.max_prompt_chars)
 

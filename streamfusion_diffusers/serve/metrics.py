@@ -1,5 +1,5 @@
 """/metrics through prometheus_client: requests by route and status, a latency histogram, queue depth, the
-pipeline's phase times, peak GPU memory, group readiness and restarts.
+pipeline's phase times, peak GPU memory, group readiness and restarts, calls that waited for a compile.
 
 Only the front process reports (the ranks hand their records back to it with each answer), so one registry of
 this process is all there is: prometheus_client's multiprocess mode is not needed. The registry is the server's
@@ -46,6 +46,10 @@ class Metrics:
         self._groups = Gauge(f"{PREFIX}_groups", "parallel groups by state", ["state"], registry=registry)
         self._restarts = Counter(f"{PREFIX}_restarts", "parallel groups restarted after a rank failed",
                                  registry=registry)
+        self._stalls = Counter(f"{PREFIX}_compile_stalls", "pipeline calls that compiled the blocks before they ran "
+                               "(a size or batch the warm-up did not make), by size", ["size"], registry=registry)
+        self._stall_s = Counter(f"{PREFIX}_compile_stall_seconds", "seconds those calls spent compiling, by size",
+                                ["size"], registry=registry)
         self._ready = Gauge(f"{PREFIX}_ready_seconds", "seconds from start to ready (ranks started, pipeline built, "
                             "warm)", registry=registry)
 
@@ -61,6 +65,10 @@ class Metrics:
 
     def restarted(self) -> None:
         self._restarts.inc()
+
+    def compile_stall(self, size: str, seconds: float) -> None:
+        self._stalls.labels(size).inc()
+        self._stall_s.labels(size).inc(seconds)
 
     def ran(self, records: list[dict[str, Any]], seconds: float) -> None:
         """A request's generations: their phases, peak memory (rank 0's), and the time it took."""

@@ -32,6 +32,7 @@ from .metrics import Metrics
 from .supervisor import MAX_RESTARTS, GroupState, Supervisor
 from .validation import Checker, Limits
 from .videos import Keep, VideoJob, VideoStore
+from .warm import warm_shapes
 from .work import Work, WorkQueue
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Service:
                  request_timeout_s: float, on_ready: Callable[[Service], None], on_exit: Callable[[int], None],
                  keep_videos: Keep = Keep(), max_batch: int = 1, batch_wait_s: float = 0.0,
                  build_timeout_s: float = math.inf, drain_timeout_s: float = math.inf,
-                 hosts: list[Hosts] | None = None):
+                 hosts: list[Hosts] | None = None, warm_sizes: tuple[tuple[int, int], ...] = ()):
         self.job = job
         if isinstance(limits, Limits):
             limits, known = Future(), limits
@@ -59,9 +60,14 @@ class Service:
                         "own (its first step eager, its second captured), kept with the others' within the budget")
         if job.gpu:
             logger.info("CUDA graphs %s (%s); the repeated blocks %s (%s)", "on" if job.cuda_graph else "off",
-                        job.graph_why, "compile in the warm-up's first step" if job.compile else "run eager",
-                        job.compile_why)
-        self.groups = [Group(i, job, d, hosts[i] if hosts else None) for i, d in enumerate(devices)]
+                        job.graph_why, "compile in the warm-up" if job.compile else "run eager", job.compile_why)
+        sizes = warm_sizes or ((job.width, job.height),)
+        if job.compile:
+            logger.info("the blocks compile before ready for %s, at 1%s image(s) a call, kept in %s",
+                        ", ".join(f"{w}x{h}" for w, h in sizes), f" and {max_batch}" if max_batch > 1 else "",
+                        job.compile_cache)
+        warm = warm_shapes(job, sizes, max_batch)
+        self.groups = [Group(i, job, d, warm, hosts[i] if hosts else None) for i, d in enumerate(devices)]
         self.metrics = Metrics()
         self.queue = WorkQueue(max_queue, len(self.groups), lambda: self.metrics.run_s or 1.0)
         self.supervisors = [Supervisor(group, job, self.queue, self.metrics, self.limits_known, self._changed,
@@ -230,7 +236,7 @@ class Service:
         groups = [{**{k: v for k, v in s.group.describe().items() if k != "pids"}, "state": s.state.value}
                   for s in self.supervisors]
         body = {"status": status, "model": self.job.model, "queue": len(self.queue), "running": self.running,
-                "groups": groups}
+                "groups": groups, **({"compile_cache": self.job.compile_cache} if self.job.compile else {})}
         return (200 if status == "ready" else 503), body
 
     def render_metrics(self) -> bytes:

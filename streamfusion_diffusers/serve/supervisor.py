@@ -36,6 +36,7 @@ from ..runtime.pool import RankFailure
 from ..runtime.progress import StepNote
 from .errors import ApiError
 from .metrics import Metrics
+from .warm import compile_stall
 from .work import Work, WorkQueue
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Supervisor:
         self.calling: list[Work] = []  # the batch its ranks run now
         self._answers: dict[asyncio.Task, Work] = {}  # answers being encoded (the group already runs the next)
         self._last: tuple = (None, 1, 0.0)  # its last batch: its key, images and seconds
+        self._stalled: set[str] = set()  # the sizes whose compile stalled a call, said once each
         self._task: asyncio.Task | None = None
 
     @property
@@ -217,6 +219,8 @@ class Supervisor:
             for work in batch:  # cancelled ones are answered already
                 work.fail(stopped_error(result, self.request_timeout_s, self.group.index))
             return
+        if stall := compile_stall(result["records"]):
+            self._stall(*stall)
         ran = time.monotonic()
         at = 0
         for work in batch:
@@ -230,6 +234,16 @@ class Supervisor:
             task = asyncio.create_task(self._answer(work, answer))
             self._answers[task] = work
             task.add_done_callback(self._answers.pop)
+
+    def _stall(self, size: str, seconds: float) -> None:
+        """A call compiled the blocks before it ran, every request behind it waiting: counted, and said once per
+        size with the fix."""
+        self.metrics.compile_stall(size, seconds)
+        if size not in self._stalled:
+            self._stalled.add(size)
+            logger.warning("group %d: a request of %s waited %.1f s for the blocks to compile, and every request "
+                           "behind it too: add %s to --warm-sizes to compile it before ready", self.group.index, size,
+                           seconds, size)
 
     async def _call(self, batch: list[Work], deadline_s: float) -> dict[str, Any]:
         """The batch's pipeline call on the group's ranks, in a thread; `calling` says what runs meanwhile. A call
