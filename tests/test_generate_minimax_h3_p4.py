@@ -69,10 +69,11 @@ def test_generate_writes_the_video_its_sound_and_run_json(pool, tmp_path):
     (("--height", "48"), "--height 48: must be a multiple of 32"),
     (("--guidance-scale", "4"), "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --guidance-scale$"),
     (("--true-cfg-scale", "4"), "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --true-cfg-scale$"),
+    (("--cfg-parallel",), "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --cfg-parallel$"),
 ])
 def test_generate_refuses_what_the_pipeline_would_round_or_refuse(argv, message):
     """Frames its VAE would round, a clip shorter or longer than diffusers' blocks make, a guidance option of a
-    guidance-distilled model: one line each before any process starts."""
+    guidance-distilled model, the CFG split without guidance branches: one line each before any process starts."""
     with pytest.raises(ValueError, match=message):
         generate.make_job(_args("--model", "tiny-minimax-h3", *argv))
 

@@ -133,13 +133,18 @@ def check_size(spec: ModelSpec, height: int, width: int, frames: int | None) -> 
         raise ValueError(f"--frames {frames}: {refusal}")
 
 
-def check_guidance(model: str, guidance_scale: float | None, true_cfg_scale: float | None) -> None:
-    """Guidance options the model's pipeline takes (it would fail on the others, or ignore them)."""
+def check_guidance(model: str, guidance_scale: float | None, true_cfg_scale: float | None, cfg_parallel: str
+                   ) -> None:
+    """Guidance options the model's pipeline takes (it would fail on the others, or ignore them); --cfg-parallel
+    on a guidance-distilled model, which has no guidance branches to split."""
     spec = MODELS[model]
     by_true_cfg = adapter(spec.family).cfg_by == "true_cfg_scale"
-    if spec.guidance_scale is None and not by_true_cfg and (guidance_scale, true_cfg_scale) != (None, None):
+    distilled = spec.guidance_scale is None and not by_true_cfg
+    if distilled and (guidance_scale, true_cfg_scale) != (None, None):
         option = "--guidance-scale" if guidance_scale is not None else "--true-cfg-scale"
         raise ValueError(f"{model} takes no guidance (guidance-distilled): drop {option}")
+    if distilled and cfg_parallel == "2":
+        raise ValueError(f"{model} takes no guidance (guidance-distilled): drop --cfg-parallel")
     if guidance_scale is not None and spec.guidance_scale is None:
         raise ValueError(f"{model} has no --guidance-scale (it guides by true CFG): use --true-cfg-scale")
     if true_cfg_scale is not None and not by_true_cfg:
@@ -213,7 +218,7 @@ def make_job(args: argparse.Namespace, shape: tuple[int, int, bool] | None = Non
         check_link(args.emulate_link, machines, serving)
         parallel = dataclasses.replace(parallel, emulate_link=args.emulate_link)
     guidance_scale = given(args.guidance_scale, spec.guidance_scale)
-    check_guidance(args.model, args.guidance_scale, args.true_cfg_scale)
+    check_guidance(args.model, args.guidance_scale, args.true_cfg_scale, args.cfg_parallel)
     cfg = cfg_degree(args.cfg_parallel, guided(spec, guidance_scale, args.true_cfg_scale))
     parallel = dataclasses.replace(parallel, cfg=cfg)
     branch_machines, branch_gpus = cfg_shape(machines, gpus_per_machine, cfg)
