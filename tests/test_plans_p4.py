@@ -193,12 +193,15 @@ def test_the_attention_trusts_only_a_mask_that_was_checked(pool):
         assert res["checked"] == () and "method='ulysses'" in res["answer"], res  # taken as a key mask
 
 
-def test_cfg_parallelism_without_a_guidance_batch_is_refused_naming_the_fix(pool):
-    """Cosmos3's forward packs one prompt's sequence (its pipeline calls each guidance branch apart): no batch for
-    the branches to split, so parallelize refuses cfg=2 before it changes the model."""
+@pytest.mark.parametrize(("case", "name"), [("cosmos3-omni", "Cosmos3OmniTransformer"),
+                                            ("minimax-h3-tags-uneven", "MiniMaxH3Transformer3DModel")])
+def test_cfg_parallelism_without_a_guidance_batch_is_refused_naming_the_fix(pool, case, name):
+    """Cosmos3's forward packs one prompt's sequence (its pipeline calls each guidance branch apart); MiniMax-H3 is
+    guidance-distilled, its timestep a list of distinct values and its layout tensors without a batch dim: no
+    batch for the branches to split, so parallelize refuses cfg=2 before it changes the model."""
     config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus", cfg=2)
-    errors = pool.run(expect_error, config, NEWEST["cosmos3-omni"])
-    assert all("Cosmos3OmniTransformer's forward does not take: pass cfg=1" in e for e in errors), errors
+    errors = pool.run(expect_error, config, NEWEST[case])
+    assert all(f"{name}'s forward does not take: pass cfg=1" in e for e in errors), errors
 
 
 def test_too_few_tokens_fail_naming_the_fix(pool):

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..context import ParallelContext
 from ..core.sequence import gather
+from .plans import ModelPlan
 
 logger = logging.getLogger(__name__)
 
@@ -136,10 +137,11 @@ class CfgSplitHook(ModelHook):
         self.warned = True
 
 
-def check_cfg(transformer: torch.nn.Module) -> None:
+def check_cfg(transformer: torch.nn.Module, plan: ModelPlan) -> None:
     """Refuse, before parallelize changes anything, a transformer whose forward takes no `hidden_states` batch to
-    split over the guidance branches (Z-Image's per-row lists, Cosmos3's packed sequence of one prompt)."""
-    if "hidden_states" not in inspect.signature(transformer.forward).parameters:
+    split over the guidance branches (Z-Image's per-row lists, Cosmos3's packed sequence of one prompt), or whose
+    plan says it takes no guidance batch (MiniMax-H3)."""
+    if "hidden_states" not in inspect.signature(transformer.forward).parameters or not plan.guidance_batch:
         raise ValueError(f"cfg parallelism splits the guidance batch of hidden_states, which "
                          f"{type(transformer).__name__}'s forward does not take: pass cfg=1")
 

@@ -82,8 +82,8 @@ def parallelize(target: Any, ctx: ParallelContext, vae: bool = True, cuda_graph:
     if cuda_graph:
         check_graphable(ctx)
     if ctx.config.cfg != 1:
-        for transformer in transformers:
-            check_cfg(transformer)
+        for transformer, plan in zip(transformers, plans):
+            check_cfg(transformer, plan)
     for transformer, plan in zip(transformers, plans):
         transformer._streamfusion = _install(target, transformer, plan, ctx, cuda_graph)
     transformer = transformers[0]

@@ -19,4 +19,6 @@ from diffusers import MiniMaxH3Transformer3DModel
 from .plan import ModelPlan
 
 PLAN = ModelPlan(MiniMaxH3Transformer3DModel._cp_plan, "diffusers",
-                 local_attention=("token_refiner.*",))  # the refiner attends the whole text, before the packing
+                 local_attention=("token_refiner.*",),  # the refiner attends the whole text, before the packing
+                 guidance_batch=False)  # guidance-distilled: one prompt a call, its timestep the distinct values
+                 # of the packed rows and its layout tensors without a batch dim (nothing the branches could cut)

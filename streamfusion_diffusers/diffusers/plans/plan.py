@@ -38,6 +38,8 @@ class ModelPlan:
     image_input: str = "hidden_states"  # the split input whose tokens the gathered output holds
     text_input: str = "encoder_hidden_states"  # the forward input of the text: its [B, L, ...] rows, or their
     # count where the text lies in a packed sequence (Cosmos3's und_len)
+    guidance_batch: bool = True  # the forward can take a guidance batch for cfg parallelism to split; False:
+    # one prompt per call whose layout tensors have no batch dim (MiniMax-H3, guidance-distilled), cfg refused
 
     @property
     def gather_module(self) -> str:
