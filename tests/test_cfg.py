@@ -12,6 +12,7 @@ import torch.distributed as dist
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.hooks import HookRegistry
 from model_cases import COGVIDEOX_CASES, FLUX_CASES, TOL, Case
+from plan_cases import Case as PlanCase
 
 from streamfusion_diffusers import ParallelConfig, init_parallel, parallelize, unparallelize
 from streamfusion_diffusers.commands import generate
@@ -22,6 +23,8 @@ from streamfusion_diffusers.core.exactness import relative_error
 from streamfusion_diffusers.core.mesh import cfg_branches
 from streamfusion_diffusers.diffusers.cfg import CFG_HOOK
 from streamfusion_diffusers.models.build import build_pipeline, build_transformer
+from streamfusion_diffusers.models.configs import MODELS
+from streamfusion_diffusers.models.pipelines import family_of
 
 WORLD = 4
 
@@ -200,6 +203,78 @@ def test_a_deferred_call_left_by_an_error_is_not_paired(pool):
     config = ParallelConfig(machines=1, gpus_per_machine=4, method="usp", cfg=2)
     for errors in pool.run(_after_a_stale_call, config):
         assert all(e <= TOL for e in errors), errors
+
+
+# LTX2Pipeline's guided call: batch [uncond ; cond] in every input that has a batch dim, the prompts' masks apart
+# (the last row's text padded), a timestep per video token, the audio whole on every rank of a branch
+LTX2_GUIDED = PlanCase("ltx2", (2, 3, 3), text=7, batch=2, padded_text=3, audio=11, token_timesteps=True)
+
+
+def _ltx2_transformer(config: ParallelConfig) -> dict:
+    """On every rank: LTX-2's batch-2 forward, its coordinates batched as the pipeline passes them, with cfg 2 x SP 2
+    against the unparallelized one (video and audio outputs); the video and audio rows its first block held."""
+    model, inputs = LTX2_GUIDED.model(3), LTX2_GUIDED.inputs(4)
+    frames, rows, cols = LTX2_GUIDED.grid
+    inputs["video_coords"] = model.rope.prepare_video_coords(2, frames, rows, cols, "cpu")
+    inputs["audio_coords"] = model.audio_rope.prepare_audio_coords(2, inputs["audio_num_frames"], "cpu")
+    seen: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    model.transformer_blocks[0].register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append((tuple(kw["hidden_states"].shape[:2]),
+                                        tuple(kw["audio_hidden_states"].shape[:2]))), with_kwargs=True)
+    with torch.no_grad():
+        reference = model(**inputs, return_dict=False)
+        ctx = init_parallel(config)
+        parallelize(model, ctx)
+        out = model(**inputs)  # AudioVisualModelOutput: both fields gathered
+        unparallelize(model)
+    return {"errors": [relative_error(out.sample, reference[0]), relative_error(out.audio_sample, reference[1])],
+            "cfg": ctx.cfg.degree, "full": seen[0], "held": seen[-1]}
+
+
+def test_ltx2_transformer_with_cfg_parallel_is_exact(pool):
+    """Each branch runs one row of every batched input (audio, text, masks, timesteps, coordinates), its video
+    split in two, the audio whole; both outputs are gathered back."""
+    config = ParallelConfig(machines=1, gpus_per_machine=4, method="usp", cfg=2)
+    for res in pool.run(_ltx2_transformer, config):
+        (batch, video), audio = res["full"]
+        assert res["cfg"] == 2 and (batch, audio) == (2, (2, 11)), res
+        assert res["held"][0][0] == 1 and res["held"][0][1] in (video // 2, video // 2 + 1), res
+        assert res["held"][1] == (1, 11), res  # one guidance row of the whole audio
+        assert all(e <= TOL for e in res["errors"]), res
+
+
+def _ltx2_pipeline(config: ParallelConfig) -> dict:
+    """On every rank: the guided tiny LTX-2 pipeline's final video and audio latents unparallelized and with cfg 2 x
+    SP 2, and the batch its first block held."""
+    pipe = build_pipeline("tiny-ltx2")
+    pipe.set_progress_bar_config(disable=True)
+    spec = MODELS["tiny-ltx2"]
+    kwargs = family_of("tiny-ltx2").call_kwargs(spec, spec.frames, None, None, spec.max_sequence_length)
+    seen: list[int] = []
+    pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(kw["audio_hidden_states"].shape[0]), with_kwargs=True)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        out = pipe(prompt="a red cat under a blue sky", height=64, width=64, num_inference_steps=2,
+                   generator=torch.Generator().manual_seed(0), output_type="latent", **kwargs)
+        return out.frames, out.audio
+
+    reference, full = run(), seen[-1]
+    ctx = init_parallel(config)
+    parallelize(pipe, ctx, vae=False)
+    out = run()
+    unparallelize(pipe)
+    return {"errors": [relative_error(o, r) for o, r in zip(out, reference)], "cfg": ctx.cfg.degree,
+            "guidance": kwargs["guidance_scale"], "batches": (full, seen[-1])}
+
+
+def test_ltx2_pipeline_with_cfg_parallel_is_exact(pool):
+    """LTX2Pipeline's one call of batch [uncond ; cond] per step: the video and audio latents are the
+    unparallelized pipeline's (the guidance reads both outputs of both branches)."""
+    config = ParallelConfig(machines=2, gpus_per_machine=2, method="torus", cfg=2)
+    for res in pool.run(_ltx2_pipeline, config):
+        assert res["cfg"] == 2 and res["guidance"] > 1 and res["batches"] == (2, 1), res
+        assert all(e <= TOL for e in res["errors"]), res
 
 
 def test_auto_keeps_one_branch_for_an_unguided_batch(pool):

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from diffusers import FluxPipeline, QwenImagePipeline, WanPipeline
 from diffusers.hooks import ModelHook
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
@@ -26,8 +27,12 @@ from .plans import ModelPlan
 logger = logging.getLogger(__name__)
 
 CFG_HOOK = "streamfusion_cfg"
-# forward arguments that carry the guidance batch on dim 0 (Flux and CogVideoX); ids, rotary tables are shared
-BATCHED = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance", "ofs")
+# forward arguments that carry the guidance batch on dim 0 (Flux, CogVideoX; then LTX-2's audio stream, masks,
+# coordinates and per-stream timesteps); ids and rotary tables without a batch dim are shared by the branches
+BATCHED = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance", "ofs",
+           "audio_hidden_states", "audio_encoder_hidden_states", "audio_timestep", "sigma", "audio_sigma",
+           "encoder_attention_mask", "audio_encoder_attention_mask", "video_coords", "audio_coords",
+           "perturbation_mask", "video_self_attention_mask", "video_keyframes_mask")
 # pipelines whose guidance is two transformer calls per step, neither output read before the second call nor
 # touched before the scheduler step (read in their source): their calls can be paired. A pipeline that casts
 # or slices the output in between (CogVideoX's `.float()`) must not defer it.
@@ -37,8 +42,9 @@ PAIRED = (FluxPipeline, QwenImagePipeline, WanPipeline)
 class CfgSplitHook(ModelHook):
     """Runs this branch's part of each guidance batch and all-gathers the branches' outputs.
 
-    One call with the batch [uncond ; cond] (CogVideoX): branch b computes the b-th half. Two calls of batch 1
-    per step (Flux and Qwen-Image with true_cfg_scale > 1, Wan with guidance_scale > 1; after `pair_calls`):
+    One call with the batch [uncond ; cond] (CogVideoX, LTX-2): branch b computes the b-th half of every batched
+    input, and every output (LTX-2's video and audio) is gathered. Two calls of batch 1 per step (Flux and
+    Qwen-Image with true_cfg_scale > 1, Wan with guidance_scale > 1; after `pair_calls`):
     the first call is deferred and returns an empty tensor, the second runs the first call's inputs on branch 0
     and its own on branch 1 at once, fills the first call's tensor in place (resized to the output's shape, so
     any transformer's output fits) and returns its own. The pipeline reads neither before the second call; a
@@ -88,7 +94,7 @@ class CfgSplitHook(ModelHook):
             return self.fn_ref.original_forward(*args, **kwargs)
         if batch % degree == 0:
             out = self._forward(self._branch(bound, batch, degree))
-            return _with_sample(out, gather(_sample(out), [batch // degree] * degree, self.ctx.cfg.cfg.pg, dim=0))
+            return _gathered(out, [batch // degree] * degree, self.ctx.cfg.cfg.pg)
         if self.pending is not None and not _same_step(self.pending[0], bound):
             logger.warning("cfg: a deferred transformer call was never paired (an error between the guidance "
                            "calls?); it is dropped")
@@ -171,6 +177,16 @@ def _with_sample(output: Any, sample: Tensor) -> Any:
     if isinstance(output, tuple):
         return (sample, *output[1:])
     output.sample = sample
+    return output
+
+
+def _gathered(output: Any, sizes: list[int], pg: dist.ProcessGroup) -> Any:
+    """The output with every tensor in it (LTX-2's video and audio) all-gathered over the branches on dim 0."""
+    if isinstance(output, tuple):
+        return tuple(gather(x, sizes, pg, dim=0) if isinstance(x, Tensor) else x for x in output)
+    for name, value in output.items():
+        if isinstance(value, Tensor):
+            output[name] = gather(value, sizes, pg, dim=0)
     return output
 
 
