@@ -98,3 +98,16 @@ def test_auto_summary_passes_within_two_percent_of_the_fastest_other_row():
     (line,) = auto_summary(rows)
     assert line.startswith("PASS w layer") and "(+1.0%)" in line and "xdit-usp U4R1 1.200 ms (-15.8%)" in line
     assert auto_summary([{**rows[0], "ms": 1.05}, *rows[1:]])[0].startswith("FAIL")
+
+
+def test_the_bound_of_a_model_without_its_processors_is_refused_before_the_build():
+    """MiniMax-H3 has neither the Flux.1 nor the CogVideoX bound processor, and gathers two outputs where the bound
+    removes one: refused in one line before any model is built or any process group joined."""
+    from streamfusion_diffusers.bench.layer import Case, Setup
+    from streamfusion_diffusers.bench.model import ModelSetup, bench_model
+    from streamfusion_diffusers.choice.workloads import Workload
+
+    w = Workload("minimax-h3 124f", 1024, 0, 8, 16, blocks=1, model="minimax-h3")
+    setup = ModelSetup(Setup(w, 1, 2, "torch", None, torch.float32, 1, 0, 0), {}, ("step",))
+    with pytest.raises(ValueError, match="minimax-h3 has neither: time it without Case\\('bound'\\)$"):
+        bench_model(setup, [Case("bound"), Case("ulysses")])

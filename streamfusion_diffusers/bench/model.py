@@ -285,8 +285,14 @@ def _bench_case(model: torch.nn.Module, case: Case, setup: ModelSetup, ref: _Ref
 
 def bench_model(setup: ModelSetup, cases: list[Case], groups: GroupCache | None = None) -> list[dict]:
     """Run on every rank; one row per case and level (times: slowest rank's min / median / max; errors and peak memory:
-    the largest rank's). groups: the job's process groups, reused across workloads."""
-    device, base, w, groups = device_of_job(), setup.setup, setup.setup.workload, groups or GroupCache()
+    the largest rank's). groups: the job's process groups, reused across workloads. A bound case for a model
+    outside PROCESSOR_FAMILIES is refused before the build: set_up has no bound processor for it and removes one
+    gathered output (`ModelPlan.gather_module`), where MiniMax-H3 gathers two."""
+    w = setup.setup.workload
+    if family(w) not in PROCESSOR_FAMILIES and any(c.method == "bound" for c in cases):
+        raise ValueError(f"{w.name}: the no-comm bound swaps in the Flux.1 or CogVideoX processor and drops that "
+                         f"model's one gathered output, and {family(w)} has neither: time it without Case('bound')")
+    device, base, groups = device_of_job(), setup.setup, groups or GroupCache()
     with deadline(base.timeout_s), torch.no_grad():
         model = _build(setup, device)
         ref = _reference(model, setup, device)
