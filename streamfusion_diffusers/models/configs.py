@@ -314,6 +314,9 @@ TRANSFORMERS: dict[str, TransformerSpec] = {
     "z-image-turbo": TransformerSpec("z-image", Z_IMAGE_TURBO, (64, 64), 128),  # 1024x1024, a prompt's valid tokens
     "hunyuanvideo-1.5": TransformerSpec("hunyuan-video-1.5", HUNYUAN_VIDEO_15_480P, (31, 30, 53), 256),  # 480x848, 121
     # frames; the prompt's valid tokens (its padding is dropped before the blocks)
+    "ltx2": TransformerSpec("ltx2", LTX2, (16, 16, 24), 1024),  # 512x768, 121 frames (the audio's tokens follow them)
+    "minimax-h3": TransformerSpec("minimax-h3", MINIMAX_H3, (37, 24, 42), 256),  # 768x1344, 124 frames, packed
+    # after a prompt's tokens with their stereo sound
 }
 
 
