@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import logging
 import os
 import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn
 
+from . import __version__
 from .runtime import fork_server
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def make_parser() -> Parser:
 
     models = ", ".join(m for m in MODELS if not m.startswith("tiny-"))
     parser = Parser(prog="streamfusion", description=__doc__)
-    parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {importlib.metadata.version('streamfusion-diffusers')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_verbose(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
