@@ -2,15 +2,17 @@
 with uneven bands, for tiny random-weight VAEs of the real architectures (AutoencoderKL as Flux's, with its
 mid-block attention; Flux.2's; AutoencoderKLCogVideoX with its causal convolutions and frame batches; Wan 2.1's
 and Qwen-Image's causal 3D VAE, decoded frame by frame through its temporal cache, with its per-frame attention;
-Wan 2.2's residual, patchified one; LTX-2's, reflection padded, 32x spatial and 8x temporal); a VAE neither split
-takes is decoded on one rank, its group's first."""
+Wan 2.2's residual, patchified one; LTX-2's, reflection padded, 32x spatial and 8x temporal; HunyuanVideo 1.5's,
+replication padded around its convolutions, with its mid-block attention over every frame, causal by frame); a VAE
+neither split takes is decoded on one rank, its group's first."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
-from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLLTX2Video,
-                       AutoencoderKLLTXVideo, AutoencoderKLQwenImage, AutoencoderKLWan, AutoencoderTiny)
+from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLFlux2, AutoencoderKLHunyuanVideo15,
+                       AutoencoderKLLTX2Video, AutoencoderKLLTXVideo, AutoencoderKLQwenImage, AutoencoderKLWan,
+                       AutoencoderTiny)
 
 from streamfusion_diffusers.runtime.pool import ProcessPool
 from streamfusion_diffusers.core.exactness import relative_error
@@ -32,8 +34,8 @@ def pool():
 
 WAN = {"base_dim": 8, "dim_mult": [1, 2, 2], "num_res_blocks": 1, "temperal_downsample": [False, True]}
 LATENT = {"flux": (2, 4), "flux2": (2, 4), "cogvideox": (1, 4, 5), "wan2.1": (1, 4, 3), "wan2.2": (1, 6, 3),
-          "qwenimage": (1, 4, 1), "ltx2": (1, 4, 2)}  # batch, channels and latent frames; wan: 3 frames go through
-# the causal cache
+          "qwenimage": (1, 4, 1), "ltx2": (1, 4, 2), "hunyuanvideo15": (1, 4, 3)}  # batch, channels and latent
+# frames; wan: 3 frames go through the causal cache; hunyuanvideo15: 3 frames at once through its causal attention
 
 
 def _vae(family: str) -> torch.nn.Module:
@@ -57,6 +59,9 @@ def _vae(family: str) -> torch.nn.Module:
         vae = AutoencoderKLLTX2Video(**{**VIDEO_VAE, "latent_channels": 4, "block_out_channels": (8, 16, 32, 64),
                                         "decoder_block_out_channels": (8, 16, 32), "layers_per_block": (1,) * 5,
                                         "decoder_layers_per_block": (1,) * 4})
+    elif family == "hunyuanvideo15":  # 4x spatial, 2x temporal, channels changing at each upsampling
+        vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 16, 16), layers_per_block=1,
+                                          spatial_compression_ratio=4, temporal_compression_ratio=2)
     else:
         vae = AutoencoderKLQwenImage(z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4, **WAN)
     vae.enable_tiling()  # ignored by the patch-parallel decode: it equals the untiled one
@@ -96,7 +101,8 @@ def _decode_both(family: str, height: int, width: int) -> dict:
 
 @pytest.mark.parametrize(("family", "height", "width"),
                          [("flux", 11, 9), ("flux", 3, 5), ("flux", 2, 4), ("cogvideox", 8, 6), ("flux2", 7, 5),
-                          ("wan2.1", 7, 5), ("wan2.2", 5, 4), ("qwenimage", 8, 6), ("ltx2", 7, 5), ("ltx2", 3, 4)])
+                          ("wan2.1", 7, 5), ("wan2.2", 5, 4), ("qwenimage", 8, 6), ("ltx2", 7, 5), ("ltx2", 3, 4),
+                          ("hunyuanvideo15", 4, 5), ("hunyuanvideo15", 7, 3)])
 def test_patch_parallel_decode_is_the_untiled_decode(pool, family, height, width):
     results = pool.run(_decode_both, family, height, width)
     rows = Bands.even(height, WORLD, 0).rows if height >= WORLD else (height,) * WORLD  # too few: whole

@@ -2,8 +2,9 @@
 
 `decode_over_ranks` makes a VAE's decode split over the ranks: patch-parallel bands where every layer of its
 decoder has a band rule (`bands.py`: exact, about 1/P of the work per rank; AutoencoderKL, Flux.2's, CogVideoX's,
-Wan's, Qwen-Image's and LTX-2's VAEs), else diffusers' tiles shared out (`tiles.py`: the tiled decode's output), else
-decoded on rank 0 alone and broadcast (`one_rank.py`). `is_split` / `unsplit_vae_decode` tell and undo any.
+Wan's, Qwen-Image's, LTX-2's and HunyuanVideo 1.5's VAEs), else diffusers' tiles shared out (`tiles.py`: the tiled
+decode's output), else decoded on rank 0 alone and broadcast (`one_rank.py`). `is_split` / `unsplit_vae_decode`
+tell and undo any.
 """
 from __future__ import annotations
 

@@ -7,13 +7,16 @@ kinds, recognized by structure rather than by model:
 
 - a convolution wider than one row (Conv2d, Conv3d; CogVideoX's pads the height inside its Conv3d; Wan's and
   Qwen-Image's causal Conv3d pads inside its forward from `_padding` and is handed the last frames before this
-  one as a temporal cache; LTX-2's pads by reflection) gets its halo rows from the neighbouring bands, of the
-  cache frames too, and pads as it does only at the image's top and bottom edges;
+  one as a temporal cache; LTX-2's pads by reflection; HunyuanVideo 1.5's wraps an unpadded Conv3d and pads
+  around it by replication) gets its halo rows from the neighbouring bands, of the cache frames too, and pads as
+  it does only at the image's top and bottom edges;
 - a GroupNorm normalizes with the whole image's moments;
 - a spatial self-attention attends from its band's queries to the whole image's keys and values: diffusers'
-  `Attention` (AutoencoderKL's and Flux.2's mid block) and the per-frame single-head block of Wan and Qwen-Image.
+  `Attention` (AutoencoderKL's and Flux.2's mid block), the per-frame single-head block of Wan and Qwen-Image and
+  HunyuanVideo 1.5's single-head block over every frame, causal by frame.
 
-`band_forward` gives a layer's band forward, `no_band_rule` names a layer that would be wrong on a band.
+`band_layers` lists the layers the rules look at, `band_forward` gives a layer's band forward, `no_band_rule`
+names a layer that would be wrong on a band.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention
+from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (HunyuanVideo15AttnBlock,
+                                                                          HunyuanVideo15CausalConv3d)
 from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageAttentionBlock
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
 from torch import Tensor, nn
@@ -39,23 +44,50 @@ def _pads_in_forward(conv: nn.Module) -> bool:
     return isinstance(conv, nn.Conv3d) and len(getattr(conv, "_padding", ())) == 6 and not any(conv.padding)
 
 
-def _height_pad(conv: nn.Conv2d | nn.Conv3d) -> int:
-    return conv._padding[2] if _pads_in_forward(conv) else conv.padding[-2]
+def _pads_around(m: nn.Module) -> bool:
+    """HunyuanVideo 1.5's wrapper: an unpadded Conv3d `conv` inside, its (w, w, h, h, t, 0) padding applied around
+    it by F.pad in `pad_mode` from `time_causal_padding` (by class: CogVideoX's wrapper has those attributes too,
+    but pads inside its conv and returns a cache beside the output)."""
+    return isinstance(m, HunyuanVideo15CausalConv3d)
 
 
-def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Callable[..., Tensor]:
-    """The conv's own forward (CogVideoX's safe Conv3d chunking, Wan's causal padding and cache included), its
-    band-edge rows redone with halos.
+def _rows_conv(m: nn.Module) -> nn.Conv2d | nn.Conv3d | None:
+    """The convolution by which a layer looks across rows (its own, or a padding wrapper's inner one), or None."""
+    conv = m.conv if _pads_around(m) else m
+    return conv if isinstance(conv, (nn.Conv2d, nn.Conv3d)) and conv.kernel_size[-2] > 1 else None
 
-    The band is convolved as it is (zero padding at its edges: right at the image's edges) while the halos
-    travel, then the `pad` rows at an inner edge are recomputed from a thin strip (halo + 2 * pad rows of the
-    band) convolved without height padding. That spares a haloed copy of the whole band per convolution. A
-    temporal cache (the frames before x) travels with x, stacked before it in time, and is cut to the strip too.
+
+def _padding_attr(conv: nn.Module) -> str:
+    """Where the height padding is read: HunyuanVideo 1.5's wrapper pads from `time_causal_padding`, Wan's forward
+    from `_padding`, a reflect-padded conv from the F.pad amounts torch keeps (all three (w, w, h, h, ...)), a
+    zero-padded one from `padding`."""
+    if _pads_around(conv):
+        return "time_causal_padding"
+    if _pads_in_forward(conv):
+        return "_padding"
+    return "padding" if conv.padding_mode == "zeros" else "_reversed_padding_repeated_twice"
+
+
+def _height_pad(conv: nn.Module) -> int:
+    attr = _padding_attr(conv)
+    return conv.padding[-2] if attr == "padding" else getattr(conv, attr)[2]
+
+
+def _edge_mode(conv: nn.Module) -> str:
+    """The F.pad mode of the conv's height padding at the image's edge."""
+    return conv.pad_mode if _pads_around(conv) else EDGE_PADDING[conv.padding_mode]
+
+
+def _conv_forward(conv: nn.Module, bands: Bands) -> Callable[..., Tensor]:
+    """The conv's own forward (CogVideoX's safe Conv3d chunking, Wan's causal padding and cache, HunyuanVideo
+    1.5's padding wrapper included), its band-edge rows redone with halos.
+
+    The band is convolved as it is (padded at its edges: right at the image's edges) while the halos travel, then
+    the `pad` rows at an inner edge are recomputed from a thin strip (halo + 2 * pad rows of the band) convolved
+    without height padding. That spares a haloed copy of the whole band per convolution. A temporal cache (the
+    frames before x) travels with x, stacked before it in time, and is cut to the strip too.
     """
-    forward, pad, inside = conv.forward, _height_pad(conv), _pads_in_forward(conv)
-    # where the height padding is read: Wan's forward pads from `_padding`, a reflect-padded conv from the F.pad
-    # amounts torch keeps (both (w, w, h, h, ...)), a zero-padded one from `padding`
-    attr = "_padding" if inside else "padding" if conv.padding_mode == "zeros" else "_reversed_padding_repeated_twice"
+    forward, pad, attr = conv.forward, _height_pad(conv), _padding_attr(conv)
 
     def unpadded(x: Tensor, *cache: Tensor) -> Tensor:
         padding = getattr(conv, attr)
@@ -79,7 +111,7 @@ def _conv_forward(conv: nn.Conv2d | nn.Conv3d, bands: Bands) -> Callable[..., Te
             rows = torch.cat([part for part in (above, stacked(x, cache, slice(None)), below) if part is not None],
                              dim=-2)
             edges = (0, 0, pad if above is None else 0, pad if below is None else 0) + (0, 0) * (rows.dim() - 4)
-            return convolved(F.pad(rows, edges, mode=EDGE_PADDING[conv.padding_mode]))
+            return convolved(F.pad(rows, edges, mode=_edge_mode(conv)))
         out = forward(x) if cache is None else forward(x, cache)
         above, below = arrived()
         if above is not None:
@@ -165,9 +197,31 @@ def _frame_attention_forward(block: nn.Module, bands: Bands) -> Callable[[Tensor
     return gathered_forward
 
 
+def _causal_attention_forward(block: HunyuanVideo15AttnBlock, bands: Bands) -> Callable[[Tensor], Tensor]:
+    """HunyuanVideo 1.5's block (one head over every frame, each frame's queries seeing its own frame and the ones
+    before it, RMS norm per position) from the band's queries to the whole video's keys and values: the band's q,
+    k, v by the block's own layers, then k and v gathered once."""
+
+    def tokens(y: Tensor) -> Tensor:  # (b, c, t, h, w) -> (b, 1, t * h * w, c), frame by frame
+        return y.flatten(2).transpose(1, 2).unsqueeze(1)
+
+    def frames(y: Tensor) -> Tensor:  # each token's frame, in `tokens`' order
+        return torch.arange(y.shape[2], device=y.device).repeat_interleave(y.shape[-2] * y.shape[-1])
+
+    def gathered_forward(x: Tensor) -> Tensor:
+        normed = block.norm(x)
+        q = block.to_q(normed)
+        k, v = bands.gather_rows(torch.cat([block.to_k(normed), block.to_v(normed)], dim=1)).chunk(2, dim=1)
+        causal = frames(q)[:, None] >= frames(k)[None, :]
+        out = F.scaled_dot_product_attention(tokens(q), tokens(k), tokens(v), attn_mask=causal)
+        return block.proj_out(out.squeeze(1).transpose(1, 2).reshape(q.shape)) + x
+
+    return gathered_forward
+
+
 def band_forward(m: nn.Module, bands: Bands) -> Callable[..., Tensor] | None:
     """The band forward for a layer of a kind that looks across rows, or None for one that works per row."""
-    if isinstance(m, (nn.Conv2d, nn.Conv3d)) and m.kernel_size[-2] > 1:
+    if _rows_conv(m) is not None:
         return _conv_forward(m, bands)
     if isinstance(m, nn.GroupNorm):
         return _group_norm_forward(m, bands)
@@ -175,19 +229,32 @@ def band_forward(m: nn.Module, bands: Bands) -> Callable[..., Tensor] | None:
         return _attention_forward(m, bands)
     if isinstance(m, FRAME_ATTENTION):
         return _frame_attention_forward(m, bands)
+    if isinstance(m, HunyuanVideo15AttnBlock):
+        return _causal_attention_forward(m, bands)
     return None
+
+
+def band_layers(decoder: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The decoder's layers (by name) that the rules look at: all but the convolutions a padding wrapper runs, whose
+    rows its own rule pads."""
+    layers = list(decoder.named_modules())
+    wrapped = {id(m.conv) for _, m in layers if _pads_around(m)}
+    return [(name, m) for name, m in layers if id(m) not in wrapped]
 
 
 def no_band_rule(name: str, m: nn.Module) -> str | None:
     """Why this layer would be wrong on a band (an edge no halo rule covers), or None when a rule covers it."""
-    if isinstance(m, (nn.Conv2d, nn.Conv3d)) and m.kernel_size[-2] > 1:
-        pad = _height_pad(m)
-        if (isinstance(m.padding, str) or m.padding_mode not in EDGE_PADDING or m.stride[-2] != 1
-                or m.dilation[-2] != 1 or 2 * pad + 1 != m.kernel_size[-2]):
+    conv = _rows_conv(m)
+    if conv is not None:
+        # a wrapper pads around its unpadded conv by F.pad; a conv pads by its own padding mode
+        padded = m.padding_mode in EDGE_PADDING if conv is m else (not any(conv.padding)
+                                                                   and m.pad_mode in EDGE_PADDING.values())
+        if (isinstance(conv.padding, str) or not padded or conv.stride[-2] != 1 or conv.dilation[-2] != 1
+                or 2 * _height_pad(m) + 1 != conv.kernel_size[-2]):
             return f"its convolution {name} is not a stride-1, centred one padded by zeros, reflection or replication"
     if isinstance(m, nn.ConvTranspose2d) or (isinstance(m, Attention) and m.is_cross_attention):
         return f"its layer {name} ({type(m).__name__}) has no band rule"
     return None
 
 
-__all__ = ["FRAME_ATTENTION", "band_forward", "no_band_rule"]
+__all__ = ["FRAME_ATTENTION", "band_forward", "band_layers", "no_band_rule"]
