@@ -1,7 +1,7 @@
 """What a new user meets first: bad options end in one line before any process starts, a real-size model is
 refused without GPUs, a killed rank ends `streamfusion generate`, the README's Python snippet runs as written,
-the package root exports what the README uses, `tune`'s recipes are what method "auto" reads by default, and a
-video model writes an mp4."""
+the package root exports what the README uses, `tune`'s recipes are what method "auto" reads by default, a
+video model writes an mp4, and every command runs without the serve extra."""
 from __future__ import annotations
 
 import argparse
@@ -178,3 +178,23 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+WITHOUT_SERVE = """
+import sys
+for name in ("fastapi", "uvicorn", "starlette", "pydantic", "multipart", "prometheus_client"):
+    sys.modules[name] = None  # as if never installed: an import fails, find_spec says None
+from streamfusion_diffusers.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("argv, said", [(["--version"], "streamfusion "),
+                                        (["serve", "--model", "tiny-flux"], 'pip install -e ".[serve]"')],
+                         ids=["a-command", "serve"])
+def test_without_the_serve_extra_every_command_runs_and_serve_names_the_extra(argv, said):
+    """Installed with `[diffusers]` alone, the parser of every command still builds (generate's included), and
+    serve says once which extra it needs."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_SERVE, *argv], capture_output=True, text=True, timeout=120)
+    assert said in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

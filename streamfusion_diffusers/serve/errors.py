@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import ErrorDetail, ErrorResponse
-
 
 class ApiError(Exception):
     """A request refused or failed: the status, the message that names the fix, the field at fault."""
@@ -18,6 +16,8 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
+        from .protocol import ErrorDetail, ErrorResponse  # pydantic (extra `serve`): only a running server answers
+
         detail = ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code)
         return ErrorResponse(error=detail).model_dump()
 

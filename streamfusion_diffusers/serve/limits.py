@@ -5,19 +5,39 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import threading
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 
 from ..runtime.job import Job
-from .validation import Limits
-from .warm import check_pixels
 
 # on the CPU, requests up to 16 x the model's own pixels (4 x each side: 256x256 for the tiny models): a tiny model
 # at 512x512 (Open WebUI's default) takes minutes on a few cores, with every request queued behind it
 CPU_PIXELS = 16
+SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")  # a size as requests and --warm-sizes name it: WIDTHxHEIGHT
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (`serve`'s --max-* options)."""
+
+    max_n: int
+    max_steps: int
+    max_pixels: int
+    max_frames: int
+    max_prompt_chars: int
+
+
+def check_pixels(sizes: tuple[tuple[int, int], ...] | None, max_pixels: int) -> None:
+    """Refuse a warm size larger than a request may ask for (it would warm what no request runs)."""
+    for width, height in sizes or ():
+        if width * height > max_pixels:
+            raise ValueError(f"--warm-sizes {width}x{height}: {width * height} pixels, more than the {max_pixels} a "
+                             f"request may ask for: raise --max-pixels or warm a smaller size")
 
 
 def limits(args: argparse.Namespace, job: Job) -> Limits:
@@ -63,4 +83,4 @@ def planned_limits(args: argparse.Namespace, job: Job) -> Future:
     return found
 
 
-__all__ = ["CPU_PIXELS", "limits", "planned_limits"]
+__all__ = ["CPU_PIXELS", "SIZE", "Limits", "check_pixels", "limits", "planned_limits"]

@@ -30,7 +30,8 @@ from .errors import ApiError
 from .follower import Follower
 from .metrics import Metrics
 from .supervisor import MAX_RESTARTS, GroupState, Supervisor
-from .validation import Checker, Limits
+from .limits import Limits
+from .validation import Checker
 from .videos import Keep, VideoJob, VideoStore
 from .warm import warm_shapes
 from .work import Work, WorkQueue

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.job import Job
@@ -20,25 +18,14 @@ from ..runtime.progress import PREVIEW_FAMILIES
 from ..runtime.request import Request
 from ..models.pipelines import adapter
 from .errors import ApiError, bad
+from .limits import SIZE, Limits
 from ..runtime import images as input_images
 from .protocol import EditRequest, ImageRequest, LoraChoice, VideoRequest
 
-SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 MAX_LORA_SCALE = 10.0  # a LoRA's weight, either sign: far past the 0..1.5 LoRAs are made for
 MAX_SEED = 2**63 - 1
 JSON_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "list": "an array",
               "dict": "an object", "NoneType": "null"}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for (`serve`'s --max-* options)."""
-
-    max_n: int
-    max_steps: int
-    max_pixels: int
-    max_frames: int
-    max_prompt_chars: int
 
 
 def _typed(value: Any) -> str:

@@ -26,7 +26,7 @@ import argparse
 from typing import Any
 
 from ..runtime.job import Job
-from .validation import SIZE
+from .limits import SIZE
 
 Size = tuple[int, int]  # width, height in pixels
 
@@ -58,14 +58,6 @@ def check_sizes(job: Job, sizes: tuple[Size, ...] | None) -> tuple[Size, ...]:
     return sizes or ((job.width, job.height),)
 
 
-def check_pixels(sizes: tuple[Size, ...] | None, max_pixels: int) -> None:
-    """Refuse a warm size larger than a request may ask for (it would warm what no request runs)."""
-    for width, height in sizes or ():
-        if width * height > max_pixels:
-            raise ValueError(f"--warm-sizes {width}x{height}: {width * height} pixels, more than the {max_pixels} a "
-                             f"request may ask for: raise --max-pixels or warm a smaller size")
-
-
 def warm_shapes(job: Job, sizes: tuple[Size, ...], max_batch: int) -> tuple[tuple[int, int, int], ...]:
     """The warm-up's calls (width, height, images): each size with one image and, where the blocks compile and
     requests share calls, with `max_batch`."""
@@ -80,4 +72,4 @@ def compile_stall(records: list[dict[str, Any]]) -> tuple[str, float] | None:
     return (f"{records[0]['width']}x{records[0]['height']}", seconds) if seconds > 0 else None
 
 
-__all__ = ["check_pixels", "check_sizes", "compile_stall", "parse_sizes", "warm_shapes"]
+__all__ = ["check_sizes", "compile_stall", "parse_sizes", "warm_shapes"]
