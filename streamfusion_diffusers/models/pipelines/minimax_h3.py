@@ -2,7 +2,8 @@
 hidden state 50 over the prompt's own tokens, no template), one packed [text ; audio ; video] sequence through a
 guidance-distilled transformer (one call per step), two schedulers (video and audio) stepped after each call, a 16x
 spatial video VAE that makes 17n + 5 frames of 5n + 2 latent frames at 24 fps, and a mono audio VAE at 32 kHz that
-decodes the two stereo channels as a batch of two.
+decodes the two stereo channels as a batch of two. The video VAE decodes on one rank: its ViT decoder attends over
+the whole clip in every layer and ships tiled, so no band of latent rows decodes exactly.
 
 diffusers ships MiniMax-H3 as modular blocks only; `MiniMaxH3Pipeline` runs the text-to-video ones behind a
 DiffusionPipeline's call, which is what the runtime builds, parallelizes and calls (components by name,
