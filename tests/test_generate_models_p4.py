@@ -1,8 +1,10 @@
 """`streamfusion generate --model` for the newer pipelines on 4 gloo processes: tiny Wan 2.2 (TI2V-style and
-A14B-style two experts), Qwen-Image, Flux.2, Z-Image and HunyuanVideo 1.5 each write their image or frames and a run.json that says what
-ran (size, layout, CFG split, the VAE decode in bands); LTX-2 writes its sound beside its frames, as long as they last,
-and muxed into the mp4; options a model's pipeline does not take fail before any process starts; Flux.2's encode-first path gives the image the whole pipeline gives; the offline tokenizers
-answer the calls the pipelines make."""
+A14B-style two experts), Qwen-Image, Flux.2, Z-Image and HunyuanVideo 1.5 each write their image or frames and a
+run.json that says what ran (size, layout, CFG split, the VAE decode in bands); LTX-2 and MiniMax-H3 write their
+sound beside their frames, as long as they last, and muxed into the mp4; options a model's pipeline does not take
+(MiniMax-H3's frames its VAE would round, clips outside 5 to 15 s, guidance of a guidance-distilled model) fail
+before any process starts; Flux.2's encode-first path gives the image the whole pipeline gives; the offline
+tokenizers answer the calls the pipelines make."""
 from __future__ import annotations
 
 import argparse
@@ -61,28 +63,38 @@ def test_generate_a_new_model_writes_its_output_and_run_json(pool, tmp_path, mod
         ["image.png"]
 
 
-def test_ltx2_writes_its_sound_beside_the_frames_as_long_as_they_last(pool, tmp_path):
-    """tiny-ltx2's 25 frames at 24 fps and the vocoder's 24 kHz stereo: audio.wav lasts the frames' 25 / 24 s within
-    a frame (the pipeline rounds the sound's latents to 25 a second), and video.mp4 holds it as its sound track where
-    imageio-ffmpeg is installed; run.json says what was written."""
-    job = generate.make_job(_args("--model", "tiny-ltx2", "--steps", "2", "--output", str(tmp_path)))
+SOUNDS = {  # model: its frames at 24 fps, (height, width), the sound's rate, how its VAE decodes
+    "tiny-ltx2": (25, (64, 64), 24000, "patch-parallel", ()),  # its video VAE's bands (tests/test_vae_parallel_p3.py)
+    "tiny-minimax-h3": (124, (64, 96), 32000, "one-rank", ("--width", "96")),  # its ViT decoder: one rank
+    # (models/pipelines/minimax_h3.py says why)
+}
+
+
+@pytest.mark.parametrize("model", SOUNDS)
+def test_a_model_with_sound_writes_it_beside_the_frames_as_long_as_they_last(pool, tmp_path, model):
+    """The vocoder's (LTX-2) or the audio VAE's (MiniMax-H3) stereo: audio.wav lasts the frames' seconds at 24 fps
+    within a frame (LTX-2's pipeline rounds the sound's latents to 25 a second), and video.mp4 holds it as its AAC
+    sound track where imageio-ffmpeg is installed; run.json says what was written."""
+    frames, (height, width), rate_made, decode, argv = SOUNDS[model]
+    job = generate.make_job(_args("--model", model, "--steps", "2", *argv, "--output", str(tmp_path)))
     answers = pool.run(worker.generate, job)
     run = generate.write_outputs(job, answers[0])
-    assert run["world_size"] == WORLD and run["frames"] == 25 and answers[1:] == [None] * (WORLD - 1)
-    assert run["vae_decode"] == "patch-parallel"  # its video VAE's bands (tests/test_vae_parallel_p3.py)
+    assert run["world_size"] == WORLD and answers[1:] == [None] * (WORLD - 1)
+    assert run["output_size"] == {"height": height, "width": width, "frames": frames}, run
+    assert len(run["step_latency_s"]) == 2 and run["vae_decode"] == decode, run
     muxed = importlib.util.find_spec("imageio_ffmpeg") is not None
     names = [Path(p).name for p in run["outputs"]]
-    assert names[0] == ("video.mp4" if muxed else "000.png") and names[-1] == "audio.wav", names
+    assert names == ["video.mp4", "audio.wav"] if muxed else names[0] == "000.png" and names[-1] == "audio.wav", names
     with wave.open(str(tmp_path / "audio.wav")) as sound:
         rate, channels, samples = sound.getframerate(), sound.getnchannels(), sound.getnframes()
-    assert (rate, channels) == (24000, 2) and abs(samples / rate - 25 / 24) < 1 / 24, samples
+    assert (rate, channels) == (rate_made, 2) and abs(samples / rate - frames / 24) < 1 / 24, samples
     assert run["audio"] == {"sample_rate": rate, "channels": 2, "seconds": samples / rate, "muxed": muxed}
-    assert json.loads((tmp_path / "run.json").read_text())["audio"] == run["audio"]
+    assert json.loads((tmp_path / "run.json").read_text()) == run
     if muxed:
         import imageio.v3 as iio
         import imageio_ffmpeg
 
-        assert iio.imread(tmp_path / "video.mp4", index=None, extension=".mp4").shape[:3] == (25, 64, 64)
+        assert iio.imread(tmp_path / "video.mp4", index=None, extension=".mp4").shape[:3] == (frames, height, width)
         said = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(tmp_path / "video.mp4")],
                               capture_output=True, text=True).stderr
         assert re.findall(r"Stream #\S+: (\w+): (\w+)", said) == [("Video", "h264"), ("Audio", "aac")], said
@@ -99,6 +111,18 @@ def test_ltx2_writes_its_sound_beside_the_frames_as_long_as_they_last(pool, tmp_
     (("--model", "tiny-qwen-image", "--image", "x.png"), "takes no input images.*tiny-qwen-image-edit"),
     (("--model", "tiny-flux-kontext", "--image", "missing.png"), "--image missing.png: No such file"),
     (("--model", "tiny-wan", "--image", "a.png", "--image", "b.png"), "takes 1 input image, got 2"),
+    (("--model", "tiny-minimax-h3", "--frames", "125"), "--frames 125: must be 17k \\+ 5 \\(e.g. 124\\)$"),
+    (("--model", "tiny-minimax-h3", "--frames", "107"),
+     "--frames 107: must be from 124 to 345 \\(5 to 15 s at 24 fps\\)$"),
+    (("--model", "tiny-minimax-h3", "--frames", "362"),
+     "--frames 362: must be from 124 to 345 \\(5 to 15 s at 24 fps\\)$"),
+    (("--model", "tiny-minimax-h3", "--height", "48"), "--height 48: must be a multiple of 32"),
+    (("--model", "tiny-minimax-h3", "--guidance-scale", "4"),
+     "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --guidance-scale$"),
+    (("--model", "tiny-minimax-h3", "--true-cfg-scale", "4"),
+     "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --true-cfg-scale$"),
+    (("--model", "tiny-minimax-h3", "--cfg-parallel"),
+     "tiny-minimax-h3 takes no guidance \\(guidance-distilled\\): drop --cfg-parallel$"),
     pytest.param(("--model", "qwen-image"), "no GPU is visible.*--model tiny-qwen-image",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where no GPU is visible")),
 ])
