@@ -47,6 +47,8 @@ class PlanState(ShardState):
     streams: dict[str, int] = field(default_factory=dict)
     masks_checked: tuple[str, ...] = ()
     key_padding: bool = False  # a key-mask input of this forward leaves some keys out (padded prompts)
+    mask_verdicts: dict[tuple, tuple[bool, Tensor]] = field(default_factory=dict)  # this forward's masks no hook
+    # checked, by view: whether they keep every key on every rank, with the mask (processors/backend.py)
     joint_text: int = 0  # this forward's text, kept whole (fewer tokens than ranks); 0: split like the image
     text_last: bool = False
     kept_text: tuple[int, int] | None = None  # this forward's text mask (by id) and the text columns it keeps
@@ -258,10 +260,12 @@ class ForwardHook(ModelHook):
         self.state.joint_text = text if self.text_whole or text < self.ctx.world_size else 0
         self.state.layout, self.state.masks_checked = None, () if padding else tuple(checked)
         self.state.key_padding = padding
+        self.state.mask_verdicts.clear()
         return args, kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
         self.state.layout, self.state.masks_checked, self.state.key_padding = None, (), False
+        self.state.mask_verdicts.clear()
         return output
 
 

@@ -54,7 +54,7 @@ def streamfusion_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask:
         return _split_keys(query, key, value, route, attn_mask, scale)
     key_mask = None
     if attn_mask is not None and (getattr(route.state, "key_padding", False) or not (
-            getattr(route.state, "masks_checked", False) or _keeps_all_everywhere(attn_mask, route.ctx))):
+            getattr(route.state, "masks_checked", False) or _keeps_all_everywhere(attn_mask, route))):
         key_mask = _key_mask(attn_mask, query.shape[0], key.shape[1], route.module)
     if layout is not None:
         rows = layout.joint + layout.seq_lens[layout.rank]
@@ -69,7 +69,7 @@ def _split_keys(query: Tensor, key: Tensor, value: Tensor, route: Route, attn_ma
                 scale: float | None) -> Tensor:
     """Whole queries over this rank's split image/video keys, merged over the ranks."""
     layout = route.state.layout
-    if attn_mask is not None and not _keeps_all_everywhere(attn_mask, route.ctx):
+    if attn_mask is not None and not _keeps_all_everywhere(attn_mask, route):
         raise ValueError(f"{route.module} got an attention mask: its keys are split over the ranks, so it attends "
                          f"them unmasked; call the transformer without one")
     if layout is not None and key.shape[1] != layout.image_lens[layout.rank]:
@@ -84,17 +84,26 @@ def _keeps_all(mask: Tensor) -> bool:
     return bool(mask.all()) if mask.dtype == torch.bool else not bool(mask.any())
 
 
-def _keeps_all_everywhere(mask: Tensor, ctx: ParallelContext) -> bool:
+def _keeps_all_everywhere(mask: Tensor, route: Route) -> bool:
     """Whether every rank's slice of a mask no hook checked keeps all its keys. One rank's slice may while a peer's
     does not (Z-Image's padded batch: the padding lies on the last ranks); ranks deciding apart would run different
-    collectives (the mask's gather, or a refusal, on some) and wait for each other until the group's timeout."""
+    collectives (the mask's gather, or a refusal, on some) and wait for each other until the group's timeout.
+    Decided once per forward: every layer gets the same view of the one mask the split hook cut (same memory,
+    shape and strides), so the host read and the ranks' agreement are not repeated at each layer. The verdict
+    holds the mask until the forward ends, so no other tensor can take its memory meanwhile."""
+    verdicts: dict | None = getattr(route.state, "mask_verdicts", None)
+    seen = (mask.data_ptr(), tuple(mask.shape), mask.stride(), mask.dtype)
+    if verdicts is not None and seen in verdicts:
+        return verdicts[seen][0]
     kept = _keeps_all(mask)
-    group = ctx.cfg.sp
-    if group.size == 1:
-        return kept
-    everywhere = torch.tensor([int(kept)], device=mask.device)
-    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN, group=group.pg)
-    return bool(everywhere)
+    group = route.ctx.cfg.sp
+    if group.size > 1:
+        everywhere = torch.tensor([int(kept)], device=mask.device)
+        dist.all_reduce(everywhere, op=dist.ReduceOp.MIN, group=group.pg)
+        kept = bool(everywhere)
+    if verdicts is not None:
+        verdicts[seen] = (kept, mask)
+    return kept
 
 
 def _key_mask(mask: Tensor, batch: int, keys: int, module: str) -> Tensor:
